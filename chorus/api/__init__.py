@@ -1,0 +1,1 @@
+"""The torch.distributed-compatible functions (``import chorus as dist`` re-exports them)."""

@@ -1,0 +1,203 @@
+"""Starting and stopping a job: ``init_process_group`` and friends."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+from datetime import timedelta
+
+from chorus.api.state import World, current, initialized_world
+from chorus.errors import InvalidArgumentError
+from chorus.group import ProcessGroup
+from chorus.work import seconds
+
+log = logging.getLogger("chorus")
+
+DEFAULT_TIMEOUT_S = 600.0
+#: Backend names accepted by init_process_group.  chorus serves all of them itself, on CPU
+#: tensors, so scripts written for torch.distributed run unchanged; get_backend() returns
+#: the name that was asked for.
+BACKENDS = ("chorus", "gloo", "nccl", "mpi")
+
+
+class Backend(str):
+    """torch's ``Backend`` names (``Backend.GLOO == "gloo"``)."""
+
+    CHORUS = "chorus"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    MPI = "mpi"
+    UNDEFINED = "undefined"
+
+    def __new__(cls, name: str):
+        return str.__new__(cls, _check_backend(name))
+
+
+def _check_backend(backend: str | None) -> str:
+    if backend is None:
+        return "chorus"
+    if not isinstance(backend, str):
+        raise InvalidArgumentError(f"init_process_group: backend must be a string, got {type(backend).__name__}")
+    # torch also accepts "cpu:gloo,cuda:nccl": take the CPU entry or the first one.
+    entries = [e.split(":")[-1].strip().lower() for e in backend.split(",") if e.strip()]
+    cpu = [e.split(":")[-1].strip().lower() for e in backend.split(",") if e.strip().lower().startswith("cpu:")]
+    name = (cpu or entries or [""])[0]
+    if name not in BACKENDS:
+        raise InvalidArgumentError(
+            f"init_process_group: unknown backend {backend!r}; chorus accepts {', '.join(BACKENDS)} "
+            "(all run on chorus's own transports)"
+        )
+    return name
+
+
+def init_process_group(backend: str | None = None, init_method: str | None = None,
+                       timeout: timedelta | float | None = None, world_size: int = -1, rank: int = -1,
+                       store=None, group_name: str = "", pg_options=None, device_id=None) -> None:
+    """Join the job: find the other ranks (rendezvous), connect to them, create the world group.
+
+    ``init_method``: ``"env://"`` (default; MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, also
+    set by chorusrun/torchrun, or SLURM / Open MPI / PMI variables), ``"tcp://host:port"``,
+    ``"file:///path"``; or pass a ``store`` with ``rank`` and ``world_size``.
+    ``timeout`` (default 10 min) bounds set-up and every later op of the default group.
+    """
+    world = current()
+    if world.default_group is not None:
+        raise InvalidArgumentError(
+            "init_process_group: the default process group is already initialized in this process; "
+            "call destroy_process_group() before initializing again"
+        )
+    name = _check_backend(backend)
+    if store is not None and init_method is not None:
+        raise InvalidArgumentError("init_process_group: pass either init_method or store, not both")
+    t = seconds(timeout)
+    t = DEFAULT_TIMEOUT_S if t is None else t
+    if t <= 0:
+        raise InvalidArgumentError(f"init_process_group: timeout must be positive, got {t} s")
+    from chorus import net  # imported here so that `import chorus` stays fast
+    from chorus.rendezvous import rendezvous
+    from chorus.store import PrefixStore
+    from chorus.transport.tcp import TcpTransport, local_address_towards
+
+    info = rendezvous(init_method, rank, world_size, timedelta(seconds=t), store)
+    generation = info.store.add(f"chorus/inits/{info.rank}", 1)
+    job_store = PrefixStore(f"chorus/{generation}/", info.store)
+    transport = TcpTransport(info.rank, info.world_size, job_store, token=net.get_token(), timeout=t,
+                             host=local_address_towards(info.master_addr))
+    install(world, transport, name, t, info.store, info.local_rank, info.local_world_size)
+
+
+def install(world: World, transport, backend: str, timeout: float, store=None,
+            local_rank: int = 0, local_world_size: int = 1) -> None:
+    """Make ``transport`` this rank's world (used by init_process_group and chorus.testing)."""
+    world.backend = backend
+    world.store = store
+    world.transport = transport
+    world.rank = transport.rank
+    world.world_size = transport.world_size
+    world.local_rank = local_rank
+    world.local_world_size = local_world_size
+    world.group_count = 0
+    world.default_group = ProcessGroup(0, tuple(range(transport.world_size)), transport.rank, transport,
+                                       timeout, name="WORLD", backend=backend)
+    world.groups = {0: world.default_group}
+    _close_at_exit()
+
+
+def destroy_process_group(group=None) -> None:
+    """Leave the job (``group=None``) or forget one sub-group.
+
+    Leaving tells every peer this rank is going (so they do not mistake it for a crash),
+    closes connections and threads, and allows ``init_process_group`` again.
+    """
+    world = initialized_world("destroy_process_group")
+    if group is not None and group is not world.default_group:
+        world.groups.pop(getattr(group, "id", None), None)
+        return
+    transport, store = world.transport, world.store
+    world.default_group = None
+    world.groups = {}
+    world.transport = None
+    world.store = None
+    world.rank = world.world_size = -1
+    transport.close()
+    close = getattr(store, "close", None)
+    if close is not None:
+        close()
+
+
+def is_initialized() -> bool:
+    return current().default_group is not None
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_gloo_available() -> bool:
+    """chorus accepts backend "gloo" (and runs it on its own transports)."""
+    return True
+
+
+def is_nccl_available() -> bool:
+    return False
+
+
+def is_mpi_available() -> bool:
+    return False
+
+
+def is_torchelastic_launched() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def get_rank(group=None) -> int:
+    """This process's rank in ``group`` (default: the world); -1 if not a member."""
+    world = initialized_world("get_rank")
+    pg = world.default_group if group is None else group
+    return pg.rank() if isinstance(pg, ProcessGroup) else -1
+
+
+def get_world_size(group=None) -> int:
+    """Number of ranks in ``group`` (default: the world); -1 if this rank is not a member."""
+    world = initialized_world("get_world_size")
+    pg = world.default_group if group is None else group
+    return pg.size() if isinstance(pg, ProcessGroup) and pg.is_member() else -1
+
+
+def get_backend(group=None) -> str:
+    """The backend name given to init_process_group (chorus runs every one of them)."""
+    return initialized_world("get_backend").backend
+
+
+# -- leaving cleanly at interpreter exit ------------------------------------------------------
+_exit_hook_installed = False
+_crashed = False
+
+
+def _close_at_exit() -> None:
+    """At a normal exit, say BYE to peers; after an uncaught exception, do not: the peers
+    must see this rank as crashed (their pending ops fail with PeerLostError)."""
+    global _exit_hook_installed
+    if _exit_hook_installed:
+        return
+    _exit_hook_installed = True
+    previous = sys.excepthook
+
+    def note_crash(*exc_info):
+        global _crashed
+        _crashed = True
+        previous(*exc_info)
+
+    sys.excepthook = note_crash
+    atexit.register(_leave)
+
+
+def _leave() -> None:
+    world = current()
+    if world.default_group is not None and not _crashed:
+        try:
+            destroy_process_group()
+        except Exception as exc:  # noqa: BLE001 - nothing to do at exit but log
+            log.debug("chorus: clean-up at exit failed: %s", exc)

@@ -1,0 +1,146 @@
+"""Point-to-point: ``send``, ``recv``, ``isend``, ``irecv``, ``P2POp``, ``batch_isend_irecv``.
+
+Peers are global ranks (``dst``/``src``) or ranks within ``group`` (``group_dst`` /
+``group_src``), exactly one of the two.  Messages between two ranks with the same group
+and tag arrive in the order they were sent; different tags are separate streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from chorus.api.groups import resolve, warn_not_in_group
+from chorus.buffers import Buffer, as_buffer
+from chorus.errors import InvalidArgumentError
+from chorus.group import ProcessGroup
+from chorus.work import CompletedWork, HandleWork, Work
+
+
+def _peer(pg: ProcessGroup, peer: int | None, group_peer: int | None, op: str, name: str,
+          allow_any: bool = False) -> int | None:
+    """Validate and return the peer's *group* rank (None = any source)."""
+    if peer is not None and group_peer is not None:
+        raise InvalidArgumentError(f"{op}: pass either {name}= or group_{name}=, not both")
+    if peer is None and group_peer is None:
+        if allow_any:
+            return None
+        raise InvalidArgumentError(f"{op}: {name}= (global rank) or group_{name}= (rank in group) is required")
+    if group_peer is not None:
+        g = pg.global_rank(group_peer, op=op, what=f"group_{name}")
+    else:
+        g = pg.members[pg.group_rank(peer, op=op, what=name)]
+    if g == pg.members[pg.rank()]:
+        raise InvalidArgumentError(
+            f"{op}: {name} rank {g} is this rank itself; point-to-point needs another rank "
+            "(torch.distributed forbids sending to or receiving from yourself too)"
+        )
+    return pg.group_rank(g)
+
+
+def _check_tag(tag: Any, op: str) -> int:
+    if not isinstance(tag, int) or isinstance(tag, bool) or not -(1 << 63) <= tag < (1 << 63):
+        raise InvalidArgumentError(f"{op}: tag must be a 64-bit int, got {tag!r}")
+    return tag
+
+
+def _recv_buffer(tensor: Any, op: str) -> Buffer:
+    buf = as_buffer(tensor, op=op, what="receive buffer")
+    if not buf.array.flags.writeable:
+        raise InvalidArgumentError(f"{op}: the receive buffer is read-only; pass a writable array")
+    return buf
+
+
+def _post_send(tensor, dst, group, tag, group_dst, op: str, sync: bool) -> Work | None:
+    pg = resolve(group, op)
+    if pg is None:
+        warn_not_in_group(op)
+        return None
+    tag = _check_tag(tag, op)
+    peer = _peer(pg, dst, group_dst, op, "dst")
+    buf = as_buffer(tensor, op=op)
+    h = pg.post_send(buf.bytes_view(), peer, tag, buf.dtype_code, sync)
+    describe = _describer(op, "to", pg, peer, tag)
+    return HandleWork(pg.transport, [h], pg.deadline(), describe, result=[tensor])
+
+
+def _post_recv(tensor, src, group, tag, group_src, op: str) -> tuple[Work | None, ProcessGroup | None]:
+    pg = resolve(group, op)
+    if pg is None:
+        warn_not_in_group(op)
+        return None, None
+    tag = _check_tag(tag, op)
+    peer = _peer(pg, src, group_src, op, "src", allow_any=True)
+    buf = _recv_buffer(tensor, op)
+    h = pg.post_recv(buf.bytes_view(), peer, tag, buf.dtype_code)
+    describe = _describer(op, "from", pg, peer, tag)
+    return HandleWork(pg.transport, [h], pg.deadline(), describe, finish=buf.finish, result=[tensor]), pg
+
+
+def _describer(op: str, direction: str, pg: ProcessGroup, peer: int | None, tag: int) -> Callable[[], str]:
+    def describe() -> str:
+        who = "any rank" if peer is None else f"rank {pg.members[peer]}"
+        return f"{op} {direction} {who} (tag {tag}, group {pg.name})"
+    return describe
+
+
+def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:
+    """Send ``tensor`` to rank ``dst``; returns when the data is on its way.
+
+    rank 0: send(t, dst=1)        rank 1: recv(t, src=0)  ->  t holds rank 0's data
+    """
+    work = _post_send(tensor, dst, group, tag, group_dst, "send", sync=True)
+    if work is not None:
+        work.wait()
+
+
+def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> int:
+    """Receive into ``tensor`` from ``src`` (None = from any rank); returns the sender's
+    rank (global, or in ``group`` if ``group_src`` was given); -1 if not in ``group``."""
+    work, pg = _post_recv(tensor, src, group, tag, group_src, "recv")
+    if work is None:
+        return -1
+    work.wait()
+    sender = work.source_rank()
+    return pg.group_rank(sender) if group_src is not None else sender
+
+
+def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> Work | None:
+    """Start sending ``tensor`` to ``dst``; returns a Work (do not modify ``tensor`` until
+    ``wait()`` returns).  None if this rank is not in ``group``."""
+    return _post_send(tensor, dst, group, tag, group_dst, "isend", sync=False)
+
+
+def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> Work | None:
+    """Start receiving into ``tensor``; returns a Work (``wait()``, then read ``tensor``)."""
+    return _post_recv(tensor, src, group, tag, group_src, "irecv")[0]
+
+
+class P2POp:
+    """One send or receive of a ``batch_isend_irecv`` batch: ``P2POp(isend, t, peer)``."""
+
+    def __init__(self, op: Callable, tensor, peer: int | None = None, group=None, tag: int = 0,
+                 group_peer: int | None = None):
+        if op not in (isend, irecv):
+            raise InvalidArgumentError("P2POp: op must be chorus.isend or chorus.irecv")
+        if peer is None and group_peer is None:
+            raise InvalidArgumentError("P2POp: peer= or group_peer= is required")
+        self.op, self.tensor, self.peer, self.group, self.tag, self.group_peer = op, tensor, peer, group, tag, group_peer
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
+    """Post every op of the list (receives first) and return their Works in list order."""
+    if not isinstance(p2p_op_list, (list, tuple)) or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise InvalidArgumentError("batch_isend_irecv: expects a list of P2POp")
+    works: dict[int, Work | None] = {}
+    for phase in (irecv, isend):
+        for i, p in enumerate(p2p_op_list):
+            if p.op is phase:
+                if p.op is isend:
+                    works[i] = isend(p.tensor, p.peer, p.group, p.tag, None if p.peer is not None else p.group_peer)
+                else:
+                    works[i] = irecv(p.tensor, p.peer, p.group, p.tag, None if p.peer is not None else p.group_peer)
+    return [works[i] if works[i] is not None else CompletedWork() for i in range(len(p2p_op_list))]

@@ -1,0 +1,74 @@
+"""The errors chorus raises.  Every one derives from :class:`ChorusError`.
+
+Errors about bad input also derive from the built-in ``ValueError`` or ``TypeError``
+(and timeouts from ``TimeoutError``) so that code written against torch.distributed,
+which raises those built-ins, keeps catching them.
+
+Each message says what happened, to which op and ranks, and what to do next.
+"""
+
+from __future__ import annotations
+
+
+class ChorusError(RuntimeError):
+    """Root of every error chorus raises."""
+
+
+class InvalidArgumentError(ChorusError, ValueError):
+    """A call's arguments are wrong (rank out of range, bad init method, ...).
+
+    Raised before anything is sent.
+    """
+
+
+class InvalidTensorError(ChorusError, TypeError):
+    """An object passed as a tensor is neither a numpy array nor a torch CPU tensor."""
+
+
+class NotInitializedError(ChorusError, ValueError):
+    """An op was called before ``init_process_group`` (or after ``destroy_process_group``)."""
+
+
+class RendezvousError(ChorusError):
+    """The ranks could not find each other (store unreachable, address in use, ...)."""
+
+
+class StoreTimeoutError(ChorusError, TimeoutError):
+    """A store ``get``/``wait`` did not see its keys before the deadline."""
+
+
+class CommTimeoutError(ChorusError, TimeoutError):
+    """A communication op did not finish before the group's (or the call's) timeout."""
+
+
+class PeerLostError(ChorusError):
+    """A peer process died or left; every pending and later op of its groups fails.
+
+    ``lost_rank`` is the global rank of the peer that was lost and ``reporter`` the
+    rank that noticed it first (which may be this rank).
+    """
+
+    def __init__(self, message: str, lost_rank: int | None = None, reporter: int | None = None):
+        super().__init__(message)
+        self.lost_rank = lost_rank
+        self.reporter = reporter
+
+
+class ProtocolError(ChorusError):
+    """A peer sent bytes that are not a valid chorus frame (wrong magic or version, ...)."""
+
+
+class AuthenticationError(ChorusError):
+    """A connection did not prove knowledge of the job token."""
+
+
+class BufferMismatchError(ChorusError, ValueError):
+    """A received message does not fit the posted buffer (dtype or size differ)."""
+
+
+class CollectiveMismatchError(ChorusError):
+    """Ranks of one group called different collectives at the same sequence number."""
+
+
+class AbortedError(ChorusError):
+    """The process group was aborted or destroyed while the op was pending."""

@@ -1,0 +1,143 @@
+"""``ProcessGroup``: who is in a group, rank translation, sequence numbers, the op queue.
+
+This is the only place that translates between group ranks and global ranks.
+
+Ordering: collectives of one group run in the order they were issued.  A synchronous op
+on an idle group runs in the calling thread (no hand-off); an ``async_op=True`` op, or a
+synchronous one issued while async ops are still queued, goes through the group's
+worker thread, which runs the queue in order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from chorus.engine import OpContext, run_schedule
+from chorus.errors import InvalidArgumentError
+from chorus.schedules.base import Schedule
+from chorus.transport.base import Transport
+from chorus.transport.handles import Handle
+from chorus.wire.frames import Kind
+
+
+class ProcessGroup:
+    """A set of global ranks that communicate together.
+
+    ``members[i]`` is the global rank of group rank ``i``.  ``rank()`` is this process's
+    group rank (-1 for a non-member, which can hold the object but not use it).
+    """
+
+    def __init__(self, group_id: int, members: tuple[int, ...], global_rank: int,
+                 transport: Transport, timeout: float, name: str = "", backend: str = "chorus"):
+        self.id = group_id
+        self.members = tuple(members)
+        self._group_rank_of = {g: i for i, g in enumerate(self.members)}
+        self._rank = self._group_rank_of.get(global_rank, -1)
+        self.transport = transport
+        self.timeout = timeout
+        self.name = name or str(group_id)
+        self.backend = backend
+        self._seq = 0
+        self._queue: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
+        self._queue_cv = threading.Condition()
+        self._worker: threading.Thread | None = None
+        transport.register_group(group_id, self.members)
+
+    def __repr__(self) -> str:
+        return f"ProcessGroup(id={self.id}, ranks={list(self.members)}, rank={self._rank})"
+
+    # -- ranks -------------------------------------------------------------------------------
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return len(self.members)
+
+    def is_member(self) -> bool:
+        return self._rank >= 0
+
+    def global_rank(self, group_rank: int, *, op: str = "op", what: str = "rank") -> int:
+        """Global rank of ``group_rank``; InvalidArgumentError if it is not in the group."""
+        if not isinstance(group_rank, int) or not 0 <= group_rank < len(self.members):
+            raise InvalidArgumentError(
+                f"{op}: {what} {group_rank!r} is not a rank of group {self.name} "
+                f"(valid: 0..{len(self.members) - 1})"
+            )
+        return self.members[group_rank]
+
+    def group_rank(self, global_rank: int, *, op: str = "op", what: str = "rank") -> int:
+        """Group rank of ``global_rank``; InvalidArgumentError if it is not a member."""
+        try:
+            return self._group_rank_of[global_rank]
+        except (KeyError, TypeError):
+            raise InvalidArgumentError(
+                f"{op}: {what} {global_rank!r} is not a member of group {self.name} "
+                f"(members: {list(self.members)})"
+            ) from None
+
+    def deadline(self, timeout: float | None = None) -> float:
+        return time.monotonic() + (self.timeout if timeout is None else timeout)
+
+    # -- point-to-point ------------------------------------------------------------------------
+    def post_send(self, view: memoryview, dst: int, tag: int, dtype: int, sync: bool) -> Handle:
+        """Post a send to group rank ``dst`` (already validated)."""
+        return self.transport.isend(self.members[dst], view, kind=Kind.DATA, group=self.id,
+                                    tag=tag, dtype=dtype, sync=sync)
+
+    def post_recv(self, view: memoryview, src: int | None, tag: int, dtype: int) -> Handle:
+        """Post a receive from group rank ``src`` (None = any member)."""
+        peer = None if src is None else self.members[src]
+        return self.transport.irecv(peer, view, kind=Kind.DATA, group=self.id, tag=tag, dtype=dtype)
+
+    # -- collectives ---------------------------------------------------------------------------
+    def next_context(self, name: str, fingerprint: int, timeout: float | None = None) -> OpContext:
+        """Take the next sequence number for a collective issued now."""
+        seq = self._seq
+        self._seq += 1
+        return OpContext(name, self.id, seq, fingerprint, self.members, self.deadline(timeout))
+
+    def run_schedule(self, schedule: Schedule, buffers: dict, ctx: OpContext, dtype: int = 0) -> None:
+        run_schedule(schedule, buffers, self.transport, ctx, dtype)
+
+    def submit(self, fn: Callable[[], Any], async_op: bool) -> Any:
+        """Run ``fn`` in issue order: inline when idle and synchronous, else on the worker.
+
+        Returns ``fn()``'s result (synchronous) or a concurrent Future (async_op).
+        """
+        if not async_op:
+            with self._queue_cv:
+                idle = not self._queue
+            if idle:
+                return fn()
+            return self._enqueue(fn).result()
+        return self._enqueue(fn)
+
+    def _enqueue(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._queue_cv:
+            self._queue.append((fn, future))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work_loop, daemon=True,
+                                                name=f"chorus-group{self.id}-worker")
+                self._worker.start()
+            self._queue_cv.notify()
+        return future
+
+    def _work_loop(self) -> None:
+        while True:
+            with self._queue_cv:
+                while not self._queue:
+                    self._queue_cv.wait()
+                fn, future = self._queue[0]
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - delivered through the future
+                future.set_exception(exc)
+            finally:
+                with self._queue_cv:
+                    self._queue.popleft()

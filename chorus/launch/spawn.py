@@ -1,0 +1,187 @@
+"""``spawn(fn, args, nprocs)``: run ``fn(i, *args)`` in ``nprocs`` processes.
+
+The contract is ``torch.multiprocessing.spawn``'s::
+
+    def worker(i, world):            # i = 0 .. nprocs-1
+        dist.init_process_group("chorus", rank=i, world_size=world, ...)
+
+    chorus.spawn(worker, args=(4,), nprocs=4)        # returns when all four are done
+
+- ``join=True`` waits; the first child that raises or dies makes the parent stop the
+  others (SIGTERM, then SIGKILL after a grace period: all stopped within 5 s) and
+  raise :class:`ProcessRaisedException` (with the child's traceback) or
+  :class:`ProcessExitedException` (exit code or signal name).
+- ``join=False`` returns a :class:`SpawnContext` to ``join()`` later.
+
+Each child sees ``CHORUS_TOKEN`` (the parent's, or a fresh random one shared by the
+job) and a fresh ``CHORUS_JOB_ID`` in ``os.environ`` before ``fn`` runs.  On Linux,
+when ``spawn`` is called from the main thread, the children are also SIGKILLed if the
+parent dies (``PR_SET_PDEATHSIG``), so that nothing outlives a ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import secrets
+import sys
+import threading
+import time
+import traceback
+
+from chorus.errors import ChorusError, InvalidArgumentError
+from chorus.launch.supervisor import STOP_GRACE_S, die_with_parent, signal_name
+
+#: A traceback longer than this is cut (its tail kept) so that writing it into the
+#: error pipe can never block the dying child.
+_MAX_TRACEBACK_CHARS = 30_000
+
+
+class ProcessException(ChorusError):
+    """A spawned process failed; ``error_index`` is its ``i`` and ``error_pid`` its pid."""
+
+    def __init__(self, msg: str, error_index: int, error_pid: int):
+        super().__init__(msg)
+        self.msg = msg
+        self.error_index = error_index
+        self.error_pid = error_pid
+        self.pid = error_pid
+
+    def __reduce__(self):
+        return type(self), (self.msg, self.error_index, self.error_pid)
+
+
+class ProcessRaisedException(ProcessException):
+    """``fn`` raised in a spawned process; the message holds the child's traceback."""
+
+
+class ProcessExitedException(ProcessException):
+    """A spawned process exited non-zero or was killed by a signal without raising."""
+
+    def __init__(self, msg: str, error_index: int, error_pid: int, exit_code: int,
+                 signal_name: str | None = None):
+        super().__init__(msg, error_index, error_pid)
+        self.exit_code = exit_code
+        self.signal_name = signal_name
+
+    def __reduce__(self):
+        return type(self), (self.msg, self.error_index, self.error_pid, self.exit_code,
+                            self.signal_name)
+
+
+def _child_main(fn, i, args, error_queue, env, parent_pid, tie_to_parent):
+    """Entry point of a spawned process: set up, run ``fn(i, *args)``, report a raise."""
+    if tie_to_parent:
+        die_with_parent(parent_pid)
+    os.environ.update(env)
+    try:
+        fn(i, *args)
+    except KeyboardInterrupt:
+        pass  # the parent is stopping the job; exit quietly
+    except Exception:
+        text = traceback.format_exc()
+        if len(text) > _MAX_TRACEBACK_CHARS:
+            text = "... (traceback cut)\n" + text[-_MAX_TRACEBACK_CHARS:]
+        error_queue.put(text)
+        sys.exit(1)
+
+
+class SpawnContext:
+    """The processes started by :func:`spawn`; ``join()`` them to wait and get errors."""
+
+    def __init__(self, processes, error_queues):
+        self.processes = processes
+        self.error_queues = error_queues
+        self._pending = {p.sentinel: i for i, p in enumerate(processes)}
+
+    def pids(self) -> list[int]:
+        """Process ids, by index."""
+        return [int(p.pid) for p in self.processes]
+
+    def join(self, timeout: float | None = None, grace_period: float = STOP_GRACE_S) -> bool:
+        """Wait up to ``timeout`` seconds for the processes.
+
+        Returns True when all have exited successfully, False if some still run.  When
+        one has failed, stops the others (SIGTERM, SIGKILL after ``grace_period``) and
+        raises :class:`ProcessRaisedException` or :class:`ProcessExitedException`.
+        """
+        if not self._pending:
+            return True
+        ready = multiprocessing.connection.wait(list(self._pending), timeout=timeout)
+        failed = None
+        for sentinel in ready:
+            index = self._pending.pop(sentinel)
+            proc = self.processes[index]
+            proc.join()
+            if proc.exitcode != 0:
+                failed = index
+                break
+        if failed is None:
+            return not self._pending
+        self._stop_others(grace_period)
+        self._pending.clear()
+        raise self._error_for(failed)
+
+    def _stop_others(self, grace_period: float) -> None:
+        alive = [p for p in self.processes if p.is_alive()]
+        for p in alive:
+            p.terminate()
+        deadline = time.monotonic() + grace_period
+        for p in alive:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in alive:
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+    def _error_for(self, index: int) -> ProcessException:
+        proc = self.processes[index]
+        queue = self.error_queues[index]
+        if not queue.empty():
+            text = queue.get()
+            msg = f"\n\n-- Process {index} terminated with the following error:\n{text}"
+            return ProcessRaisedException(msg, index, proc.pid)
+        code = proc.exitcode
+        if code < 0:
+            name = signal_name(-code)
+            return ProcessExitedException(f"process {index} terminated with signal {name}",
+                                          index, proc.pid, code, name)
+        return ProcessExitedException(f"process {index} terminated with exit code {code}",
+                                      index, proc.pid, code)
+
+
+def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
+          start_method: str = "spawn") -> SpawnContext | None:
+    """Run ``fn(i, *args)`` for ``i`` in ``range(nprocs)``, each in its own process.
+
+    ``fn`` must be picklable (a module-level function) for the ``spawn`` start method.
+    Returns None when ``join`` is True (after every process finished), else the
+    :class:`SpawnContext`.
+    """
+    if nprocs < 1:
+        raise InvalidArgumentError(f"spawn(nprocs={nprocs}): needs at least 1 process")
+    ctx = multiprocessing.get_context(start_method)
+    env = {
+        "CHORUS_TOKEN": os.environ.get("CHORUS_TOKEN") or secrets.token_hex(16),
+        "CHORUS_JOB_ID": secrets.token_hex(8),
+    }
+    tie_to_parent = threading.current_thread() is threading.main_thread()
+    processes, queues = [], []
+    try:
+        for i in range(nprocs):
+            q = ctx.SimpleQueue()
+            p = ctx.Process(target=_child_main, daemon=daemon,
+                            args=(fn, i, args, q, env, os.getpid(), tie_to_parent))
+            p.start()
+            processes.append(p)
+            queues.append(q)
+    except BaseException:
+        SpawnContext(processes, queues)._stop_others(grace_period=0.0)
+        raise
+    context = SpawnContext(processes, queues)
+    if not join:
+        return context
+    while not context.join():
+        pass
+    return None

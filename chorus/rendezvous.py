@@ -1,0 +1,303 @@
+"""Rendezvous: how the ranks of a job find each other and a shared store.
+
+``rendezvous(init_method, rank, world_size, ...)`` turns an init method into a store
+plus this process's rank and world size::
+
+    env://                 MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the environment
+                           (set by chorusrun / torchrun, or derived from SLURM, Open MPI
+                           or MPICH/PMI variables, see ``detect_environment``)
+    tcp://HOST:PORT        rank and world size as arguments or ``?rank=R&world_size=W``
+    file:///PATH           a FileStore at PATH (shared file system); same arguments
+    store=...              an existing store; rank and world size must be given
+
+For env:// and tcp://, rank 0 hosts the TCPStore server on HOST:PORT (bound to that
+address only) and every other rank connects to it, unless ``CHORUS_STORE_HOSTED=1``
+says a launcher already hosts it: then every rank is a client.  Connections carry the
+job token from ``CHORUS_TOKEN`` (see ``chorus.net.get_token``).  Every argument is
+checked before any connection is made.
+
+Where no launcher says otherwise, ``local_rank`` is ``rank`` and ``local_world_size``
+is ``world_size`` (all ranks on one host).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from urllib.parse import parse_qs, urlsplit
+
+from chorus.errors import InvalidArgumentError
+from chorus.net import TOKEN_ENV, get_token
+from chorus.store import FileStore, Store, TCPStore
+
+HOSTED_ENV = "CHORUS_STORE_HOSTED"
+SUPPORTED = "env:// (MASTER_ADDR/MASTER_PORT), tcp://HOST:PORT, file:///PATH"
+ENV_EXAMPLE = "e.g. MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 RANK=0 WORLD_SIZE=2"
+
+
+@dataclass(frozen=True)
+class RendezvousInfo:
+    """What a rank learns from rendezvous: the shared store and where it stands."""
+
+    store: Store
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str | None
+    master_port: int | None
+
+
+# -- environment detection -------------------------------------------------------------
+
+# For each field, the variables that give it, most specific launcher first: explicit
+# torch/chorusrun variables, then Open MPI, then MPICH/PMI, then SLURM (innermost launcher
+# first, so that mpirun inside an allocation wins over the allocation's variables).
+_FIELDS = {
+    "rank": ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
+    "world_size": ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"),
+    "local_rank": ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                   "SLURM_LOCALID"),
+    "local_world_size": ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                         "SLURM_NTASKS_PER_NODE"),
+}
+
+
+def _int_var(environ: Mapping[str, str], name: str) -> int:
+    value = environ[name]
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise InvalidArgumentError(
+            f"environment variable {name}={value!r} is not an integer; fix or unset it"
+        ) from None
+
+
+def expand_nodelist(nodelist: str) -> Iterator[str]:
+    """Yield the host names of a SLURM node list, e.g. "node[03-05,7],gpu1" ->
+    node03, node04, node05, node7, gpu1.  Several bracket groups in one name multiply
+    ("r[1-2]n[1-2]" -> r1n1, r1n2, r2n1, r2n2); zero padding is kept.
+    """
+    for name in _split_outside_brackets(nodelist):
+        yield from _expand_name(name, nodelist)
+
+
+def _split_outside_brackets(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth not in (0, 1):
+            raise InvalidArgumentError(f"SLURM node list {text!r} has unbalanced brackets")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise InvalidArgumentError(f"SLURM node list {text!r} has unbalanced brackets")
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_name(name: str, whole: str) -> Iterator[str]:
+    match = re.search(r"\[([^\]]*)\]", name)
+    if match is None:
+        yield name
+        return
+    head, tail = name[:match.start()], name[match.end():]
+    for item in match.group(1).split(","):
+        low, _, high = item.strip().partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise InvalidArgumentError(
+                f"SLURM node list {whole!r}: cannot read the range {item!r}; expected forms "
+                f"like node[1-4,7]"
+            )
+        width = len(low)
+        for number in range(int(low), int(high or low) + 1):
+            for rest in _expand_name(tail, whole):
+                yield f"{head}{number:0{width}d}{rest}"
+
+
+def _slurm_local_world_size(environ: Mapping[str, str]) -> int | None:
+    """Tasks on this node from SLURM_TASKS_PER_NODE ("2(x3),1") and SLURM_NODEID."""
+    spec, node = environ.get("SLURM_TASKS_PER_NODE"), environ.get("SLURM_NODEID")
+    if not spec or node is None or not node.isdigit():
+        return None
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[int(node)] if int(node) < len(counts) else None
+
+
+def detect_environment(environ: Mapping[str, str] = os.environ) -> dict:
+    """Return rank, world_size, local_rank, local_world_size, master_addr, master_port
+    (each None when no variable gives it) and ``launcher`` (which one was seen).
+
+    Reads torchrun/chorusrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT), Open MPI (OMPI_COMM_WORLD_*), MPICH/PMI (PMI_RANK,
+    PMI_SIZE, MPI_LOCALRANKID) and SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+    SLURM_NTASKS_PER_NODE, first host of SLURM_JOB_NODELIST).  Explicit torch variables
+    win over the schedulers'.
+    """
+    info: dict = {}
+    for field, names in _FIELDS.items():
+        name = next((n for n in names if environ.get(n, "").strip()), None)
+        info[field] = None if name is None else _int_var(environ, name)
+    if info["local_world_size"] is None and "SLURM_PROCID" in environ:
+        info["local_world_size"] = _slurm_local_world_size(environ)
+    info["master_addr"] = environ.get("MASTER_ADDR") or None
+    if info["master_addr"] is None:
+        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+        if nodelist and "SLURM_PROCID" in environ:
+            info["master_addr"] = next(expand_nodelist(nodelist), None)
+    info["master_port"] = _int_var(environ, "MASTER_PORT") if environ.get("MASTER_PORT") else None
+    info["launcher"] = _launcher(environ)
+    return info
+
+
+def _launcher(environ: Mapping[str, str]) -> str | None:
+    for var, name in (("CHORUS_JOB_ID", "chorusrun"), ("TORCHELASTIC_RUN_ID", "torchrun"),
+                      ("RANK", "env"), ("OMPI_COMM_WORLD_RANK", "openmpi"),
+                      ("PMI_RANK", "pmi"), ("SLURM_PROCID", "slurm")):
+        if environ.get(var):
+            return name
+    return None
+
+
+# -- validation ------------------------------------------------------------------------
+
+def _check_rank(rank: int | None, world_size: int | None, source: str) -> tuple[int, int]:
+    if world_size is None or world_size < 0:
+        raise InvalidArgumentError(
+            f"world_size is not set for {source}: pass world_size=... or set WORLD_SIZE "
+            f"({ENV_EXAMPLE})"
+        )
+    if world_size == 0:
+        raise InvalidArgumentError("world_size must be at least 1, got 0")
+    if rank is None or rank == -1:
+        raise InvalidArgumentError(
+            f"rank is not set for {source}: pass rank=... or set RANK ({ENV_EXAMPLE})"
+        )
+    if not 0 <= rank < world_size:
+        raise InvalidArgumentError(
+            f"rank {rank} is out of range for world_size {world_size}: ranks are numbered "
+            f"0..{world_size - 1}"
+        )
+    return rank, world_size
+
+
+def _parse_port(value, what: str, world_size: int) -> int:
+    try:
+        port = int(str(value).strip())
+    except ValueError:
+        port = -1
+    if not 0 <= port < 65536:
+        raise InvalidArgumentError(
+            f"{what}={value!r} is not a port number (1..65535), e.g. 29500"
+        )
+    if port == 0 and world_size > 1:
+        raise InvalidArgumentError(
+            f"{what}=0 cannot be used with {world_size} ranks: the other ranks would not know "
+            f"which port rank 0 picked; choose a port (e.g. 29500), or let chorusrun "
+            f"--master-port 0 host the store"
+        )
+    return port
+
+
+def _query_int(query: dict, name: str, init_method: str) -> int | None:
+    if name not in query:
+        return None
+    try:
+        return int(query[name][-1])
+    except ValueError:
+        raise InvalidArgumentError(
+            f"init_method {init_method!r}: {name}={query[name][-1]!r} is not an integer"
+        ) from None
+
+
+def _pick(explicit: int, *fallbacks: int | None) -> int | None:
+    """Return ``explicit`` unless it is the -1 "unset" default, else the first fallback."""
+    if explicit is not None and explicit != -1:
+        return explicit
+    return next((f for f in fallbacks if f is not None), None)
+
+
+# -- rendezvous ------------------------------------------------------------------------
+
+def rendezvous(init_method: str | None, rank: int = -1, world_size: int = -1,
+               timeout: timedelta = timedelta(minutes=10), store: Store | None = None,
+               environ: Mapping[str, str] = os.environ) -> RendezvousInfo:
+    """Find the other ranks; return the shared store, this rank and the world size.
+
+    Raises InvalidArgumentError for bad or missing arguments (before connecting),
+    RendezvousError when the store cannot be hosted or reached, and StoreTimeoutError
+    when rank 0 hosts the store and the other ranks do not join within ``timeout``.
+    """
+    env = detect_environment(environ)
+    if store is not None:
+        if init_method is not None:
+            raise InvalidArgumentError("pass either init_method or store, not both")
+        rank, world_size = _check_rank(_pick(rank), _pick(world_size), "an explicit store")
+        return _info(store, rank, world_size, env, None, None)
+    url = urlsplit(init_method or "env://")
+    query = parse_qs(url.query)
+    q_rank = _query_int(query, "rank", init_method)
+    q_world = _query_int(query, "world_size", init_method)
+    if url.scheme == "env":
+        rank, world_size = _check_rank(_pick(rank, q_rank, env["rank"]),
+                                       _pick(world_size, q_world, env["world_size"]), "env://")
+        host = env["master_addr"]
+        if host is None:
+            raise InvalidArgumentError(
+                f"MASTER_ADDR is not set: env:// needs the address of the host of rank 0 "
+                f"({ENV_EXAMPLE}), or use init_method='tcp://HOST:PORT'"
+            )
+        if env["master_port"] is None:
+            raise InvalidArgumentError(
+                f"MASTER_PORT is not set: env:// needs the port rank 0 listens on ({ENV_EXAMPLE})"
+            )
+        port = _parse_port(env["master_port"], "MASTER_PORT", world_size)
+        return _tcp_rendezvous(host, port, rank, world_size, timeout, env, environ)
+    if url.scheme == "tcp":
+        rank, world_size = _check_rank(_pick(rank, q_rank), _pick(world_size, q_world),
+                                       init_method)
+        host, port_text = url.hostname, url.netloc.rpartition(":")[2]
+        if not host or ":" not in url.netloc or not port_text:
+            raise InvalidArgumentError(
+                f"init_method {init_method!r} needs a host and a port, e.g. tcp://10.0.0.1:29500"
+            )
+        port = _parse_port(port_text, f"the port of {init_method!r}", world_size)
+        return _tcp_rendezvous(host, port, rank, world_size, timeout, env, environ)
+    if url.scheme == "file":
+        rank, world_size = _check_rank(_pick(rank, q_rank), _pick(world_size, q_world),
+                                       init_method)
+        path = (url.netloc + url.path) if url.netloc not in ("", "localhost") else url.path
+        if not path:
+            raise InvalidArgumentError(
+                f"init_method {init_method!r} names no file, e.g. file:///tmp/chorus_init"
+            )
+        return _info(FileStore(path, world_size, timeout), rank, world_size, env, None, None)
+    raise InvalidArgumentError(
+        f"unknown init_method {init_method!r}; supported: {SUPPORTED}"
+    )
+
+
+def _tcp_rendezvous(host: str, port: int, rank: int, world_size: int, timeout: timedelta,
+                    env: dict, environ: Mapping[str, str]) -> RendezvousInfo:
+    hosted = environ.get(HOSTED_ENV, "").strip() not in ("", "0")
+    is_master = rank == 0 and not hosted
+    store = TCPStore(host, port, world_size, is_master=is_master, timeout=timeout,
+                     wait_for_workers=True, multi_tenant=True,
+                     token=get_token(environ.get(TOKEN_ENV)))
+    return _info(store, rank, world_size, env, host, store.port)
+
+
+def _info(store: Store, rank: int, world_size: int, env: dict, host: str | None,
+          port: int | None) -> RendezvousInfo:
+    local_rank = env["local_rank"] if env["local_rank"] is not None else rank
+    local_size = env["local_world_size"] if env["local_world_size"] is not None else world_size
+    return RendezvousInfo(store, rank, world_size, local_rank, local_size, host, port)

@@ -1,0 +1,182 @@
+"""The one interface every transport implements, and what they all share.
+
+A transport moves byte regions between the ranks of one job.  Callers post sends and
+receives (``isend`` / ``irecv``) of a memoryview to or from a peer (global rank) under
+a key ``(kind, group, tag)`` and get a :class:`Handle` to wait on.  Subclasses only
+implement :meth:`Transport._send_frame` (and connection management); matching, buffer
+checks and failure handling live here so that every transport behaves the same.
+
+Failures are scoped by group: a peer that dies fails every pending and later transfer
+of every group that contains it (the op could never finish); a peer that leaves cleanly
+(``destroy_process_group``) fails only transfers addressed to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from chorus.errors import AbortedError, BufferMismatchError, PeerLostError
+from chorus.transport.handles import Handle, wait_all
+from chorus.transport.matching import Arrival, Matcher
+from chorus.wire.dtypes import dtype_name
+from chorus.wire.frames import Header, Kind, pack_fields
+
+log = logging.getLogger("chorus")
+
+
+class Transport:
+    """Base class: matching, checks and failure scoping.  See the module docstring."""
+
+    name = "base"
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank = rank
+        self.world_size = world_size
+        self._matcher = Matcher()
+        self._state_lock = threading.Lock()
+        self._groups: dict[int, frozenset[int]] = {0: frozenset(range(world_size))}
+        self._dead: dict[int, str] = {}  # rank -> why (died: fails its groups)
+        self._left: set[int] = set()  # ranks that said BYE (fails transfers addressed to them)
+        self._closed: str | None = None
+
+    # -- groups --------------------------------------------------------------------------
+    def register_group(self, group: int, members: Iterable[int]) -> None:
+        with self._state_lock:
+            self._groups[group] = frozenset(members)
+
+    # -- posting ---------------------------------------------------------------------------
+    def isend(self, peer: int, view: memoryview, *, kind: int, group: int, tag: int,
+              seq: int = 0, dtype: int = 0, fingerprint: int = 0, sync: bool = False) -> Handle:
+        """Post a send of ``view`` to ``peer``; ``sync`` hints that the caller waits at once."""
+        handle = Handle(peer, kind, group, tag, view, dtype)
+        error = self._failure(group, peer)
+        if error is not None:
+            handle.complete(error=error)
+            return handle
+        header = pack_fields(kind, group, tag, seq, len(view), dtype, fingerprint)
+        self._send_frame(peer, header, view, handle, sync)
+        return handle
+
+    def irecv(self, peer: int | None, view: memoryview, *, kind: int, group: int, tag: int,
+              dtype: int = 0) -> Handle:
+        """Post a receive into ``view`` from ``peer`` (None = any member of ``group``)."""
+        handle = Handle(peer, kind, group, tag, view, dtype)
+        error = self._failure(group, peer, receiving=True)
+        if error is not None:
+            handle.complete(error=error)
+            return handle
+        arrival = self._matcher.post(handle)
+        if arrival is not None:
+            self._fill_from_stash(handle, arrival)
+        elif peer in self._left and not handle.done():
+            # The peer left; what it sent before leaving has been matched above.
+            self._matcher.cancel(handle)
+            handle.complete(error=self._lost_error(peer, "left the job (destroy_process_group) "
+                                                         "without sending this message", group))
+        return handle
+
+    def wait_all(self, handles: list[Handle], deadline: float | None, what: Callable[[], str]) -> None:
+        """Wait for ``handles``; on timeout withdraw the receives (so no late message lands
+        in a buffer nobody owns) and raise CommTimeoutError; re-raise a handle's error with
+        the op's description prepended."""
+        try:
+            wait_all(handles, deadline, what)
+        except PeerLostError as exc:
+            raise PeerLostError(f"{what()}: {exc}", exc.lost_rank, exc.reporter) from None
+        except TimeoutError:
+            for h in handles:
+                if not h.done():
+                    self._matcher.cancel(h)
+            raise
+
+    # -- for subclasses ------------------------------------------------------------------------
+    def _send_frame(self, peer: int, header: bytes, view: memoryview, handle: Handle, sync: bool) -> None:
+        raise NotImplementedError
+
+    def _fits(self, handle: Handle, header: Header, source: int) -> BaseException | None:
+        """An error if the arriving message does not fit the posted receive."""
+        nbytes = len(handle.view) if handle.view is not None else 0
+        if header.nbytes == nbytes and (header.dtype == handle.dtype or not header.dtype or not handle.dtype):
+            return None
+        return BufferMismatchError(
+            f"recv from rank {source} (tag {header.tag}, group {header.group}): the message holds "
+            f"{header.nbytes} bytes of {dtype_name(header.dtype)} but the receive buffer has "
+            f"{nbytes} bytes of {dtype_name(handle.dtype)}. Post a buffer of the same dtype "
+            "and number of elements as the sender's tensor."
+        )
+
+    def _fill_from_stash(self, handle: Handle, arrival: Arrival) -> None:
+        """Complete ``handle`` from a fully received stashed message."""
+        handle.peer = arrival.peer
+        error = self._fits(handle, arrival.header, arrival.peer)
+        if error is None and arrival.header.nbytes:
+            handle.view[:] = arrival.data
+        handle.complete(arrival.header, error)
+
+    def _failure(self, group: int, peer: int | None, receiving: bool = False) -> BaseException | None:
+        """The error a new transfer must fail with right away, if any."""
+        if self._closed is not None:
+            return AbortedError(f"the transport is closed ({self._closed}); re-initialise first")
+        if not self._dead and not self._left:
+            return None
+        members = self._groups.get(group, ())
+        for rank, why in self._dead.items():
+            if rank in members:
+                return self._lost_error(rank, why, group)
+        if peer is not None and peer in self._left and not receiving:
+            return self._lost_error(peer, "left the job (destroy_process_group)", group)
+        return None
+
+    def _lost_error(self, rank: int, why: str, group: int) -> PeerLostError:
+        return PeerLostError(
+            f"rank {rank} {why}; every op of group {group} involving it fails on every rank. "
+            f"Look at rank {rank}'s output for its own error.",
+            lost_rank=rank,
+        )
+
+    def peer_died(self, rank: int, why: str) -> bool:
+        """Record that ``rank`` died; fail everything pending in its groups.
+
+        Returns False if this was already known (so the caller need not tell others).
+        """
+        with self._state_lock:
+            if rank in self._dead or self._closed is not None:
+                return False
+            self._dead[rank] = why
+            doomed = {g for g, members in self._groups.items() if rank in members}
+        log.warning("chorus rank %d: rank %d %s", self.rank, rank, why)
+        self._matcher.fail_where(lambda h: h.group in doomed,
+                                 lambda h: self._lost_error(rank, why, h.group))
+        self._fail_sends(lambda h: h.group in doomed, lambda h: self._lost_error(rank, why, h.group))
+        return True
+
+    def peer_left(self, rank: int) -> None:
+        """``rank`` said BYE: fail receives addressed to it; it will send nothing more."""
+        with self._state_lock:
+            self._left.add(rank)
+        why = "left the job (destroy_process_group) before sending"
+        self._matcher.fail_where(lambda h: h.peer == rank, lambda h: self._lost_error(rank, why, h.group))
+
+    def _fail_sends(self, pred: Callable[[Handle], bool], error_for: Callable[[Handle], BaseException]) -> None:
+        """Fail queued sends matching ``pred`` (transports with send queues override)."""
+
+    def close(self) -> None:
+        """Leave cleanly: tell peers, stop threads, fail whatever is still pending."""
+        with self._state_lock:
+            if self._closed is not None:
+                return
+            self._closed = "destroy_process_group was called"
+        self._matcher.fail_where(lambda h: True, lambda h: AbortedError(
+            "the process group was destroyed while this receive was pending"))
+
+
+def control_header(kind: Kind, tag: int = 0, group: int = 0) -> bytes:
+    """Header bytes of a payload-less control frame (HEARTBEAT, PEER_LOST, BYE, HELLO)."""
+    return pack_fields(int(kind), group, tag, 0, 0, 0, 0)
+
+
+def monotonic_deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout

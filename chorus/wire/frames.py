@@ -1,0 +1,99 @@
+"""Transport frame headers: pure packing and parsing, no sockets.
+
+Every message between two ranks is one fixed-size header followed by ``nbytes`` of
+payload.  The header says who the payload belongs to, so the receiver can write it
+straight into the buffer that was posted for it::
+
+    offset size field        meaning
+    0      2    magic        b"CH"
+    2      1    version      WIRE_VERSION
+    3      1    kind         Kind (DATA, COLL, HEARTBEAT, ...)
+    4      1    dtype        dtype code (chorus.wire.dtypes), 0 = raw bytes
+    5      1    flags        reserved, 0
+    6      2    reserved     0
+    8      4    group        process-group id (0 = the world)
+    12     8    tag          user tag (P2P) or step tag (collectives); control: a rank
+    20     8    seq          the group's op sequence number (collectives)
+    28     8    nbytes       payload length (0 .. 2**48)
+    36     8    fingerprint  hash of the collective call (op, dtype, count, root, reduce op)
+
+All integers are little-endian.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+from chorus.errors import ProtocolError
+from chorus.wire.dtypes import is_known_dtype_code
+
+MAGIC = b"CH"
+WIRE_VERSION = 1
+MAX_PAYLOAD = 1 << 48
+
+_HEADER = struct.Struct("<2sBBBBHIqQQQ")
+HEADER_SIZE = _HEADER.size
+
+
+class Kind(enum.IntEnum):
+    """What a frame carries."""
+
+    DATA = 1  # point-to-point payload (send/recv)
+    COLL = 2  # collective payload
+    HEARTBEAT = 3  # liveness only; no payload
+    PEER_LOST = 4  # tag = the global rank this sender saw die
+    BYE = 5  # the sender is leaving cleanly (destroy_process_group)
+    HELLO = 6  # first frame on a transport connection: tag = sender rank, group = world size
+
+
+_KINDS = frozenset(int(k) for k in Kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    kind: int
+    group: int
+    tag: int
+    seq: int = 0
+    nbytes: int = 0
+    dtype: int = 0
+    fingerprint: int = 0
+
+
+def pack_header(h: Header) -> bytes:
+    """Return the HEADER_SIZE bytes for ``h``."""
+    return _HEADER.pack(
+        MAGIC, WIRE_VERSION, h.kind, h.dtype, 0, 0, h.group, h.tag, h.seq, h.nbytes, h.fingerprint
+    )
+
+
+def pack_fields(kind: int, group: int, tag: int, seq: int, nbytes: int, dtype: int, fp: int) -> bytes:
+    """Like :func:`pack_header` without building a Header first (the hot path)."""
+    return _HEADER.pack(MAGIC, WIRE_VERSION, kind, dtype, 0, 0, group, tag, seq, nbytes, fp)
+
+
+def unpack_header(data: bytes | bytearray | memoryview) -> Header:
+    """Parse a header; raise ProtocolError for anything that is not a valid frame."""
+    if len(data) != HEADER_SIZE:
+        raise ProtocolError(f"frame header must be {HEADER_SIZE} bytes, got {len(data)}")
+    magic, version, kind, dtype, flags, reserved, group, tag, seq, nbytes, fp = _HEADER.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad frame magic {bytes(magic)!r} (expected {MAGIC!r}): not a chorus peer")
+    if version != WIRE_VERSION:
+        raise ProtocolError(
+            f"peer speaks chorus wire version {version}, this rank speaks {WIRE_VERSION}: "
+            "run the same chorus version on every rank"
+        )
+    if kind not in _KINDS:
+        raise ProtocolError(f"unknown frame kind {kind}")
+    if flags or reserved:
+        raise ProtocolError(f"reserved header bits set (flags={flags}, reserved={reserved})")
+    if not is_known_dtype_code(dtype):
+        raise ProtocolError(f"unknown dtype code {dtype} in frame header")
+    if nbytes > MAX_PAYLOAD:
+        raise ProtocolError(f"frame payload of {nbytes} bytes exceeds the limit of {MAX_PAYLOAD}")
+    if kind in (Kind.HEARTBEAT, Kind.PEER_LOST, Kind.BYE, Kind.HELLO) and nbytes:
+        raise ProtocolError(f"control frame {Kind(kind).name} must carry no payload")
+    return Header(kind, group, tag, seq, nbytes, dtype, fp)

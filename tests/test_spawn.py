@@ -1,0 +1,118 @@
+"""Tests of ``chorus.launch.spawn`` with real processes (the default ``spawn`` start method).
+
+The target functions live at module level so that the children can unpickle them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from chorus.launch import (
+    ProcessExitedException,
+    ProcessRaisedException,
+    SpawnContext,
+    spawn,
+)
+
+
+def write_result(i: int, out_dir: str, factor: int) -> None:
+    env = {k: os.environ.get(k) for k in ("CHORUS_TOKEN", "CHORUS_JOB_ID")}
+    Path(out_dir, f"{i}.json").write_text(json.dumps({"value": i * factor, "pid": os.getpid(),
+                                                      **env}))
+
+
+def _fail_deep(i: int) -> None:
+    raise ValueError(f"boom in child {i}")
+
+
+def raise_in_one(i: int, bad: int, stubborn: int, out_dir: str) -> None:
+    if i == stubborn:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL stops this one
+    Path(out_dir, f"{i}.pid").write_text(str(os.getpid()))
+    if i == bad:
+        while len(list(Path(out_dir).glob("*.pid"))) < 3:  # let the others start first
+            time.sleep(0.02)
+        Path(out_dir, "failed_at").write_text(repr(time.time()))
+        _fail_deep(i)
+    time.sleep(60)
+
+
+def kill_self(i: int) -> None:
+    if i == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+def sleep_briefly(i: int, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_results_and_shared_token(tmp_path, monkeypatch):
+    monkeypatch.delenv("CHORUS_TOKEN", raising=False)
+    assert spawn(write_result, args=(str(tmp_path), 10), nprocs=3) is None
+    results = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(3)]
+    assert [r["value"] for r in results] == [0, 10, 20]
+    assert len({r["pid"] for r in results} | {os.getpid()}) == 4
+    tokens = {r["CHORUS_TOKEN"] for r in results}
+    assert len(tokens) == 1 and len(tokens.pop()) == 32
+    jobs = {r["CHORUS_JOB_ID"] for r in results}
+    assert len(jobs) == 1 and jobs.pop()
+    assert "CHORUS_TOKEN" not in os.environ  # the parent's environment is untouched
+
+
+def test_parent_token_is_passed_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHORUS_TOKEN", "parent-token")
+    spawn(write_result, args=(str(tmp_path), 1), nprocs=2)
+    assert [json.loads((tmp_path / f"{i}.json").read_text())["CHORUS_TOKEN"]
+            for i in range(2)] == ["parent-token", "parent-token"]
+
+
+def test_exception_in_one_child_stops_the_others(tmp_path):
+    with pytest.raises(ProcessRaisedException) as info:
+        spawn(raise_in_one, args=(1, 2, str(tmp_path)), nprocs=3)
+    # child 2 ignores SIGTERM: it took the SIGKILL, and all stopped within 5 s
+    stopped_after = time.time() - float((tmp_path / "failed_at").read_text())
+    assert 2.0 < stopped_after < 5.5
+    err = info.value
+    assert err.error_index == 1
+    assert err.error_pid == int((tmp_path / "1.pid").read_text())
+    msg = str(err)
+    assert "-- Process 1 terminated with the following error:" in msg
+    assert "Traceback (most recent call last)" in msg
+    assert "in _fail_deep" in msg and "ValueError: boom in child 1" in msg
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 3 and not any(is_alive(p) for p in pids)
+
+
+def test_child_killed_by_signal(tmp_path):
+    with pytest.raises(ProcessExitedException) as info:
+        spawn(kill_self, nprocs=2)
+    err = info.value
+    assert (err.error_index, err.exit_code, err.signal_name) == (1, -signal.SIGKILL, "SIGKILL")
+    assert "process 1 terminated with signal SIGKILL" in str(err)
+
+
+def test_join_false_returns_a_context():
+    ctx = spawn(sleep_briefly, args=(0.5,), nprocs=2, join=False)
+    assert isinstance(ctx, SpawnContext)
+    assert len(ctx.pids()) == 2 and all(p > 0 for p in ctx.pids())
+    assert ctx.join(timeout=0.01) is False  # still sleeping
+    deadline = time.monotonic() + 30
+    while not ctx.join(timeout=1):
+        assert time.monotonic() < deadline
+    assert all(p.exitcode == 0 for p in ctx.processes)
+    assert ctx.join() is True
