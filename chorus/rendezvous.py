@@ -171,16 +171,24 @@ def _launcher(environ: Mapping[str, str]) -> str | None:
 # -- validation ------------------------------------------------------------------------
 
 def _check_rank(rank: int | None, world_size: int | None, source: str) -> tuple[int, int]:
+    """Validate ``rank`` and ``world_size`` found for ``source`` (an init method, or
+    "an explicit store"); say where each can be given when it is missing."""
+    if source == "env://":
+        how = "pass {name}=... or set {var} (" + ENV_EXAMPLE + ")"
+    elif source.startswith("an explicit"):
+        how = "pass {name}=... to init_process_group"
+    else:
+        how = "pass {name}=... or add ?rank=R&world_size=W to the init method"
     if world_size is None or world_size < 0:
         raise InvalidArgumentError(
-            f"world_size is not set for {source}: pass world_size=... or set WORLD_SIZE "
-            f"({ENV_EXAMPLE})"
+            f"world_size is not set for {source}: "
+            + how.format(name="world_size", var="WORLD_SIZE")
         )
     if world_size == 0:
         raise InvalidArgumentError("world_size must be at least 1, got 0")
     if rank is None or rank == -1:
         raise InvalidArgumentError(
-            f"rank is not set for {source}: pass rank=... or set RANK ({ENV_EXAMPLE})"
+            f"rank is not set for {source}: " + how.format(name="rank", var="RANK")
         )
     if not 0 <= rank < world_size:
         raise InvalidArgumentError(

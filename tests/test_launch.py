@@ -230,13 +230,19 @@ def test_busy_master_port_gives_a_clear_error():
     assert "ENV" not in r.stdout  # no rank was started
 
 
-def test_usage_errors_say_what_to_change():
-    r = chorusrun("--standalone", "--nnodes", "2", "print_env.py")
-    assert r.returncode == 2 and "drop --standalone" in r.stderr
-    r = chorusrun("--nnodes", "1:4", "print_env.py")
-    assert r.returncode == 2 and "elastic" in r.stderr
-    r = chorusrun("--nproc-per-node", "zero", "print_env.py")
-    assert r.returncode == 2 and "'auto'" in r.stderr
+@pytest.mark.parametrize("argv, hint", [
+    (["--standalone", "--nnodes", "2"], "drop --standalone"),
+    (["--nnodes", "1:4"], "pass a fixed count such as --nnodes 4"),
+    (["--nproc-per-node", "zero"], "expected an integer, 'auto' or 'cpu'"),
+    (["--nnodes", "2", "--node-rank", "2"], "must be in 0..1"),
+    (["--nnodes", "2", "--node-rank", "1", "--master-port", "0"], "node 0's real port"),
+    (["-m", "--no-python"], "cannot be combined"),
+])
+def test_usage_errors_say_what_to_change(argv, hint, capsys):
+    from chorus.launch.cli import main
+
+    assert main([*argv, "print_env.py"]) == 2  # refused before anything starts
+    assert hint in capsys.readouterr().err
 
 
 def test_ranks_reach_the_store_hosted_by_the_launcher():

@@ -82,7 +82,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
 
     info = rendezvous(init_method, rank, world_size, timedelta(seconds=t), store)
     generation = info.store.add(f"chorus/inits/{info.rank}", 1)
-    job_store = PrefixStore(f"chorus/{generation}/", info.store)
+    job_store = PrefixStore(f"chorus/{generation}", info.store)
     transport = TcpTransport(info.rank, info.world_size, job_store, token=net.get_token(), timeout=t,
                              host=local_address_towards(info.master_addr))
     install(world, transport, name, t, info.store, info.local_rank, info.local_world_size)

@@ -1,0 +1,26 @@
+"""The ``chorus`` command: ``chorus bench ...`` (and ``chorus run`` = chorusrun)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:
+        from chorus.launch.cli import main as run_main
+
+        return run_main(argv[1:])
+    p = argparse.ArgumentParser(prog="chorus", description="chorus command-line tools")
+    sub = p.add_subparsers(dest="command", required=True)
+    from chorus.bench import cli as bench
+
+    bench.add_arguments(sub.add_parser("bench", help="time collectives against torch gloo"))
+    sub.add_parser("run", help="launch ranks (same as chorusrun)")
+    args = p.parse_args(argv)
+    return bench.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
