@@ -11,63 +11,47 @@ Run scripts with ``chorusrun --nproc-per-node 4 script.py`` (torchrun's flags), 
 ``chorus.spawn(fn, args, nprocs)`` as you would ``torch.multiprocessing.spawn``.
 """
 
-from chorus.api.collectives import barrier
-from chorus.api.groups import (
-    GroupMember,
-    get_global_rank,
-    get_group_rank,
-    get_process_group_ranks,
-    group,
-    new_group,
-    new_subgroups,
-    new_subgroups_by_enumeration,
-)
-from chorus.api.init import (
-    Backend,
-    destroy_process_group,
-    get_backend,
-    get_rank,
-    get_world_size,
-    init_process_group,
-    is_available,
-    is_gloo_available,
-    is_initialized,
-    is_mpi_available,
-    is_nccl_available,
-    is_torchelastic_launched,
-)
-from chorus.api.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
-from chorus.errors import (
-    AbortedError,
-    AuthenticationError,
-    BufferMismatchError,
-    ChorusError,
-    CollectiveMismatchError,
-    CommTimeoutError,
-    InvalidArgumentError,
-    InvalidTensorError,
-    NotInitializedError,
-    PeerLostError,
-    ProtocolError,
-    RendezvousError,
-    StoreTimeoutError,
-)
-from chorus.group import ProcessGroup
-from chorus.launch import spawn
-from chorus.store import FileStore, HashStore, PrefixStore, Store, TCPStore
-from chorus.work import Future, Work
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AbortedError", "AuthenticationError", "Backend", "BufferMismatchError", "ChorusError",
-    "CollectiveMismatchError", "CommTimeoutError", "FileStore", "Future", "GroupMember",
-    "HashStore", "InvalidArgumentError", "InvalidTensorError", "NotInitializedError", "P2POp",
-    "PeerLostError", "PrefixStore", "ProcessGroup", "ProtocolError", "RendezvousError", "Store",
-    "StoreTimeoutError", "TCPStore", "Work", "barrier", "batch_isend_irecv",
-    "destroy_process_group", "get_backend", "get_global_rank", "get_group_rank",
-    "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group",
-    "irecv", "is_available", "is_gloo_available", "is_initialized", "is_mpi_available",
-    "is_nccl_available", "is_torchelastic_launched", "isend", "new_group", "new_subgroups",
-    "new_subgroups_by_enumeration", "recv", "send", "spawn",
-]
+# name -> module that defines it.  Loaded on first use (PEP 562), so `import chorus` and
+# `chorusrun --help` do not pay for numpy, sockets and threads they may never need.
+_EXPORTS = {
+    "chorus.api.collectives": ["barrier"],
+    "chorus.api.groups": ["GroupMember", "get_global_rank", "get_group_rank", "get_process_group_ranks",
+                          "group", "new_group", "new_subgroups", "new_subgroups_by_enumeration"],
+    "chorus.api.init": ["Backend", "destroy_process_group", "get_backend", "get_rank", "get_world_size",
+                        "init_process_group", "is_available", "is_gloo_available", "is_initialized",
+                        "is_mpi_available", "is_nccl_available", "is_torchelastic_launched"],
+    "chorus.api.p2p": ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"],
+    "chorus.errors": ["AbortedError", "AuthenticationError", "BufferMismatchError", "ChorusError",
+                      "CollectiveMismatchError", "CommTimeoutError", "InvalidArgumentError",
+                      "InvalidTensorError", "NotInitializedError", "PeerLostError", "ProtocolError",
+                      "RendezvousError", "StoreTimeoutError"],
+    "chorus.process_group": ["ProcessGroup"],
+    "chorus.launch": ["spawn"],
+    "chorus.store": ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore"],
+    "chorus.work": ["Future", "Work"],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'chorus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # static analysers see the eager imports
+    from chorus.api.collectives import barrier  # noqa: F401
+    from chorus.api.init import init_process_group  # noqa: F401

@@ -186,7 +186,7 @@ def _peer(sock: socket.socket) -> str:
         name = sock.getpeername()
     except OSError:
         return "the peer"
-    return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else repr(name) or "the peer"
+    return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else "the peer"
 
 
 def _label(purpose: bytes) -> str:
@@ -211,7 +211,7 @@ def client_handshake(sock: socket.socket, token: bytes | None, purpose: bytes,
         except TimeoutError:
             raise ProtocolError(
                 f"no handshake answer from {_peer(sock)} within {timeout:g}s: it is not a "
-                f"chorus {_label(purpose)} endpoint, or it is overloaded"
+                f"chorus {purpose.decode(errors='replace')} endpoint, or it is overloaded"
             ) from None
         except ConnectionError as e:
             raise ProtocolError(

@@ -164,9 +164,9 @@ class HandleWork(Work):
         self._finish = finish
 
     def _wait(self, deadline: float | None) -> None:
-        if deadline is None or (self._deadline is not None and self._deadline < deadline):
-            deadline = self._deadline
-        self._transport.wait_all(self._handles, deadline, self._describe)
+        own = deadline is None or (self._deadline is not None and self._deadline <= deadline)
+        self._transport.wait_all(self._handles, self._deadline if own else deadline, self._describe,
+                                 give_up=own)
         if self._finish is not None:
             self._finish()
 

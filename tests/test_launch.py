@@ -246,7 +246,6 @@ def test_usage_errors_say_what_to_change(argv, hint, capsys):
 
 
 def test_ranks_reach_the_store_hosted_by_the_launcher():
-    pytest.importorskip("chorus.store", reason="chorus.store not written yet")
     r = chorusrun("--nproc-per-node", "3", "--master-port", "0", "store_count.py")
     assert r.returncode == 0, r.stderr
     lines = by_rank(r.stdout)

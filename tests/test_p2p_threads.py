@@ -245,3 +245,25 @@ def test_timeout_names_op_and_missing_peer():
 
     elapsed = run_threads(body, 2)[0]
     assert 0.25 < elapsed < 1.0
+
+
+def test_short_wait_timeout_leaves_the_receive_pending():
+    import threading
+
+    go = threading.Event()
+
+    def body(rank, world):
+        if rank == 1:
+            go.wait(10)
+            dist.send(np.array([42]), dst=0)
+            return None
+        buf = np.zeros(1, np.int64)
+        work = dist.irecv(buf, src=1)
+        with pytest.raises(TimeoutError):
+            work.wait(timeout=0.05)
+        assert not work.is_completed()
+        go.set()
+        work.wait()
+        return int(buf[0])
+
+    assert run_threads(body, 2)[0] == 42

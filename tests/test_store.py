@@ -25,6 +25,7 @@ from chorus.errors import (
 )
 from chorus.store import FileStore, HashStore, PrefixStore, Store, TCPStore, TCPStoreServer
 from chorus.wire import store_codec as codec
+from chorus.wire.handshake import ClientHandshake
 from chorus.wire.store_codec import Op, Request, RequestParser, Response, Status
 
 TOKEN = b"test-token"
@@ -162,8 +163,10 @@ def test_bad_keys_values_and_timeouts(store):
         store.set(3, b"v")
     with pytest.raises(InvalidArgumentError, match="values must be bytes or str, got int"):
         store.set("k", 3)
-    with pytest.raises(InvalidArgumentError, match="must not be negative"):
+    with pytest.raises(InvalidArgumentError, match="zero or more seconds, got -1"):
         store.get("k", timeout=-1)
+    with pytest.raises(InvalidArgumentError, match="zero or more seconds, got nan"):
+        store.wait(["k"], timeout=float("nan"))
     with pytest.raises(InvalidArgumentError, match="timedelta or seconds, got str"):
         store.set_timeout("10")
 
@@ -190,6 +193,22 @@ def test_get_wakes_when_another_thread_sets(store):
     assert 0.15 < time.monotonic() - start < 2
     timer.join()
     assert other.get("late") == b"value"
+    if to_close is not None:
+        to_close.close()
+
+
+def test_huge_timeouts_are_accepted(store):
+    other, to_close = second_handle(store)
+    store.set_timeout(timedelta(days=36500))
+    assert store.timeout == timedelta(days=36500)
+    timer = threading.Timer(0.1, other.set, args=("slow", b"1"))
+    timer.start()
+    assert store.get("slow") == b"1"
+    timer.join()
+    timer = threading.Timer(0.1, other.set, args=("slower", b"2"))
+    timer.start()
+    assert store.multi_get(["slower"], timeout=float("inf")) == [b"2"]
+    timer.join()
     if to_close is not None:
         to_close.close()
 
@@ -504,6 +523,18 @@ def test_pipelined_requests_are_answered_in_order(server):
         assert first == Response(Status.OK, (b"now",))
         assert second == Response(Status.OK, (), 4)
         c.close()
+
+
+def test_first_request_may_arrive_with_the_proof(server):
+    sock = net.connect("127.0.0.1", server.port, timeout=5)
+    with sock:
+        client = ClientHandshake(TOKEN, b"store")
+        sock.sendall(client.initial_bytes())
+        proof = b""
+        while not client.done:
+            proof = client.receive(net.recv_exact(sock, client.bytes_needed()))
+        sock.sendall(proof + codec.pack_request(Request(Op.ADD, (b"together",), 3)))
+        assert _read_response(sock) == Response(Status.OK, (), 3)
 
 
 def test_client_reports_a_lost_server():

@@ -7,8 +7,8 @@ import numpy as np
 
 from chorus.api.groups import resolve, warn_not_in_group
 from chorus.schedules.barrier import dissemination_barrier
-from chorus.work import CompletedWork, QueuedWork, Work
 from chorus.wire.fingerprint import fingerprint
+from chorus.work import CompletedWork, QueuedWork, Work
 
 _TOKEN = {"token": np.zeros(0, np.uint8)}
 _BARRIER_FP = fingerprint("barrier")

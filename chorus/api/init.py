@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from chorus.api.state import World, current, initialized_world
 from chorus.errors import InvalidArgumentError
-from chorus.group import ProcessGroup
+from chorus.process_group import ProcessGroup
 from chorus.work import seconds
 
 log = logging.getLogger("chorus")

@@ -13,7 +13,7 @@ from typing import Any
 from chorus.api.groups import resolve, warn_not_in_group
 from chorus.buffers import Buffer, as_buffer
 from chorus.errors import InvalidArgumentError
-from chorus.group import ProcessGroup
+from chorus.process_group import ProcessGroup
 from chorus.work import CompletedWork, HandleWork, Work
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chorus.errors import NotInitializedError
-from chorus.group import ProcessGroup
+from chorus.process_group import ProcessGroup
 
 
 @dataclass

@@ -202,11 +202,11 @@ def host_store(job: Job):
     try:
         return TCPStoreServer(host, job.master_port, token=job.token)
     except Exception as e:
-        raise RuntimeError(
-            f"chorusrun: cannot host the rendezvous store on {host}:{job.master_port}: {e}. "
-            f"If another job uses that port, pass --master-port 0 to pick a free port "
-            f"(or choose another port)."
-        ) from e
+        msg = f"chorusrun: cannot host the rendezvous store on {host}:{job.master_port}: {e}"
+        if "--master-port 0" not in msg:
+            msg += (" If another job uses that port, pass --master-port 0 to pick a free "
+                    "port (or choose another port).")
+        raise RuntimeError(msg) from e
 
 
 def _install_signal_handlers(sup: Supervisor) -> dict:

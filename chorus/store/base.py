@@ -12,6 +12,7 @@ and by the TCP store server, so that they all agree on torch's semantics.
 from __future__ import annotations
 
 import abc
+import numbers
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -24,14 +25,14 @@ def to_seconds(timeout: timedelta | float | int) -> float:
     """Return ``timeout`` (timedelta or seconds) as float seconds; reject negatives."""
     if isinstance(timeout, timedelta):
         seconds = timeout.total_seconds()
-    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+    elif isinstance(timeout, numbers.Real) and not isinstance(timeout, bool):
         seconds = float(timeout)
     else:
         raise InvalidArgumentError(
             f"timeout must be a datetime.timedelta or seconds, got {type(timeout).__name__}"
         )
-    if seconds < 0:
-        raise InvalidArgumentError(f"timeout must not be negative, got {seconds:g}s")
+    if not seconds >= 0:  # also rejects NaN
+        raise InvalidArgumentError(f"timeout must be zero or more seconds, got {seconds:g}")
     return seconds
 
 

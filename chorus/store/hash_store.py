@@ -37,7 +37,7 @@ class HashStore(Store):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise timeout_error(what, missing, seconds)
-            self._cond.wait(remaining)
+            self._cond.wait(min(remaining, threading.TIMEOUT_MAX))
 
     def set(self, key: str, value: bytes | str) -> None:
         """Store ``value`` under ``key`` and wake every waiter."""

@@ -38,6 +38,7 @@ from chorus.wire.store_codec import (
 logger = logging.getLogger("chorus")
 
 _RECV_SIZE = 1 << 18
+_MAX_SLEEP = 3600.0  # the loop re-reads its deadlines at least this often
 
 
 class _Conn:
@@ -197,6 +198,10 @@ class TCPStoreServer:
         except OSError as e:
             logger.debug("chorus store server: connection from %s failed: %s", conn.peer, e)
             self._drop(conn)
+        except Exception:  # a bug must cost one connection, not the whole job's store
+            logger.exception("chorus store server: internal error serving %s; closing it",
+                             conn.peer)
+            self._drop(conn)
 
     def _on_readable(self, conn: _Conn) -> None:
         try:
@@ -241,6 +246,10 @@ class TCPStoreServer:
                 sent = conn.sock.send(data)
             except (BlockingIOError, InterruptedError):
                 sent = 0
+            except OSError as e:  # this client is gone; whoever triggered the send is not
+                logger.debug("chorus store server: sending to %s failed: %s", conn.peer, e)
+                self._drop(conn)
+                return
             if sent == len(data):
                 return
             data = data[sent:]
@@ -279,7 +288,7 @@ class TCPStoreServer:
     def _next_timeout(self) -> float | None:
         if not self._deadlines:
             return None
-        return max(0.0, self._deadlines[0][0] - time.monotonic())
+        return min(max(0.0, self._deadlines[0][0] - time.monotonic()), _MAX_SLEEP)
 
     def _expire(self, now: float) -> None:
         """Answer parked requests and drop silent handshakes whose deadline has passed."""

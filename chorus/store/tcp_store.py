@@ -44,6 +44,7 @@ from chorus.wire.store_codec import (
 # answer (which comes at the deadline) before it gives the connection up.
 _GRACE = 10.0
 _MAX_MS = 1 << 62
+_MAX_SOCKET_TIMEOUT = 1e7
 
 _shared_lock = threading.Lock()
 _shared_servers: dict[tuple[str, int], list] = {}  # multi_tenant: (host, port) -> [server, users]
@@ -140,7 +141,8 @@ class TCPStore(Store):
                     f"this TCPStore ({self.host}:{self.port}) is closed or lost its "
                     f"connection earlier; create a new one"
                 )
-            sock.settimeout((self._timeout if wait_s is None else wait_s) + _GRACE)
+            limit = (self._timeout if wait_s is None else wait_s) + _GRACE
+            sock.settimeout(limit if limit < _MAX_SOCKET_TIMEOUT else None)
             try:
                 sock.sendall(pack_request(request))
                 n = parse_length(recv_exact(sock, LENGTH_SIZE))
@@ -166,7 +168,7 @@ class TCPStore(Store):
 
     def _blocking(self, op: Op, keys: list[str], timeout) -> Response:
         seconds = self._seconds(timeout)
-        ms = min(int(seconds * 1000), _MAX_MS)
+        ms = int(min(seconds * 1000, _MAX_MS))
         args = tuple(check_key(k).encode() for k in keys)
         return self._request(Request(op, args, ms), wait_s=seconds)
 

@@ -78,18 +78,24 @@ class Transport:
                                                          "without sending this message", group))
         return handle
 
-    def wait_all(self, handles: list[Handle], deadline: float | None, what: Callable[[], str]) -> None:
-        """Wait for ``handles``; on timeout withdraw the receives (so no late message lands
-        in a buffer nobody owns) and raise CommTimeoutError; re-raise a handle's error with
-        the op's description prepended."""
+    def wait_all(self, handles: list[Handle], deadline: float | None, what: Callable[[], str],
+                 give_up: bool = True) -> None:
+        """Wait for ``handles``; raise CommTimeoutError at the deadline and re-raise a
+        handle's error with the op's description prepended.
+
+        ``give_up``: the deadline is the op's own, so on timeout withdraw its receives (no
+        late message may land in a buffer nobody owns any more).  False for a caller's
+        shorter ``Work.wait(timeout)``, after which the op may still complete.
+        """
         try:
             wait_all(handles, deadline, what)
         except PeerLostError as exc:
             raise PeerLostError(f"{what()}: {exc}", exc.lost_rank, exc.reporter) from None
         except TimeoutError:
-            for h in handles:
-                if not h.done():
-                    self._matcher.cancel(h)
+            if give_up:
+                for h in handles:
+                    if not h.done():
+                        self._matcher.cancel(h)
             raise
 
     # -- for subclasses ------------------------------------------------------------------------
