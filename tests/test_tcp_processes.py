@@ -2,7 +2,6 @@
 
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -120,14 +119,14 @@ def test_address_in_use_names_host_port_and_fix():
 
 _KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time, numpy as np, chorus as dist
-    victim, outdir = int(sys.argv[1]), sys.argv[2]
+    victim, outdir, how = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     dist.barrier()
     if rank == victim:
         time.sleep(0.5)
         open(f"{outdir}/killed", "w").write(repr(time.time()))
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     try:
         dist.recv(np.zeros(1), src=(rank + 1) % world)  # most ranks wait on a live peer
     except dist.PeerLostError as exc:
@@ -136,28 +135,46 @@ _KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("victim", [0, 2])
-def test_sigkill_of_one_rank_makes_every_survivor_raise_peer_lost_within_5s(victim, tmp_path):
+def _run_victim_job(tmp_path, victim, how, extra_env=None):
     world, port = 4, _free_port()
     script = tmp_path / "kill.py"
     script.write_text(_KILL_SCRIPT)
     procs = []
     for rank in range(world):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(world), CHORUS_TOKEN="kill-test-token")
-        procs.append(subprocess.Popen([sys.executable, str(script), str(victim), str(tmp_path)],
+                   WORLD_SIZE=str(world), CHORUS_TOKEN="kill-test-token", **(extra_env or {}))
+        procs.append(subprocess.Popen([sys.executable, str(script), str(victim), str(tmp_path), how],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-    for p in procs:
-        p.communicate(timeout=60)
-    assert procs[victim].returncode == -signal.SIGKILL
+    try:
+        for rank, p in enumerate(procs):
+            if rank != victim:
+                p.communicate(timeout=60)
+    finally:
+        procs[victim].kill()
+        procs[victim].communicate()
     killed_at = float((tmp_path / "killed").read_text())
+    delays = {}
     for rank in range(world):
         if rank == victim:
             continue
         assert procs[rank].returncode == 3, f"rank {rank} exited {procs[rank].returncode}"
         when, message = (tmp_path / f"rank{rank}").read_text().split("\n", 1)
-        assert float(when) - killed_at < 5.0
         assert f"rank {victim}" in message
+        delays[rank] = (float(when) - killed_at, message)
+    return delays
+
+
+@pytest.mark.parametrize("victim", [0, 1, 2, 3])
+def test_sigkill_of_one_rank_makes_every_survivor_raise_peer_lost_within_5s(victim, tmp_path):
+    delays = _run_victim_job(tmp_path, victim, "kill")
+    assert all(delay < 5.0 for delay, _ in delays.values()), delays
+
+
+def test_a_silent_rank_is_declared_lost_after_the_heartbeat_timeout(tmp_path):
+    delays = _run_victim_job(tmp_path, 1, "stop", {"CHORUS_HEARTBEAT_TIMEOUT": "2"})
+    for delay, message in delays.values():
+        # silence counts from the victim's last frame, sent up to ~1 s before it stopped
+        assert 0.5 < delay < 6.0 and "stopped answering" in message, (delay, message)
 
 
 def _intruder_body(rank, world):

@@ -41,7 +41,15 @@ from chorus import net
 from chorus.errors import ProtocolError, RendezvousError
 from chorus.transport.base import Transport, control_header
 from chorus.transport.handles import Handle
-from chorus.wire.frames import HEADER_SIZE, Header, Kind, unpack_header
+from chorus.wire.frames import (
+    HEADER_SIZE,
+    LOST_REASON_TEXT,
+    Header,
+    Kind,
+    LostReason,
+    pack_fields,
+    unpack_header,
+)
 
 log = logging.getLogger("chorus")
 
@@ -108,9 +116,11 @@ class TcpTransport(Transport):
         store.set(f"tcp/addr/{rank}", f"{host}:{port}")
         threading.Thread(target=self._accept_loop, name=f"chorus-accept-r{rank}", daemon=True).start()
         deadline = time.monotonic() + timeout
-        for peer in range(rank):
-            addr = store.get(f"tcp/addr/{peer}").decode()
-            self._connect(peer, addr, deadline)
+        # Fetch every address before connecting: rank 0's set-up (and so the store it
+        # may host) then cannot finish while another rank still reads from the store.
+        addrs = store.multi_get([f"tcp/addr/{peer}" for peer in range(rank)]) if rank else []
+        for peer, addr in enumerate(addrs):
+            self._connect(peer, addr.decode(), deadline)
         self._wait_for_mesh(deadline)
         threading.Thread(target=self._heartbeat_loop, name=f"chorus-heartbeat-r{rank}", daemon=True).start()
 
@@ -185,7 +195,8 @@ class TcpTransport(Transport):
                 if h.kind == Kind.DATA or h.kind == Kind.COLL:
                     self._read_payload(conn, h)
                 elif h.kind == Kind.PEER_LOST:
-                    self._lose(h.tag, f"died (reported by rank {conn.peer})")
+                    reason = LOST_REASON_TEXT.get(h.seq, "was lost")
+                    self._lose(h.tag, f"{reason} (reported by rank {conn.peer})", h.seq)
                 elif h.kind == Kind.BYE:
                     conn.bye = True
                     self.peer_left(conn.peer)
@@ -193,7 +204,8 @@ class TcpTransport(Transport):
                     raise ProtocolError(f"unexpected {Kind(h.kind).name} frame after set-up")
         except ProtocolError as exc:
             if self._closed is None:
-                self._lose(conn.peer, f"sent an invalid frame ({exc}) and was disconnected")
+                self._lose(conn.peer, f"sent an invalid frame ({exc}) and was disconnected",
+                           LostReason.INVALID)
             conn.sock.close()
         except (OSError, ConnectionError) as exc:
             if self._closed is None and not conn.bye:
@@ -298,11 +310,11 @@ class TcpTransport(Transport):
                 h.complete(error=error_for(h))
 
     # -- failures ------------------------------------------------------------------------
-    def _lose(self, peer: int, why: str) -> None:
-        """``peer`` is gone: fail its groups here and tell every other rank."""
+    def _lose(self, peer: int, why: str, reason: int = LostReason.DIED) -> None:
+        """``peer`` is gone: fail its groups here and tell every other rank (with why)."""
         if not self.peer_died(peer, why):
             return
-        notice = control_header(Kind.PEER_LOST, tag=peer)
+        notice = pack_fields(int(Kind.PEER_LOST), 0, peer, int(reason), 0, 0, 0)
         for other, conn in list(self._conns.items()):
             if other != peer and other not in self._dead and not conn.bye:
                 with conn.cv:
@@ -328,7 +340,7 @@ class TcpTransport(Transport):
                         conn.cv.release()
                 silent = now - conn.last_heard
                 if silent > limit and not conn.reading:
-                    self._lose(peer, f"stopped answering (no heartbeat for {silent:.0f} s)")
+                    self._lose(peer, f"stopped answering (no heartbeat for {silent:.0f} s)", LostReason.SILENT)
 
     # -- shutdown ------------------------------------------------------------------------
     def close(self) -> None:

@@ -43,12 +43,27 @@ class Kind(enum.IntEnum):
     DATA = 1  # point-to-point payload (send/recv)
     COLL = 2  # collective payload
     HEARTBEAT = 3  # liveness only; no payload
-    PEER_LOST = 4  # tag = the global rank this sender saw die
+    PEER_LOST = 4  # tag = the global rank this sender lost, seq = a LostReason
     BYE = 5  # the sender is leaving cleanly (destroy_process_group)
     HELLO = 6  # first frame on a transport connection: tag = sender rank, group = world size
 
 
 _KINDS = frozenset(int(k) for k in Kind)
+
+
+class LostReason(enum.IntEnum):
+    """Why a rank was given up on (carried in a PEER_LOST frame's ``seq``)."""
+
+    DIED = 1  # its connection broke (EOF, reset): the process is gone
+    SILENT = 2  # no frame, not even a heartbeat, within the heartbeat timeout
+    INVALID = 3  # it sent bytes that are not valid frames
+
+
+LOST_REASON_TEXT = {
+    LostReason.DIED: "died",
+    LostReason.SILENT: "stopped answering (no heartbeat)",
+    LostReason.INVALID: "sent invalid frames and was disconnected",
+}
 
 
 @dataclass(frozen=True, slots=True)
