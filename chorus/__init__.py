@@ -19,13 +19,20 @@ __version__ = "0.1.0"
 # name -> module that defines it.  Loaded on first use (PEP 562), so `import chorus` and
 # `chorusrun --help` do not pay for numpy, sockets and threads they may never need.
 _EXPORTS = {
-    "chorus.api.collectives": ["barrier"],
+    "chorus.api.collectives": ["all_reduce", "barrier", "broadcast", "monitored_barrier", "reduce"],
+    "chorus.api.exchange": ["all_to_all", "all_to_all_single", "reduce_scatter", "reduce_scatter_single",
+                            "reduce_scatter_tensor"],
+    "chorus.api.gathering": ["all_gather", "all_gather_into_tensor", "all_gather_single", "gather",
+                             "scatter"],
+    "chorus.reductions": ["ReduceOp", "_make_nccl_premul_sum"],
     "chorus.api.groups": ["GroupMember", "get_global_rank", "get_group_rank", "get_process_group_ranks",
                           "group", "new_group", "new_subgroups", "new_subgroups_by_enumeration"],
     "chorus.api.init": ["Backend", "destroy_process_group", "get_backend", "get_rank", "get_world_size",
                         "init_process_group", "is_available", "is_gloo_available", "is_initialized",
                         "is_mpi_available", "is_nccl_available", "is_torchelastic_launched"],
     "chorus.api.p2p": ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"],
+    "chorus.api.objects": ["all_gather_object", "broadcast_object_list", "gather_object", "recv_object_list",
+                           "scatter_object_list", "send_object_list"],
     "chorus.errors": ["AbortedError", "AuthenticationError", "BufferMismatchError", "ChorusError",
                       "CollectiveMismatchError", "CommTimeoutError", "InvalidArgumentError",
                       "InvalidTensorError", "NotInitializedError", "PeerLostError", "ProtocolError",

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chorus.errors import CollectiveMismatchError
 from chorus.schedules.base import Copy, Recv, Region, Schedule, Send
 from chorus.transport.base import Transport
 from chorus.transport.handles import Handle
@@ -41,47 +40,88 @@ class OpContext:
 
 recorder: Callable[[str, OpContext, dict], None] | None = None
 
+Combine = Callable[[np.ndarray, np.ndarray], None]
+
+
+class Workspace:
+    """Memory a group reuses across ops (scratch and receive temporaries), so large
+    collectives do not pay fresh page faults on every call."""
+
+    def __init__(self) -> None:
+        self._mem = np.empty(0, np.uint8)
+
+    def take(self, nbytes: int) -> np.ndarray:
+        if self._mem.nbytes < nbytes:
+            self._mem = np.empty(max(nbytes, 2 * self._mem.nbytes), np.uint8)
+        return self._mem[:nbytes]
+
+
+def _region(buffers: dict[str, np.ndarray], region: Region) -> np.ndarray:
+    return buffers[region.buffer][region.offset: region.offset + region.count]
+
 
 def region_bytes(buffers: dict[str, np.ndarray], region: Region) -> memoryview:
-    arr = buffers[region.buffer][region.offset: region.offset + region.count]
-    return memoryview(arr.view(np.uint8))
+    return memoryview(_region(buffers, region).view(np.uint8))
 
 
 def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: Transport,
-                 ctx: OpContext, dtype: int = 0) -> None:
-    """Execute ``schedule`` for this rank.  ``buffers`` maps region names to flat arrays."""
+                 ctx: OpContext, dtype: int = 0, combine: Combine | None = None,
+                 workspace: Workspace | None = None) -> None:
+    """Execute ``schedule`` for this rank.
+
+    ``buffers`` maps region names to flat arrays of one dtype (``dtype`` is its wire code);
+    ``combine(dst, src)`` reduces for ``Recv(reduce=True)``.  Per step: post every receive
+    (reducing ones into temporaries), then every send, do the copies, and reduce each
+    temporary as soon as it has arrived while the others are still in flight.
+    """
     if recorder is not None:
         recorder("begin", ctx, {"steps": len(schedule)})
     started = time.perf_counter()
+    element = next((b.dtype for b in buffers.values()), np.dtype(np.uint8))
+    temps = _temporaries(schedule, element, workspace or Workspace())
+    if schedule.scratch:
+        buffers = {**buffers, "scratch": temps.pop()}
+    expect = (ctx.seq, ctx.fingerprint)
     for step in schedule:
         handles: list[Handle] = []
-        recvs: list[Handle] = []
+        pending: list[tuple[Handle, np.ndarray, np.ndarray]] = []  # (handle, temp, dst)
+        offset = 0
         for op in step:
             if isinstance(op, Recv):
-                h = transport.irecv(ctx.members[op.peer], region_bytes(buffers, op.dst),
-                                    kind=Kind.COLL, group=ctx.group, tag=op.tag, dtype=dtype)
-                recvs.append(h)
+                if op.reduce:
+                    temp = temps[0][offset: offset + op.dst.count]
+                    offset += op.dst.count
+                    view = memoryview(temp.view(np.uint8))
+                else:
+                    view = region_bytes(buffers, op.dst)
+                h = transport.irecv(ctx.members[op.peer], view, kind=Kind.COLL, group=ctx.group,
+                                    tag=op.tag, dtype=dtype, expect=expect)
                 handles.append(h)
+                if op.reduce:
+                    pending.append((h, temp, _region(buffers, op.dst)))
         for op in step:
             if isinstance(op, Send):
                 handles.append(transport.isend(ctx.members[op.peer], region_bytes(buffers, op.src),
                                                kind=Kind.COLL, group=ctx.group, tag=op.tag, seq=ctx.seq,
                                                dtype=dtype, fingerprint=ctx.fingerprint))
             elif isinstance(op, Copy):
-                region_bytes(buffers, op.dst)[:] = region_bytes(buffers, op.src)
+                _region(buffers, op.dst)[...] = _region(buffers, op.src)
+        for h, temp, dst in pending:
+            transport.wait_all([h], ctx.deadline, ctx.describe)
+            combine(dst, temp)
         transport.wait_all(handles, ctx.deadline, ctx.describe)
-        for h in recvs:
-            _check_same_op(h, ctx)
+    transport.finished(ctx.group, ctx.seq)
     if recorder is not None:
         recorder("end", ctx, {"seconds": time.perf_counter() - started})
 
 
-def _check_same_op(h: Handle, ctx: OpContext) -> None:
-    got = h.header
-    if got.seq != ctx.seq or got.fingerprint != ctx.fingerprint:
-        raise CollectiveMismatchError(
-            f"{ctx.describe()}: rank {h.peer} sent a message of a different collective "
-            f"(its seq {got.seq}, fingerprint {got.fingerprint:#x}; ours {ctx.seq}, "
-            f"{ctx.fingerprint:#x}). Every rank of the group must call the same collectives "
-            "in the same order with the same arguments."
-        )
+def _temporaries(schedule: Schedule, element: np.dtype, workspace: Workspace) -> list[np.ndarray]:
+    """[receive temporaries for the widest reducing step] (+ [scratch] when declared)."""
+    widest = max((sum(op.dst.count for op in step if isinstance(op, Recv) and op.reduce)
+                  for step in schedule), default=0)
+    total = widest + schedule.scratch
+    mem = workspace.take(total * element.itemsize).view(element) if total else np.empty(0, element)
+    out = [mem[:widest]]
+    if schedule.scratch:
+        out.append(mem[widest:total])
+    return out

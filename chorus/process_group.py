@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from chorus.engine import OpContext, run_schedule
+from chorus.engine import Combine, OpContext, Workspace, run_schedule
 from chorus.errors import InvalidArgumentError
 from chorus.schedules.base import Schedule
 from chorus.transport.base import Transport
@@ -46,6 +46,7 @@ class ProcessGroup:
         self._queue: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._queue_cv = threading.Condition()
         self._worker: threading.Thread | None = None
+        self.workspace = Workspace()  # ops of a group never run concurrently: one suffices
         transport.register_group(group_id, self.members)
 
     def __repr__(self) -> str:
@@ -101,8 +102,9 @@ class ProcessGroup:
         self._seq += 1
         return OpContext(name, self.id, seq, fingerprint, self.members, self.deadline(timeout))
 
-    def run_schedule(self, schedule: Schedule, buffers: dict, ctx: OpContext, dtype: int = 0) -> None:
-        run_schedule(schedule, buffers, self.transport, ctx, dtype)
+    def run_schedule(self, schedule: Schedule, buffers: dict, ctx: OpContext, dtype: int = 0,
+                     combine: Combine | None = None) -> None:
+        run_schedule(schedule, buffers, self.transport, ctx, dtype, combine, self.workspace)
 
     def submit(self, fn: Callable[[], Any], async_op: bool) -> Any:
         """Run ``fn`` in issue order: inline when idle and synchronous, else on the worker.

@@ -1,27 +1,141 @@
-"""Collectives.  Each validates its arguments, takes the group's next sequence number and
-runs a schedule through the group's op queue (inline when synchronous and idle)."""
+"""Reducing and rooted collectives: ``broadcast``, ``all_reduce``, ``reduce``, ``barrier``,
+``monitored_barrier``.  Signatures and semantics are torch.distributed's; every one also
+takes chorus's ``algorithm=`` keyword (see chorus.selection)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from chorus.api.groups import resolve, warn_not_in_group
-from chorus.schedules.barrier import dissemination_barrier
+from chorus.api.launch import member_group, not_member, root_rank, run, writable
+from chorus.errors import CommTimeoutError
+from chorus.reductions import ReduceOp, check_op, combiner, divide, scale
 from chorus.wire.fingerprint import fingerprint
-from chorus.work import CompletedWork, QueuedWork, Work
-
-_TOKEN = {"token": np.zeros(0, np.uint8)}
-_BARRIER_FP = fingerprint("barrier")
+from chorus.wire.frames import Kind
+from chorus.work import Work, seconds
 
 
-def barrier(group=None, async_op: bool = False, device_ids=None) -> Work | None:
-    """Block until every rank of ``group`` has called barrier (dissemination over the
-    transport, ceil(log2 W) rounds of empty messages)."""
-    pg = resolve(group, "barrier")
+def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False,
+              group_src: int | None = None, algorithm: str | None = None) -> Work | None:
+    """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank.
+
+    rank 0: t = [1, 2]   rank 1: t = [0, 0]   --broadcast(t, src=0)-->   both: [1, 2]
+    """
+    pg = member_group(group, "broadcast")
     if pg is None:
-        warn_not_in_group("barrier")
-        return CompletedWork() if async_op else None
-    ctx = pg.next_context("barrier", _BARRIER_FP)
-    schedule = dissemination_barrier(pg.rank(), pg.size())
-    result = pg.submit(lambda: pg.run_schedule(schedule, _TOKEN, ctx), async_op)
-    return QueuedWork(result) if async_op else None
+        return not_member(async_op)
+    root = root_rank(pg, src, group_src, "broadcast", "src")
+    buf = writable(tensor, "broadcast")
+    return run(pg, "broadcast", dtype=buf.dtype, count=buf.numel, buffers={"data": buf.array},
+               async_op=async_op, algorithm=algorithm, nbytes=buf.nbytes, root=root, after=buf.finish,
+               result=[tensor], args={"count": buf.numel})
+
+
+def _reduction(buf, op, name: str, world: int):
+    """(combine, before, after) for a reduction: PREMUL_SUM scales first, AVG divides last."""
+    check_op(op, buf.dtype, name)
+    before = (lambda: scale(buf.array, buf.dtype, op.factor)) if op.name == "PREMUL_SUM" else None
+
+    def after() -> None:
+        if op.name == "AVG":
+            divide(buf.array, buf.dtype, world)
+        buf.finish()
+
+    return combiner(op, buf.dtype), before, after
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
+               algorithm: str | None = None) -> Work | None:
+    """Reduce ``tensor`` over all ranks; every rank gets the result, in place.
+
+    rank 0: [1, 2]   rank 1: [3, 4]   --all_reduce(SUM)-->   both: [4, 6]
+    Results are bit-identical on every rank.
+    """
+    pg = member_group(group, "all_reduce")
+    if pg is None:
+        return not_member(async_op)
+    buf = writable(tensor, "all_reduce")
+    combine, before, after = _reduction(buf, op, "all_reduce", pg.size())
+    return run(pg, "all_reduce", dtype=buf.dtype, count=buf.numel, buffers={"data": buf.array},
+               async_op=async_op, algorithm=algorithm, nbytes=buf.nbytes, reduce_op=op.name,
+               combine=combine, before=before, after=after, result=[tensor], args={"count": buf.numel})
+
+
+def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
+           group_dst: int | None = None, algorithm: str | None = None) -> Work | None:
+    """Reduce ``tensor`` over all ranks into rank ``dst``'s ``tensor``; others keep theirs.
+
+    rank 0: [1, 2]   rank 1: [3, 4]   --reduce(dst=1)-->   rank 0: [1, 2]   rank 1: [4, 6]
+    """
+    pg = member_group(group, "reduce")
+    if pg is None:
+        return not_member(async_op)
+    root = root_rank(pg, dst, group_dst, "reduce", "dst")
+    buf = writable(tensor, "reduce")
+    combine, before, after = _reduction(buf, op, "reduce", pg.size())
+    data = buf.array
+    if pg.rank() != root:
+        after = None  # non-roots keep their input unchanged
+        if before is not None:  # PREMUL_SUM: scale a copy instead
+
+            def before() -> None:
+                scale(data, buf.dtype, op.factor)
+
+            data = buf.array.copy()
+    return run(pg, "reduce", dtype=buf.dtype, count=buf.numel, buffers={"data": data}, async_op=async_op,
+               algorithm=algorithm, nbytes=buf.nbytes, root=root, reduce_op=op.name, combine=combine,
+               before=before, after=after, result=[tensor], args={"count": buf.numel})
+
+
+def barrier(group=None, async_op: bool = False, device_ids=None, algorithm: str | None = None) -> Work | None:
+    """Block until every rank of ``group`` has called barrier (dissemination, ceil(log2 W)
+    rounds of empty messages over the transport)."""
+    pg = member_group(group, "barrier")
+    if pg is None:
+        return not_member(async_op)
+    return run(pg, "barrier", dtype="bytes", count=0, buffers={"token": _TOKEN}, async_op=async_op,
+               algorithm=algorithm, nbytes=0)
+
+
+_TOKEN = np.empty(0, np.uint8)  # the barrier's messages carry no data
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """A barrier that names the ranks that did not arrive within ``timeout``.
+
+    Every rank reports to group rank 0, which answers when all arrived.  If some do not
+    arrive in time, rank 0 raises CommTimeoutError naming the first missing rank (all
+    missing ranks with ``wait_all_ranks=True``), and the others raise because rank 0
+    never released them.
+    """
+    pg = member_group(group, "monitored_barrier")
+    if pg is None:
+        return None
+    limit = seconds(timeout)
+    ctx = pg.next_context("monitored_barrier", _MB_FP, limit)
+    token = memoryview(b"")
+    t = pg.transport
+    post = dict(kind=Kind.COLL, group=pg.id, expect=(ctx.seq, ctx.fingerprint))
+    send = dict(kind=Kind.COLL, group=pg.id, seq=ctx.seq, fingerprint=ctx.fingerprint)
+    if pg.rank() != 0:
+        t.wait_all([t.isend(pg.members[0], token, tag=0, **send)], ctx.deadline, ctx.describe)
+        t.wait_all([t.irecv(pg.members[0], memoryview(bytearray(0)), tag=1, **post)], ctx.deadline,
+                   lambda: f"{ctx.describe()}: waiting for rank {pg.members[0]} to release the barrier")
+        return None
+    arrivals = {r: t.irecv(pg.members[r], memoryview(bytearray(0)), tag=0, **post) for r in range(1, pg.size())}
+    for handle in arrivals.values():
+        handle.wait(ctx.deadline)
+    missing = [pg.members[r] for r, h in arrivals.items() if not h.done()]
+    if missing:
+        shown = missing if wait_all_ranks else missing[:1]
+        raise CommTimeoutError(
+            f"monitored_barrier (op #{ctx.seq} of group {pg.name}): rank(s) {shown} did not arrive within "
+            f"{pg.timeout if limit is None else limit} s; they are hung, slow, or called another op")
+    for h in arrivals.values():
+        if h.error is not None:
+            raise h.error
+    t.wait_all([t.isend(pg.members[r], token, tag=1, **send) for r in range(1, pg.size())],
+               ctx.deadline, ctx.describe)
+    return None
+
+
+_MB_FP = fingerprint("monitored_barrier")

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         with open(f"{workdir}/rows.json") as f:
             rows = [Row(**r) for r in json.load(f)]
     print(f"# chorus bench: {args.collective}, {args.world} ranks, dtype {args.dtype}, "
-          f"{args.iters} iterations (+{args.warmup} warm-up); times per iteration, slowest rank; GB/s")
+          f"{args.iters} iterations (+{args.warmup} warm-up); mean time per op on rank 0, inputs reset and results checked between ops (untimed); GB/s")
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:

@@ -21,10 +21,10 @@ def dissemination_barrier(rank: int, world: int) -> Schedule:
     ranks before it; after ceil(log2 W) rounds from all W - 1.
     Cost: ceil(log2 W) latency steps, zero payload bytes.
     """
-    steps: Schedule = []
+    steps = []
     distance, k = 1, 0
     while distance < world:
         steps.append((Send((rank + distance) % world, _TOKEN, tag=k),
                       Recv((rank - distance) % world, _TOKEN, tag=k)))
         distance, k = distance * 2, k + 1
-    return steps
+    return Schedule(tuple(steps))

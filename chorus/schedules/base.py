@@ -50,4 +50,24 @@ class Copy:
 
 Op = Send | Recv | Copy
 Step = tuple[Op, ...]
-Schedule = list[Step]
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One rank's part of an algorithm: ``steps`` run in order, the ops inside one step
+    concurrently.  ``scratch`` elements of a buffer named ``"scratch"`` (same dtype as the
+    data) are provided by whoever runs the schedule.
+
+    Rules every schedule keeps (the simulator checks them):
+    * within one step, no region that is sent is also written (by a Recv or a Copy);
+    * messages between two ranks with the same tag are received in the order sent.
+    """
+
+    steps: tuple[Step, ...]
+    scratch: int = 0
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self):
+        return iter(self.steps)

@@ -18,11 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from chorus.errors import AbortedError, BufferMismatchError, PeerLostError
+from chorus.errors import AbortedError, BufferMismatchError, CollectiveMismatchError, PeerLostError
 from chorus.transport.handles import Handle, wait_all
 from chorus.transport.matching import Arrival, Matcher
 from chorus.wire.dtypes import dtype_name
-from chorus.wire.frames import Header, Kind, pack_fields
+from chorus.wire.fingerprint import describe
+from chorus.wire.frames import Header, Kind, LostReason, pack_fields
 
 log = logging.getLogger("chorus")
 
@@ -40,6 +41,8 @@ class Transport:
         self._groups: dict[int, frozenset[int]] = {0: frozenset(range(world_size))}
         self._dead: dict[int, str] = {}  # rank -> why (died: fails its groups)
         self._left: set[int] = set()  # ranks that said BYE (fails transfers addressed to them)
+        self._broken: dict[int, str] = {}  # group -> why it is unusable (collective mismatch)
+        self._finished: dict[int, int] = {}  # group -> seq of the last collective finished here
         self._closed: str | None = None
 
     # -- groups --------------------------------------------------------------------------
@@ -52,7 +55,7 @@ class Transport:
               seq: int = 0, dtype: int = 0, fingerprint: int = 0, sync: bool = False) -> Handle:
         """Post a send of ``view`` to ``peer``; ``sync`` hints that the caller waits at once."""
         handle = Handle(peer, kind, group, tag, view, dtype)
-        error = self._failure(group, peer)
+        error = self._failure(group, peer, expect=(seq, fingerprint) if fingerprint else None)
         if error is not None:
             handle.complete(error=error)
             return handle
@@ -61,16 +64,29 @@ class Transport:
         return handle
 
     def irecv(self, peer: int | None, view: memoryview, *, kind: int, group: int, tag: int,
-              dtype: int = 0) -> Handle:
-        """Post a receive into ``view`` from ``peer`` (None = any member of ``group``)."""
-        handle = Handle(peer, kind, group, tag, view, dtype)
-        error = self._failure(group, peer, receiving=True)
+              dtype: int = 0, expect: tuple[int, int] | None = None) -> Handle:
+        """Post a receive into ``view`` from ``peer`` (None = any member of ``group``).
+
+        ``expect``: the (seq, fingerprint) of this rank's collective; a message of another
+        call fails the receive with CollectiveMismatchError and aborts the group everywhere.
+        """
+        handle = Handle(peer, kind, group, tag, view, dtype, expect)
+        error = self._failure(group, peer, receiving=True, expect=expect)
         if error is not None:
             handle.complete(error=error)
             return handle
         arrival = self._matcher.post(handle)
         if arrival is not None:
             self._fill_from_stash(handle, arrival)
+            return handle
+        if expect is not None:
+            self._check_stash_against(handle)
+        # Check again now that the receive is posted: a failure recorded between the first
+        # check and the post found nothing to fail (flags are set before the sweep).
+        error = self._failure(group, peer, receiving=True, expect=expect)
+        if error is not None:
+            self._matcher.cancel(handle)
+            handle.complete(error=error)
         elif peer in self._left and not handle.done():
             # The peer left; what it sent before leaving has been matched above.
             self._matcher.cancel(handle)
@@ -103,7 +119,13 @@ class Transport:
         raise NotImplementedError
 
     def _fits(self, handle: Handle, header: Header, source: int) -> BaseException | None:
-        """An error if the arriving message does not fit the posted receive."""
+        """An error if the arriving message does not fit the posted receive.
+
+        A collective receive that gets another call's frame also aborts the group.
+        """
+        if handle.expect is not None and handle.expect != (header.seq, header.fingerprint):
+            self.group_mismatch(header.group, source, header.seq, header.fingerprint, self.rank)
+            return self._mismatch_error(handle.expect, self._broken.get(header.group, ""))
         nbytes = len(handle.view) if handle.view is not None else 0
         if header.nbytes == nbytes and (header.dtype == handle.dtype or not header.dtype or not handle.dtype):
             return None
@@ -122,12 +144,15 @@ class Transport:
             handle.view[:] = arrival.data
         handle.complete(arrival.header, error)
 
-    def _failure(self, group: int, peer: int | None, receiving: bool = False) -> BaseException | None:
+    def _failure(self, group: int, peer: int | None, receiving: bool = False,
+                 expect: tuple[int, int] | None = None) -> BaseException | None:
         """The error a new transfer must fail with right away, if any."""
         if self._closed is not None:
             return AbortedError(f"the transport is closed ({self._closed}); re-initialise first")
-        if not self._dead and not self._left:
+        if not self._dead and not self._left and not self._broken:
             return None
+        if group in self._broken:
+            return self._mismatch_error(expect, self._broken[group])
         members = self._groups.get(group, ())
         for rank, why in self._dead.items():
             if rank in members:
@@ -136,26 +161,37 @@ class Transport:
             return self._lost_error(peer, "left the job (destroy_process_group)", group)
         return None
 
-    def _lost_error(self, rank: int, why: str, group: int) -> PeerLostError:
+    def _lost_error(self, rank: int, why: str, group: int,
+                    handle: Handle | None = None) -> PeerLostError | CollectiveMismatchError:
+        """PeerLostError for ``rank`` — or for the root cause when there is one: a collective
+        mismatch in ``group``, or a member of ``group`` that died (peers often leave
+        *because* of it, and the thread relaying it may not have reached this op yet)."""
+        if group in self._broken:
+            return self._mismatch_error(handle.expect if handle else None, self._broken[group])
+        members = self._groups.get(group, ())
+        dead = next((r for r in self._dead if r in members), None)
+        if dead is not None:
+            rank, why = dead, self._dead[dead]
         return PeerLostError(
             f"rank {rank} {why}; every op of group {group} involving it fails on every rank. "
             f"Look at rank {rank}'s output for its own error.",
             lost_rank=rank,
         )
 
-    def peer_died(self, rank: int, why: str) -> bool:
-        """Record that ``rank`` died; fail everything pending in its groups.
-
-        Returns False if this was already known (so the caller need not tell others).
-        """
+    def peer_died(self, rank: int, why: str, reason: int = LostReason.DIED) -> bool:
+        """Record that ``rank`` died: tell every other rank (PEER_LOST), then fail everything
+        pending here in its groups.  Telling first means a rank that fails and leaves at
+        once cannot overtake its own notice.  False if this was already known."""
         with self._state_lock:
             if rank in self._dead or self._closed is not None:
                 return False
             self._dead[rank] = why
             doomed = {g for g, members in self._groups.items() if rank in members}
         log.warning("chorus rank %d: rank %d %s", self.rank, rank, why)
+        notice = pack_fields(int(Kind.PEER_LOST), 0, rank, int(reason), 0, 0, 0)
+        self._notify([r for r in range(self.world_size) if r not in (rank, self.rank)], notice)
         self._matcher.fail_where(lambda h: h.group in doomed,
-                                 lambda h: self._lost_error(rank, why, h.group))
+                                 lambda h: self._lost_error(rank, why, h.group, h))
         self._fail_sends(lambda h: h.group in doomed, lambda h: self._lost_error(rank, why, h.group))
         return True
 
@@ -164,7 +200,64 @@ class Transport:
         with self._state_lock:
             self._left.add(rank)
         why = "left the job (destroy_process_group) before sending"
-        self._matcher.fail_where(lambda h: h.peer == rank, lambda h: self._lost_error(rank, why, h.group))
+        self._matcher.fail_where(lambda h: h.peer == rank, lambda h: self._lost_error(rank, why, h.group, h))
+
+    def group_mismatch(self, group: int, culprit: int, seq: int, fingerprint: int, detector: int) -> None:
+        """Rank ``culprit`` called another collective (``seq``, ``fingerprint``) in ``group``:
+        fail every pending receive of the group here and tell the other members (once)."""
+        why = (f"rank {culprit} called {describe(fingerprint)} as op #{seq} of group {group}"
+               f" (reported by rank {detector})")
+        with self._state_lock:
+            if group in self._broken or self._closed is not None:
+                return
+            self._broken[group] = why
+            members = sorted(self._groups.get(group, ()))
+        log.error("chorus rank %d: collective mismatch: %s", self.rank, why)
+        notice = pack_fields(int(Kind.ABORT), group, culprit, seq, 0, 0, fingerprint)
+        self._notify([m for m in members if m != self.rank], notice)  # tell first, then fail here
+        self._matcher.fail_where(lambda h: h.group == group, lambda h: self._mismatch_error(h.expect, why))
+
+    # A frame of another call may never *match* a receive (its tag can differ), so the
+    # fingerprints are also compared whenever a collective frame is stashed or a collective
+    # receive is posted.  Conflicting: the same op number with another fingerprint, or a
+    # frame of an op this rank has already finished (it will never be consumed).
+    def _check_stash_against(self, handle: Handle) -> None:
+        seq, fp = handle.expect
+        a = self._matcher.find_unexpected(
+            lambda a: a.header.kind == Kind.COLL and a.header.group == handle.group
+            and (a.header.seq < seq or (a.header.seq == seq and a.header.fingerprint != fp)))
+        if a is not None:
+            self.group_mismatch(handle.group, a.peer, a.header.seq, a.header.fingerprint, self.rank)
+
+    def finished(self, group: int, seq: int) -> None:
+        """The engine finished collective ``seq`` of ``group``: a frame of it or of an
+        earlier op that arrives from now on was never meant for this rank."""
+        self._finished[group] = seq
+
+    def stashed(self, source: int, header: Header) -> None:
+        """Transports call this when a frame found no posted receive and was stashed."""
+        if header.kind != Kind.COLL:
+            return
+        if header.seq <= self._finished.get(header.group, -1):
+            self.group_mismatch(header.group, source, header.seq, header.fingerprint, self.rank)
+            return
+        h = self._matcher.find_posted(
+            lambda h: h.group == header.group and h.expect is not None
+            and (h.expect[0] > header.seq or (h.expect[0] == header.seq and h.expect[1] != header.fingerprint)))
+        if h is not None:
+            self.group_mismatch(header.group, source, header.seq, header.fingerprint, self.rank)
+
+    def _mismatch_error(self, expect: tuple[int, int] | None, why: str) -> CollectiveMismatchError:
+        mine = (f"this rank (rank {self.rank}) called {describe(expect[1])} as op #{expect[0]}"
+                if expect else f"this rank (rank {self.rank}) was in a point-to-point op")
+        return CollectiveMismatchError(
+            f"collective mismatch: {why}, but {mine}. The group is unusable from now on. Every rank "
+            "of a group must call the same collectives, in the same order, with the same dtype, "
+            "count, root and op.")
+
+    def _notify(self, ranks: list[int], frame: bytes) -> None:
+        """Send a payload-less control frame to ``ranks`` (best effort, never blocks long)."""
+        raise NotImplementedError
 
     def _fail_sends(self, pred: Callable[[Handle], bool], error_for: Callable[[Handle], BaseException]) -> None:
         """Fail queued sends matching ``pred`` (transports with send queues override)."""

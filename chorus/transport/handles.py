@@ -17,20 +17,25 @@ class Handle:
     after completion ``header`` holds the frame header that was sent or received.
     """
 
-    __slots__ = ("peer", "kind", "group", "tag", "view", "dtype", "header", "error", "_event",
-                 "_done", "_callbacks")
+    __slots__ = ("peer", "kind", "group", "tag", "view", "dtype", "expect", "header", "error",
+                 "_signal", "_done", "_callbacks")
 
     def __init__(self, peer: int | None, kind: int, group: int, tag: int,
-                 view: memoryview | None = None, dtype: int = 0):
+                 view: memoryview | None = None, dtype: int = 0,
+                 expect: tuple[int, int] | None = None):
         self.peer = peer
         self.kind = kind
         self.group = group
         self.tag = tag
         self.view = view
         self.dtype = dtype
+        self.expect = expect  # (seq, fingerprint) a collective receive must see
         self.header: Header | None = None
         self.error: BaseException | None = None
-        self._event = threading.Event()
+        # Held until completion: wait() acquires it (a bare lock wakes a waiter faster than
+        # threading.Event, whose Condition costs extra Python-level locking).
+        self._signal = threading.Lock()
+        self._signal.acquire()
         self._done = False
         self._callbacks: list[Callable[[Handle], None]] | None = None
 
@@ -48,7 +53,7 @@ class Handle:
         self.header = header
         self.error = error
         self._done = True
-        self._event.set()
+        self._signal.release()
         if self._callbacks:
             for cb in self._callbacks:
                 cb(self)
@@ -64,10 +69,11 @@ class Handle:
         """Block until done or until ``deadline`` (time.monotonic()); True if done."""
         if self._done:
             return True
-        if deadline is None:
-            self._event.wait()
+        timeout = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+        if self._signal.acquire(timeout=timeout):
+            self._signal.release()  # let other waiters through too
             return True
-        return self._event.wait(max(0.0, deadline - time.monotonic()))
+        return self._done
 
 
 def wait_all(handles: Iterable[Handle], deadline: float | None, what: Callable[[], str]) -> None:

@@ -12,7 +12,7 @@ import threading
 
 from chorus.transport.base import Transport
 from chorus.transport.handles import Handle
-from chorus.wire.frames import unpack_header
+from chorus.wire.frames import LOST_REASON_TEXT, Kind, unpack_header
 
 
 class LoopbackFabric:
@@ -41,7 +41,7 @@ class LoopbackFabric:
         if victim is not None:
             victim._closed = "killed"
         for t in list(self.transports.values()):
-            t.peer_died(rank, "died (killed in the loopback fabric)")
+            t.peer_died(rank, "died (killed in the loopback fabric)")  # as if each saw EOF
 
 
 class LoopbackTransport(Transport):
@@ -61,6 +61,18 @@ class LoopbackTransport(Transport):
         target._arrive(self.rank, h, view)
         handle.complete(h)
 
+    def _notify(self, ranks: list[int], frame: bytes) -> None:
+        h = unpack_header(frame)
+        for rank in ranks:
+            target = self._fabric.peer(rank)
+            if target is None:
+                continue
+            if h.kind == Kind.ABORT:
+                target.group_mismatch(h.group, h.tag, h.seq, h.fingerprint, self.rank)
+            elif h.kind == Kind.PEER_LOST:
+                target.peer_died(h.tag, f"{LOST_REASON_TEXT.get(h.seq, 'was lost')} (reported by rank {self.rank})",
+                                 h.seq)
+
     def _arrive(self, source: int, header, view: memoryview) -> None:
         match = self._matcher.claim(source, header)
         if isinstance(match, Handle):
@@ -70,6 +82,7 @@ class LoopbackTransport(Transport):
                 match.view[:] = view
             match.complete(header, error)
             return
+        self.stashed(source, header)
         claimant = self._matcher.arrival_ready(match, memoryview(bytes(view)))
         if claimant is not None:
             self._fill_from_stash(claimant, match)

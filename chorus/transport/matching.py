@@ -116,6 +116,24 @@ class Matcher:
         for h in failed:
             h.complete(error=error_for(h))
 
+    def find_posted(self, pred: Callable[[Handle], bool]) -> Handle | None:
+        """Some posted receive for which ``pred`` holds (for consistency checks)."""
+        with self._lock:
+            for queue in self._posted.values():
+                for h in queue:
+                    if pred(h):
+                        return h
+        return None
+
+    def find_unexpected(self, pred: Callable[[Arrival], bool]) -> Arrival | None:
+        """Some stashed message for which ``pred`` holds (for consistency checks)."""
+        with self._lock:
+            for queue in self._unexpected.values():
+                for a in queue:
+                    if pred(a):
+                        return a
+        return None
+
     def cancel(self, handle: Handle) -> None:
         """Withdraw a posted receive that nobody waits for any more (after a timeout)."""
         with self._lock:

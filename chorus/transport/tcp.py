@@ -41,13 +41,13 @@ from chorus import net
 from chorus.errors import ProtocolError, RendezvousError
 from chorus.transport.base import Transport, control_header
 from chorus.transport.handles import Handle
+from chorus.transport.tcp_reader import BufferedReader
 from chorus.wire.frames import (
     HEADER_SIZE,
     LOST_REASON_TEXT,
     Header,
     Kind,
     LostReason,
-    pack_fields,
     unpack_header,
 )
 
@@ -185,18 +185,18 @@ class TcpTransport(Transport):
 
     # -- receiving -----------------------------------------------------------------------
     def _read_loop(self, conn: _Connection) -> None:
-        header_buf = bytearray(HEADER_SIZE)
-        header_view = memoryview(header_buf)
+        reader = BufferedReader(conn.sock)
         try:
             while True:
-                net.recv_into_exact(conn.sock, header_view)
+                h = unpack_header(reader.read(HEADER_SIZE))
                 conn.last_heard = time.monotonic()
-                h = unpack_header(header_buf)
                 if h.kind == Kind.DATA or h.kind == Kind.COLL:
-                    self._read_payload(conn, h)
+                    self._read_payload(conn, reader, h)
                 elif h.kind == Kind.PEER_LOST:
                     reason = LOST_REASON_TEXT.get(h.seq, "was lost")
                     self._lose(h.tag, f"{reason} (reported by rank {conn.peer})", h.seq)
+                elif h.kind == Kind.ABORT:
+                    self.group_mismatch(h.group, h.tag, h.seq, h.fingerprint, conn.peer)
                 elif h.kind == Kind.BYE:
                     conn.bye = True
                     self.peer_left(conn.peer)
@@ -211,7 +211,7 @@ class TcpTransport(Transport):
             if self._closed is None and not conn.bye:
                 self._lose(conn.peer, f"died (connection lost: {exc or 'EOF'})")
 
-    def _read_payload(self, conn: _Connection, h: Header) -> None:
+    def _read_payload(self, conn: _Connection, reader: BufferedReader, h: Header) -> None:
         wait = POST_GRACE_S if h.nbytes >= POST_GRACE_MIN else 0.0
         match = self._matcher.claim(conn.peer, h, wait)
         conn.reading = True
@@ -220,14 +220,15 @@ class TcpTransport(Transport):
                 match.peer = conn.peer
                 error = self._fits(match, h, conn.peer)
                 if error is not None:
-                    _discard(conn.sock, h.nbytes)
+                    reader.discard(h.nbytes)
                 elif h.nbytes:
-                    net.recv_into_exact(conn.sock, match.view)
+                    reader.read_into(match.view)
                 match.complete(h, error)
                 return
+            self.stashed(conn.peer, h)
             data = memoryview(np.empty(h.nbytes, np.uint8)) if h.nbytes else _EMPTY
             if h.nbytes:
-                net.recv_into_exact(conn.sock, data)
+                reader.read_into(data)
             claimant = self._matcher.arrival_ready(match, data)
             if claimant is not None:
                 self._fill_from_stash(claimant, match)
@@ -311,14 +312,15 @@ class TcpTransport(Transport):
 
     # -- failures ------------------------------------------------------------------------
     def _lose(self, peer: int, why: str, reason: int = LostReason.DIED) -> None:
-        """``peer`` is gone: fail its groups here and tell every other rank (with why)."""
-        if not self.peer_died(peer, why):
-            return
-        notice = pack_fields(int(Kind.PEER_LOST), 0, peer, int(reason), 0, 0, 0)
-        for other, conn in list(self._conns.items()):
-            if other != peer and other not in self._dead and not conn.bye:
+        """``peer`` is gone: tell every other rank (with why) and fail its groups here."""
+        self.peer_died(peer, why, reason)
+
+    def _notify(self, ranks: list[int], frame: bytes) -> None:
+        for other in ranks:
+            conn = self._conns.get(other)
+            if conn is not None and other not in self._dead and not conn.bye:
                 with conn.cv:
-                    self._enqueue(conn, notice, _EMPTY, None)
+                    self._enqueue(conn, frame, _EMPTY, None)
 
     def _heartbeat_loop(self) -> None:
         beat = control_header(Kind.HEARTBEAT)
@@ -367,12 +369,3 @@ class TcpTransport(Transport):
                 pass
             conn.sock.close()
         self._listener.close()
-
-
-def _discard(sock: socket.socket, nbytes: int) -> None:
-    """Read and drop ``nbytes`` (a message that did not fit its receive)."""
-    scratch = memoryview(bytearray(min(nbytes, 1 << 20)))
-    while nbytes:
-        chunk = scratch[: min(nbytes, len(scratch))]
-        net.recv_into_exact(sock, chunk)
-        nbytes -= len(chunk)

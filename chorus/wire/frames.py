@@ -46,6 +46,8 @@ class Kind(enum.IntEnum):
     PEER_LOST = 4  # tag = the global rank this sender lost, seq = a LostReason
     BYE = 5  # the sender is leaving cleanly (destroy_process_group)
     HELLO = 6  # first frame on a transport connection: tag = sender rank, group = world size
+    ABORT = 7  # collective mismatch in `group`: tag = the rank whose call differed, seq and
+    #            fingerprint = that rank's call
 
 
 _KINDS = frozenset(int(k) for k in Kind)
@@ -109,6 +111,6 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         raise ProtocolError(f"unknown dtype code {dtype} in frame header")
     if nbytes > MAX_PAYLOAD:
         raise ProtocolError(f"frame payload of {nbytes} bytes exceeds the limit of {MAX_PAYLOAD}")
-    if kind in (Kind.HEARTBEAT, Kind.PEER_LOST, Kind.BYE, Kind.HELLO) and nbytes:
+    if kind in (Kind.HEARTBEAT, Kind.PEER_LOST, Kind.BYE, Kind.HELLO, Kind.ABORT) and nbytes:
         raise ProtocolError(f"control frame {Kind(kind).name} must carry no payload")
     return Header(kind, group, tag, seq, nbytes, dtype, fp)

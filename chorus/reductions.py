@@ -1,0 +1,140 @@
+"""``ReduceOp`` and the element-wise kernels that combine two buffers in place.
+
+    ReduceOp.SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR, AVG, PREMUL_SUM (via
+    ``_make_nccl_premul_sum(factor)``), as in torch.distributed.
+
+Which ops each dtype family supports:
+
+    integers      all except AVG (integer division would silently truncate)
+    bool          SUM (= or), PRODUCT (= and), MIN (= and), MAX (= or), BAND, BOR, BXOR
+    floats        SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM
+    complex       SUM, PRODUCT, AVG, PREMUL_SUM
+    bfloat16      as floats; computed in float32 and rounded back (nearest even)
+    float16       as floats; numpy computes each operation in float32 and rounds back
+
+Every kernel is ``combine(dst, src)``: ``dst = op(dst, src)`` element-wise, in place, on
+flat numpy arrays (bfloat16 travels as uint16 bit patterns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from chorus.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One reduction.  ``factor`` is set only for PREMUL_SUM made by _make_nccl_premul_sum."""
+
+    name: str
+    factor: float | None = None
+
+    def __repr__(self) -> str:
+        return f"<ReduceOp.{self.name}{'' if self.factor is None else f'({self.factor})'}>"
+
+
+class ReduceOp:
+    """torch.distributed's reduction names: ``dist.all_reduce(t, op=dist.ReduceOp.MAX)``."""
+
+    SUM = _Op("SUM")
+    PRODUCT = _Op("PRODUCT")
+    MIN = _Op("MIN")
+    MAX = _Op("MAX")
+    BAND = _Op("BAND")
+    BOR = _Op("BOR")
+    BXOR = _Op("BXOR")
+    AVG = _Op("AVG")
+    PREMUL_SUM = _Op("PREMUL_SUM")
+    RedOpType = _Op
+
+
+def _make_nccl_premul_sum(factor: float) -> _Op:
+    """A SUM that first multiplies every rank's input by ``factor`` (torch's helper name)."""
+    return _Op("PREMUL_SUM", float(factor))
+
+
+_NUMPY_OPS: dict[str, Callable] = {
+    "SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
+    "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor,
+    "AVG": np.add, "PREMUL_SUM": np.add,
+}
+_BOOL_OPS: dict[str, Callable] = {
+    "SUM": np.logical_or, "PRODUCT": np.logical_and, "MIN": np.logical_and, "MAX": np.logical_or,
+    "BAND": np.logical_and, "BOR": np.logical_or, "BXOR": np.logical_xor,
+}
+_FLOAT_OPS = frozenset({"SUM", "PRODUCT", "MIN", "MAX", "AVG", "PREMUL_SUM"})
+_COMPLEX_OPS = frozenset({"SUM", "PRODUCT", "AVG", "PREMUL_SUM"})
+_INT_OPS = frozenset({"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"})
+
+
+def family(dtype: str) -> str:
+    if dtype == "bool":
+        return "bool"
+    if dtype.startswith("complex"):
+        return "complex"
+    if dtype.startswith("float") or dtype == "bfloat16":
+        return "float"
+    return "int"
+
+
+def check_op(op: _Op, dtype: str, what: str) -> None:
+    """Raise InvalidArgumentError if ``op`` cannot reduce ``dtype`` (before anything is sent)."""
+    if not isinstance(op, _Op):
+        raise InvalidArgumentError(f"{what}: op must be a chorus.ReduceOp member, got {op!r}")
+    if op.name == "PREMUL_SUM" and op.factor is None:
+        raise InvalidArgumentError(
+            f"{what}: ReduceOp.PREMUL_SUM needs a factor; use _make_nccl_premul_sum(factor)")
+    allowed = {"bool": _BOOL_OPS.keys(), "complex": _COMPLEX_OPS, "float": _FLOAT_OPS,
+               "int": _INT_OPS}[family(dtype)]
+    if op.name not in allowed:
+        raise InvalidArgumentError(
+            f"{what}: ReduceOp.{op.name} is not defined for {dtype} tensors; "
+            f"valid for {dtype}: {', '.join(sorted(allowed))}")
+
+
+def combiner(op: _Op, dtype: str) -> Callable[[np.ndarray, np.ndarray], None]:
+    """``combine(dst, src)`` computing ``dst = op(dst, src)`` in place for ``dtype``."""
+    if dtype == "bool":
+        fn = _BOOL_OPS[op.name]
+        return lambda dst, src: fn(dst, src, out=dst)
+    fn = _NUMPY_OPS[op.name]
+    if dtype == "bfloat16":
+        def combine_bf16(dst: np.ndarray, src: np.ndarray) -> None:
+            dst[...] = float32_to_bf16(fn(bf16_to_float32(dst), bf16_to_float32(src)))
+        return combine_bf16
+    return lambda dst, src: fn(dst, src, out=dst)
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32 values (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns, rounding to nearest even (NaN stays NaN)."""
+    u = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    rounded = ((u + (((u >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        rounded[nan] = ((u[nan] >> 16) | 0x0040).astype(np.uint16)  # keep sign, quiet NaN
+    return rounded
+
+
+def scale(data: np.ndarray, dtype: str, factor: float) -> None:
+    """``data *= factor`` in place (PREMUL_SUM's pre-multiply); bfloat16 via float32."""
+    if dtype == "bfloat16":
+        data[...] = float32_to_bf16(bf16_to_float32(data) * np.float32(factor))
+    else:
+        np.multiply(data, factor, out=data, casting="unsafe")
+
+
+def divide(data: np.ndarray, dtype: str, divisor: int) -> None:
+    """``data /= divisor`` in place (AVG's final step); bfloat16 via float32."""
+    if dtype == "bfloat16":
+        data[...] = float32_to_bf16(bf16_to_float32(data) / np.float32(divisor))
+    else:
+        np.divide(data, divisor, out=data, casting="unsafe")

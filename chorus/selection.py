@@ -1,0 +1,63 @@
+"""Which algorithm a collective uses, per call.
+
+Order of precedence:
+1. ``algorithm=`` passed to the call (chorus-only keyword);
+2. the environment: ``CHORUS_ALGO_<COLLECTIVE>=<name>``, e.g. ``CHORUS_ALGO_ALL_REDUCE=ring``;
+3. the default rule below, by message size (bytes per rank) and world size.
+
+Default rules (thresholds measured over TCP; see docs/benchmarks.md):
+
+    collective      rule
+    all_reduce      W <= 2 or <= 64 KiB: recursive_doubling; else <= 1 MiB: rabenseifner; else ring
+    broadcast       < 1 MiB or W <= 2: binomial; else chain (pipelined)
+    reduce          binomial
+    all_gather      <= 32 KiB per rank: bruck; else ring
+    gather/scatter  binomial
+    reduce_scatter  uneven counts: pairwise; else ring
+    all_to_all      uniform and <= 4 KiB per block: bruck; else pairwise
+    barrier         dissemination
+"""
+
+from __future__ import annotations
+
+import os
+
+from chorus.errors import InvalidArgumentError
+from chorus.schedules.registry import ALGORITHMS
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def default_algorithm(collective: str, world: int, nbytes: int, uniform: bool = True) -> str:
+    """The built-in rule for ``collective`` moving ``nbytes`` per rank among ``world`` ranks."""
+    if collective == "all_reduce":
+        if world <= 2 or nbytes <= 64 * KIB:
+            return "recursive_doubling"
+        return "rabenseifner" if nbytes <= MIB else "ring"
+    if collective == "broadcast":
+        return "binomial" if nbytes < MIB or world <= 2 else "chain"
+    if collective == "all_gather":
+        return "bruck" if nbytes <= 32 * KIB else "ring"
+    if collective == "reduce_scatter":
+        return "ring" if uniform else "pairwise"
+    if collective == "all_to_all":
+        return "bruck" if uniform and nbytes <= 4 * KIB else "pairwise"
+    if collective == "barrier":
+        return "dissemination"
+    return "binomial"  # reduce, gather, scatter
+
+
+def choose(collective: str, world: int, nbytes: int, requested: str | None = None,
+           uniform: bool = True) -> str:
+    """Resolve the algorithm for one call; InvalidArgumentError lists the valid names."""
+    name = requested or os.environ.get(f"CHORUS_ALGO_{collective.upper()}") or None
+    if name is None:
+        return default_algorithm(collective, world, nbytes, uniform)
+    valid = ALGORITHMS[collective]
+    if name not in valid:
+        source = "algorithm=" if requested else f"CHORUS_ALGO_{collective.upper()}"
+        raise InvalidArgumentError(
+            f"{collective}: unknown algorithm {name!r} (from {source}); valid: {', '.join(sorted(valid))}")
+    if name == "bruck" and collective == "all_to_all" and not uniform:
+        raise InvalidArgumentError("all_to_all: algorithm 'bruck' needs equal split sizes; use 'pairwise'")
+    return name

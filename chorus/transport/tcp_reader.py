@@ -1,0 +1,64 @@
+"""Reading frames from a socket with as few system calls as possible.
+
+Small frames often arrive together (a header and its payload, or several frames), so the
+reader pulls whatever the kernel has into a buffer and serves headers and small payloads
+from it.  A large payload is copied out of the buffer only for the part already there;
+the rest is received straight into its destination.
+"""
+
+from __future__ import annotations
+
+import socket
+
+BUFFER_BYTES = 256 * 1024
+
+
+class BufferedReader:
+    def __init__(self, sock: socket.socket, size: int = BUFFER_BYTES):
+        self._sock = sock
+        self._buf = bytearray(size)
+        self._view = memoryview(self._buf)
+        self._start = 0  # first unread byte
+        self._end = 0  # one past the last received byte
+
+    def _fill(self, need: int) -> None:
+        """Make at least ``need`` (<= buffer size) unread bytes available."""
+        if self._start + need > len(self._buf):  # not enough room behind: move the rest forward
+            pending = self._end - self._start
+            self._view[:pending] = self._view[self._start: self._end]
+            self._start, self._end = 0, pending
+        while self._end - self._start < need:
+            got = self._sock.recv_into(self._view[self._end:])
+            if not got:
+                raise ConnectionError("connection closed by the peer (EOF)")
+            self._end += got
+
+    def read(self, n: int) -> memoryview:
+        """The next ``n`` bytes (n <= buffer size); valid until the next call."""
+        self._fill(n)
+        out = self._view[self._start: self._start + n]
+        self._start += n
+        return out
+
+    def read_into(self, dst: memoryview) -> None:
+        """Fill ``dst`` completely: buffered bytes first, then straight from the socket."""
+        have = min(self._end - self._start, len(dst))
+        if have:
+            dst[:have] = self._view[self._start: self._start + have]
+            self._start += have
+        filled = have
+        while filled < len(dst):
+            got = self._sock.recv_into(dst[filled:])
+            if not got:
+                raise ConnectionError("connection closed by the peer (EOF) in the middle of a message")
+            filled += got
+        if self._start == self._end:
+            self._start = self._end = 0
+
+    def discard(self, n: int) -> None:
+        """Skip ``n`` bytes."""
+        while n:
+            chunk = min(n, len(self._buf))
+            self.read(chunk)
+            n -= chunk
+
