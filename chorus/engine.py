@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -71,8 +72,8 @@ def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: 
 
     ``buffers`` maps region names to flat arrays of one dtype (``dtype`` is its wire code);
     ``combine(dst, src)`` reduces for ``Recv(reduce=True)``.  Per step: post every receive
-    (reducing ones into temporaries), then every send, do the copies, and reduce each
-    temporary as soon as it has arrived while the others are still in flight.
+    (reducing ones into temporaries, combined by the thread that completes them as soon as
+    each segment has arrived), then every send, do the copies, and wait once.
     """
     if recorder is not None:
         recorder("begin", ctx, {"steps": len(schedule)})
@@ -84,31 +85,28 @@ def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: 
     expect = (ctx.seq, ctx.fingerprint)
     for step in schedule:
         handles: list[Handle] = []
-        pending: list[tuple[Handle, np.ndarray, np.ndarray]] = []  # (handle, temp, dst)
         offset = 0
         for op in step:
             if isinstance(op, Recv):
-                if op.reduce:
+                finish = None
+                if op.reduce:  # receive into a temporary; the completing thread combines it
                     temp = temps[0][offset: offset + op.dst.count]
                     offset += op.dst.count
                     view = memoryview(temp.view(np.uint8))
+                    finish = partial(combine, _region(buffers, op.dst), temp)
                 else:
                     view = region_bytes(buffers, op.dst)
-                h = transport.irecv(ctx.members[op.peer], view, kind=Kind.COLL, group=ctx.group,
-                                    tag=op.tag, dtype=dtype, expect=expect)
-                handles.append(h)
-                if op.reduce:
-                    pending.append((h, temp, _region(buffers, op.dst)))
+                handles.append(transport.irecv(ctx.members[op.peer], view, kind=Kind.COLL, group=ctx.group,
+                                               tag=op.tag, dtype=dtype, expect=expect, finish=finish))
         for op in step:
             if isinstance(op, Send):
+                # sync: written by this thread.  Safe because every receive of the step is
+                # already posted and peers' reader threads always drain their sockets.
                 handles.append(transport.isend(ctx.members[op.peer], region_bytes(buffers, op.src),
                                                kind=Kind.COLL, group=ctx.group, tag=op.tag, seq=ctx.seq,
-                                               dtype=dtype, fingerprint=ctx.fingerprint))
+                                               dtype=dtype, fingerprint=ctx.fingerprint, sync=True))
             elif isinstance(op, Copy):
                 _region(buffers, op.dst)[...] = _region(buffers, op.src)
-        for h, temp, dst in pending:
-            transport.wait_all([h], ctx.deadline, ctx.describe)
-            combine(dst, temp)
         transport.wait_all(handles, ctx.deadline, ctx.describe)
     transport.finished(ctx.group, ctx.seq)
     if recorder is not None:

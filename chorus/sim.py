@@ -5,9 +5,12 @@ its sends eagerly (the data is copied when the step starts; the sender never wai
 does its copies, and ends once each of its receives has matched a message.  A receive
 from ``peer`` with tag ``t`` takes the earliest unmatched message from ``peer`` to this
 rank with tag ``t`` (FIFO per (src, dst, tag)); several receives with the same key in
-one step match in the order they are listed.  Every step is checked first: known
-buffers, regions in range, peers in the group, and no overlap between what a step
-writes (Recv and Copy destinations) and anything else it reads or writes.  Output and
+one step match in the order they are listed.
+
+Every step is checked first: known buffers, regions in range, peers in the group and
+not the rank itself (a Copy does that), and no overlap between what a step writes (Recv
+and Copy destinations) and anything else it reads or writes.  That is stricter than
+"never send what you write" and keeps every reduction in one fixed order.  Output and
 scratch buffers start filled with junk, so a schedule that forgets to write shows.
 
     >>> import numpy as np
@@ -51,12 +54,6 @@ def _junk(n: int, dtype: np.dtype) -> np.ndarray:
     return np.full(n, fill, dtype=dtype)
 
 
-def _a2a_matrix(world: int, inputs: list[Buffers], send_counts) -> list[tuple[int, ...]]:
-    if send_counts is None:  # equal blocks
-        return [split(len(inputs[r]["input"]), world) for r in range(world)]
-    return [tuple(row) for row in send_counts]
-
-
 def _layout(collective: str, world: int, inputs: list[Buffers], kwargs: dict):
     """Per rank: (the schedule function's keyword arguments, the rank's buffers)."""
     if len(inputs) != world:
@@ -65,7 +62,8 @@ def _layout(collective: str, world: int, inputs: list[Buffers], kwargs: dict):
             for inp in inputs]
     root = kwargs.get("root", 0)
     dtype = next(iter(bufs[root].values())).dtype if bufs[root] else np.dtype(np.int64)
-    kws = [dict(kwargs) for _ in range(world)]
+    kws = [dict(kwargs, root=root) if collective in ROOTED else dict(kwargs)
+           for _ in range(world)]
     for r, (kw, b) in enumerate(zip(kws, bufs, strict=True)):
         if collective in ("all_reduce", "broadcast", "reduce"):
             kw["count"] = len(bufs[root]["data"])
@@ -80,8 +78,10 @@ def _layout(collective: str, world: int, inputs: list[Buffers], kwargs: dict):
             kw["counts"] = tuple(kwargs.get("counts") or split(len(b["input"]), world))
             b["output"] = _junk(kw["counts"][r], dtype)
         elif collective == "all_to_all":
-            matrix = _a2a_matrix(world, bufs, kwargs.get("send_counts"))
-            kw["send_counts"] = matrix[r]
+            matrix = kwargs.get("send_counts")
+            if matrix is None:  # equal blocks
+                matrix = [split(len(x["input"]), world) for x in bufs]
+            kw["send_counts"] = tuple(matrix[r])
             kw["recv_counts"] = tuple(row[r] for row in matrix)
             b["output"] = _junk(sum(kw["recv_counts"]), dtype)
         elif collective == "barrier":
@@ -281,26 +281,22 @@ def check(collective: str, algorithm: str, world: int, count=0, *, root: int = 0
     if collective == "scatter":
         sizes = [world * count if r == root else None for r in range(world)]
     elif collective == "reduce_scatter":
-        counts = split(count, world) if isinstance(count, int) else tuple(count)
+        counts = split(count, world) if np.ndim(count) == 0 else tuple(count)
         sizes, kwargs["counts"] = [sum(counts)] * world, counts
     elif collective == "all_to_all":
-        matrix = [(count,) * world] * world if isinstance(count, int) else count
+        matrix = [(count,) * world] * world if np.ndim(count) == 0 else count
         sizes, kwargs["send_counts"] = [sum(row) for row in matrix], matrix
     name = "data" if collective in ("all_reduce", "broadcast", "reduce") else "input"
     inputs = [{} if n is None or collective == "barrier" else {name: _random(rng, n, dtype)}
               for n in sizes]
     got = simulate(collective, algorithm, world, inputs, op, **kwargs)
     want = reference(collective, world, inputs, op, **kwargs)
-    exact = np.dtype(dtype).kind not in "fc"
+    same = np.array_equal if np.dtype(dtype).kind not in "fc" else np.allclose
     for r, (g, w) in enumerate(zip(got, want, strict=True)):
-        if sorted(g) != sorted(w):
-            raise AssertionError(f"{collective}/{algorithm} W={world}: rank {r} has buffers "
-                                 f"{sorted(g)}, expected {sorted(w)}")
-        for key in w:
-            same = np.array_equal(g[key], w[key]) if exact else np.allclose(g[key], w[key])
-            if not same:
-                raise AssertionError(f"{collective}/{algorithm} W={world} root={root} "
-                                     f"{kwargs}: rank {r} {key!r} is {g[key]}, expected {w[key]}")
+        for key in sorted(set(g) | set(w)):
+            if key not in g or key not in w or not same(g[key], w[key]):
+                raise AssertionError(f"{collective}/{algorithm} W={world} {kwargs}: rank {r} "
+                                     f"{key!r} is {g.get(key)}, expected {w.get(key)}")
     return got
 
 
@@ -339,6 +335,8 @@ def predict(collective: str, algorithm: str, world: int, nbytes: int, *, alpha: 
     gamma = beta / 4 if gamma is None else gamma
     n = element_count(nbytes, itemsize)
     fn, root = find_algorithm(collective, algorithm), kwargs.get("root", 0)
+    if collective in ROOTED:
+        kwargs["root"] = root
     if collective in ("all_gather", "gather", "scatter"):
         kwargs["count"] = n // world
     elif collective == "reduce_scatter":

@@ -97,6 +97,8 @@ def reduce_tensor(tensor: Any, op: str = "mean") -> Any:
     all_reduce(result)  # SUM
     if op == "mean":
         result = result / get_world_size()
+        if not is_torch_tensor(result):
+            result = np.asarray(result)  # numpy turns a 0-d quotient into a scalar
     return result
 
 

@@ -55,7 +55,6 @@ def test_mismatch_raises_on_every_rank_within_2s(kind):
         assert "collective mismatch" in message, (rank, message)
         assert elapsed < 2.0
         assert f"this rank (rank {rank}) called" in message
-    assert any(where == "mismatched call" for _, _, where in results)  # the detector, at least
 
 
 def test_mismatch_message_names_both_calls():

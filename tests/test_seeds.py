@@ -39,6 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from chorus.launch.supervisor import die_with_parent
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "seeds"
 REAL = os.environ.get("CHORUS_SEEDS_REAL") == "1"
@@ -252,7 +254,7 @@ def _forked_script(script: str, how: str, env: dict[str, str], out: str, err: st
     if how != "launcher":
         runpy.run_path(script, run_name="__main__")
         return
-    ranks = [fork.Process(target=_forked_rank, args=(script, rank_env(env, r))) for r in range(WORLD)]
+    ranks = [fork.Process(target=_forked_rank, args=(script, rank_env(env, r), os.getpid())) for r in range(WORLD)]
     for p in ranks:
         p.start()
     for p in ranks:
@@ -262,7 +264,8 @@ def _forked_script(script: str, how: str, env: dict[str, str], out: str, err: st
         raise SystemExit(f"ranks exited with {codes}")
 
 
-def _forked_rank(script: str, env: dict[str, str]) -> None:
+def _forked_rank(script: str, env: dict[str, str], launcher_pid: int) -> None:
+    die_with_parent(launcher_pid)  # a killed (timed-out) run leaves no rank behind
     os.environ.clear()
     os.environ.update(env)
     runpy.run_path(script, run_name="__main__")

@@ -43,10 +43,14 @@ def test_small_messages_prefer_recursive_doubling_large_ones_ring(world):
 def test_monotonic_in_size(collective, algorithm):
     world = 12
     sizes = [0, 4 * world, 4096 * world, 1 << 20, 1 << 24]
-    times = [predict(collective, algorithm, world, n, root=3) if collective in
-             ("broadcast", "reduce", "gather", "scatter") else
-             predict(collective, algorithm, world, n) for n in sizes]
+    times = [predict(collective, algorithm, world, n) for n in sizes]
     assert times == sorted(times) and times[-1] > times[0]
+
+
+def test_root_is_optional_and_counts():
+    assert predict("reduce", "binomial", 12, 4096) == predict("reduce", "binomial", 12, 4096,
+                                                                root=0)
+    assert predict("scatter", "binomial", 12, 4800, root=5) > 0
 
 
 def test_barrier_costs_log_rounds():

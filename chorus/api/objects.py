@@ -31,7 +31,8 @@ from chorus.api.collectives import broadcast
 from chorus.api.gathering import all_gather_into_tensor, gather, scatter
 from chorus.api.launch import member_group, root_rank
 from chorus.api.p2p import recv, send
-from chorus.errors import BufferMismatchError, InvalidArgumentError
+from chorus.errors import BufferMismatchError, CollectiveMismatchError, InvalidArgumentError
+
 
 def _pickled(obj: Any) -> np.ndarray:
     """``obj`` pickled, as a ``uint8`` array."""
@@ -50,13 +51,13 @@ def _concat(blobs: list[np.ndarray]) -> np.ndarray:
 def _split(payload: np.ndarray, sizes: np.ndarray) -> list[Any]:
     """Unpickle the back-to-back objects of ``payload`` whose lengths are ``sizes``."""
     ends = np.cumsum(sizes)
-    return [_unpickled(payload[end - size:end]) for size, end in zip(sizes, ends)]
+    return [_unpickled(payload[end - size:end]) for size, end in zip(sizes, ends, strict=True)]
 
 
 def _padded(blobs: list[np.ndarray], width: int) -> np.ndarray:
     """A (len(blobs), width) array holding one blob per row, zero-padded."""
     rows = np.zeros((len(blobs), width), np.uint8)
-    for row, blob in zip(rows, blobs):
+    for row, blob in zip(rows, blobs, strict=True):
         row[:blob.size] = blob
     return rows
 
@@ -95,7 +96,12 @@ def broadcast_object_list(object_list: list, src: int | None = None, group=None,
         sizes = np.array([b.size for b in blobs], np.int64)
     else:
         sizes = np.zeros(len(object_list), np.int64)
-    broadcast(sizes, group=group, group_src=root)
+    try:
+        broadcast(sizes, group=group, group_src=root)
+    except CollectiveMismatchError as exc:
+        raise CollectiveMismatchError(
+            f"{op}: object_list must have the same length on every rank (this rank passed "
+            f"{len(object_list)} entries); {exc}") from exc
     total = int(sizes.sum())
     if total == 0:  # empty lists: nothing more to move
         return None
@@ -129,7 +135,7 @@ def all_gather_object(object_list: list, obj: Any, group=None) -> None:
     width = int(sizes.max())
     rows = np.empty((world, width), np.uint8)
     all_gather_into_tensor(rows, _padded([blob], width)[0], group=group)
-    object_list[:] = [_unpickled(row[:size]) for row, size in zip(rows, sizes)]
+    object_list[:] = [_unpickled(row[:size]) for row, size in zip(rows, sizes, strict=True)]
     return None
 
 
@@ -165,7 +171,7 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
         return None
     rows = np.empty((world, width), np.uint8)
     gather(mine, list(rows), group=group, group_dst=root)
-    object_gather_list[:] = [_unpickled(row[:size]) for row, size in zip(rows, sizes)]
+    object_gather_list[:] = [_unpickled(row[:size]) for row, size in zip(rows, sizes, strict=True)]
     return None
 
 

@@ -96,13 +96,12 @@ def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: in
 
 def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> int:
     """Receive into ``tensor`` from ``src`` (None = from any rank); returns the sender's
-    rank (global, or in ``group`` if ``group_src`` was given); -1 if not in ``group``."""
-    work, pg = _post_recv(tensor, src, group, tag, group_src, "recv")
+    global rank (also when ``group_src`` was given, as torch 2.13 does); -1 if not in ``group``."""
+    work, _ = _post_recv(tensor, src, group, tag, group_src, "recv")
     if work is None:
         return -1
     work.wait()
-    sender = work.source_rank()
-    return pg.group_rank(sender) if group_src is not None else sender
+    return work.source_rank()
 
 
 def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> Work | None:

@@ -33,17 +33,18 @@ from chorus.schedules.chunks import (
 def ring_all_reduce(rank: int, world: int, count: int, *, segment: int = 0) -> Schedule:
     """Ring reduce-scatter then ring all-gather over W chunks of ``data`` (gloo/NCCL "ring").
 
-    Theory of operation, W = 4, chunks A B C D, ``A0`` = rank 0's part of chunk A::
+    Theory of operation, W = 4, chunks A B C D; ``A1`` is rank 1's part of chunk A and
+    ``A12`` = A1 + A2, the partial sum travelling with it::
 
         reduce-scatter: step s, rank r sends chunk r-s-1 right, reduces chunk r-s-2 from left
-          step 0: 0 -D0->1   1 -A1->2   2 -B2->3   3 -C3->0
-          step 1: 0 -CD->1   1 -DA->2   2 -AB->3   3 -BC->0     (2-rank partial sums)
-          step 2: 0 -BCD->1  1 -CDA->2  2 -DAB->3  3 -ABC->0
+          step 0: 0 -D0->1     1 -A1->2     2 -B2->3     3 -C3->0
+          step 1: 0 -C30->1    1 -D01->2    2 -A12->3    3 -B23->0
+          step 2: 0 -B230->1   1 -C301->2   2 -D012->3   3 -A123->0
           now rank r holds chunk r complete:  0: A   1: B   2: C   3: D
         all-gather: step s, rank r sends chunk r-s right, stores chunk r-s-1 from left
-          step 3: 0 -A->1    1 -B->2    2 -C->3    3 -D->0
-          step 4: 0 -D->1    1 -A->2    2 -B->3    3 -C->0
-          step 5: 0 -C->1    1 -D->2    2 -A->3    3 -B->0
+          step 3: 0 -A->1      1 -B->2      2 -C->3      3 -D->0
+          step 4: 0 -D->1      1 -A->2      2 -B->3      3 -C->0
+          step 5: 0 -C->1      1 -D->2      2 -A->3      3 -B->0
 
     Chunk A is summed along the chain 1 -> 2 -> 3 -> 0 and only copied afterwards.
     With ``segment`` > 0 each chunk travels as several messages of at most ``segment``

@@ -50,6 +50,27 @@ def pairwise_all_to_all(rank: int, world: int, send_counts: Sequence[int],
     return finish(steps)
 
 
+def linear_all_to_all(rank: int, world: int, send_counts: Sequence[int],
+                      recv_counts: Sequence[int]) -> Schedule:
+    """Every block at once: one step with all W - 1 sends and W - 1 receives posted.
+
+    W = 4, one step::
+
+        rank 0: a1 -> 1, a2 -> 2, a3 -> 3   and   <- b0, <- c0, <- d0   (a0 copied)
+
+    The transport keeps all of them in flight, so the op costs one latency plus the
+    bytes; best for small blocks (large ones contend for the links: use pairwise).
+    Cost: 1 step; sends sum(send_counts) - send_counts[r].
+    """
+    send_counts, recv_counts = _check(rank, world, send_counts, recv_counts)
+    inputs, outputs = blocks("input", send_counts), blocks("output", recv_counts)
+    step = copies(inputs[rank], outputs[rank])
+    for k in range(1, world):
+        to, frm = (rank + k) % world, (rank - k) % world
+        step += sends(to, inputs[to], 0) + recvs(frm, outputs[frm], 0)
+    return finish([step])
+
+
 def bruck_all_to_all(rank: int, world: int, send_counts: Sequence[int],
                      recv_counts: Sequence[int]) -> Schedule:
     """Bruck's index algorithm for equal blocks: ceil(log2 W) steps instead of W - 1.

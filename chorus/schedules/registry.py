@@ -25,7 +25,7 @@ from chorus.schedules.all_reduce import (
     recursive_doubling_all_reduce,
     ring_all_reduce,
 )
-from chorus.schedules.all_to_all import bruck_all_to_all, pairwise_all_to_all
+from chorus.schedules.all_to_all import bruck_all_to_all, linear_all_to_all, pairwise_all_to_all
 from chorus.schedules.barrier import dissemination_barrier
 from chorus.schedules.base import Schedule
 from chorus.schedules.reduce_scatter import pairwise_reduce_scatter, ring_reduce_scatter
@@ -49,7 +49,8 @@ ALGORITHMS: dict[str, dict[str, Callable[..., Schedule]]] = {
     "gather": {"binomial": binomial_gather},
     "scatter": {"binomial": binomial_scatter},
     "reduce_scatter": {"ring": ring_reduce_scatter, "pairwise": pairwise_reduce_scatter},
-    "all_to_all": {"pairwise": pairwise_all_to_all, "bruck": bruck_all_to_all},
+    "all_to_all": {"pairwise": pairwise_all_to_all, "bruck": bruck_all_to_all,
+                   "linear": linear_all_to_all},
     "barrier": {"dissemination": dissemination_barrier},
 }
 

@@ -9,7 +9,7 @@ so any root works the same way.  For W = 4, root 0::
       |
       3
 
-A subtree is a contiguous run of virtual ranks ([2, 4) below 2 above), so gather and
+A subtree is a contiguous run of virtual ranks (2 and 3 below 2 above), so gather and
 scatter move a whole subtree's blocks as one message; where that run wraps past rank
 W-1 in real ranks it is cut there, on both sides, into two messages.
 """
@@ -59,10 +59,9 @@ def binomial_reduce(rank: int, world: int, count: int, root: int) -> Schedule:
 
     Children report smallest subtree first.  W = 4, root 0, inputs a b c d::
 
-        step      rank 0          rank 1      rank 2               rank 3
-        1         .               b -> 0      scratch = c          d -> 2
-        2         a+b   <- 1      .           scratch += d  <- 3   .
-        3         a+b+c+d <- 2    .           c+d -> 0             .
+        round  rank 0               rank 1    rank 2                       rank 3
+        1      data = a+b    <- 1   b -> 0    scratch = c, then += d <- 3  d -> 2
+        2      data = a+b+cd <- 2   .         scratch = cd -> 0            .
 
     An inner rank accumulates in ``scratch`` (a Copy of its data first) so its own
     ``data`` is unchanged; only the root reduces in place.
@@ -148,19 +147,21 @@ def chain_broadcast(rank: int, world: int, count: int, root: int, *,
         3                  x2 -> 2              <- x2, x1 -> 3       <- x1
         4                                       x2 -> 3              <- x2
 
-    Cost: W - 1 + m - 1 steps for m segments on the critical path; every rank but the
-    last sends n elements once.  Good for large messages: time ~ (W + m) * alpha + n * beta.
+    Cost: W + m - 2 steps for m segments on the critical path, each moving n/m elements;
+    every rank but the last sends n once.  For large messages: time ~ (W + m - 2) *
+    (alpha + beta * n/m), close to n * beta when m >> W.
     """
     check_args(rank, world, root=root, counts=(count,))
     pieces = segments(Region("data", 0, count), segment)
     v = vrank(rank, world, root)
     prev, nxt = (rank - 1) % world, (rank + 1) % world
-    lag = 1 if v else 0
+    lag = 1 if v else 0  # a non-root forwards segment k - 1 while segment k arrives
     steps = []
     for k in range(len(pieces) + lag):
-        forward = (v + 1 < world and 0 <= k - lag < len(pieces))
-        step = (sends(nxt, pieces[k - lag], 0) if forward else ())
-        steps.append(step + (recvs(prev, pieces[k], 0) if v and k < len(pieces) else ()))
+        forward = v + 1 < world and 0 <= k - lag < len(pieces)
+        arrive = v > 0 and k < len(pieces)
+        steps.append((sends(nxt, pieces[k - lag], 0) if forward else ())
+                     + (recvs(prev, pieces[k], 0) if arrive else ()))
     return finish(steps)
 
 

@@ -42,6 +42,7 @@ class Transport:
         self._dead: dict[int, str] = {}  # rank -> why (died: fails its groups)
         self._left: set[int] = set()  # ranks that said BYE (fails transfers addressed to them)
         self._broken: dict[int, str] = {}  # group -> why it is unusable (collective mismatch)
+        self._broken_at: dict[int, int] = {}  # group -> the op number where it broke
         self._finished: dict[int, int] = {}  # group -> seq of the last collective finished here
         self._closed: str | None = None
 
@@ -64,13 +65,16 @@ class Transport:
         return handle
 
     def irecv(self, peer: int | None, view: memoryview, *, kind: int, group: int, tag: int,
-              dtype: int = 0, expect: tuple[int, int] | None = None) -> Handle:
+              dtype: int = 0, expect: tuple[int, int] | None = None,
+              finish: Callable[[], None] | None = None) -> Handle:
         """Post a receive into ``view`` from ``peer`` (None = any member of ``group``).
 
         ``expect``: the (seq, fingerprint) of this rank's collective; a message of another
         call fails the receive with CollectiveMismatchError and aborts the group everywhere.
+        ``finish``: run by whichever thread completes the receive, before anyone waiting on
+        it wakes (so e.g. a reduction overlaps with this thread's other work).
         """
-        handle = Handle(peer, kind, group, tag, view, dtype, expect)
+        handle = Handle(peer, kind, group, tag, view, dtype, expect, finish)
         error = self._failure(group, peer, receiving=True, expect=expect)
         if error is not None:
             handle.complete(error=error)
@@ -151,7 +155,7 @@ class Transport:
             return AbortedError(f"the transport is closed ({self._closed}); re-initialise first")
         if not self._dead and not self._left and not self._broken:
             return None
-        if group in self._broken:
+        if group in self._broken and (expect is None or expect[0] >= self._broken_at[group]):
             return self._mismatch_error(expect, self._broken[group])
         members = self._groups.get(group, ())
         for rank, why in self._dead.items():
@@ -211,11 +215,14 @@ class Transport:
             if group in self._broken or self._closed is not None:
                 return
             self._broken[group] = why
+            self._broken_at[group] = seq
             members = sorted(self._groups.get(group, ()))
         log.error("chorus rank %d: collective mismatch: %s", self.rank, why)
         notice = pack_fields(int(Kind.ABORT), group, culprit, seq, 0, 0, fingerprint)
         self._notify([m for m in members if m != self.rank], notice)  # tell first, then fail here
-        self._matcher.fail_where(lambda h: h.group == group, lambda h: self._mismatch_error(h.expect, why))
+        # ops before the mismatched one (a slow rank's barrier, say) may still complete
+        self._matcher.fail_where(lambda h: h.group == group and (h.expect is None or h.expect[0] >= seq),
+                                 lambda h: self._mismatch_error(h.expect, why))
 
     # A frame of another call may never *match* a receive (its tag can differ), so the
     # fingerprints are also compared whenever a collective frame is stashed or a collective

@@ -17,12 +17,13 @@ class Handle:
     after completion ``header`` holds the frame header that was sent or received.
     """
 
-    __slots__ = ("peer", "kind", "group", "tag", "view", "dtype", "expect", "header", "error",
-                 "_signal", "_done", "_callbacks")
+    __slots__ = ("peer", "kind", "group", "tag", "view", "dtype", "expect", "finish", "header",
+                 "error", "_signal", "_done", "_callbacks")
 
     def __init__(self, peer: int | None, kind: int, group: int, tag: int,
                  view: memoryview | None = None, dtype: int = 0,
-                 expect: tuple[int, int] | None = None):
+                 expect: tuple[int, int] | None = None,
+                 finish: Callable[[], None] | None = None):
         self.peer = peer
         self.kind = kind
         self.group = group
@@ -30,6 +31,9 @@ class Handle:
         self.view = view
         self.dtype = dtype
         self.expect = expect  # (seq, fingerprint) a collective receive must see
+        # Runs in the completing thread after the data landed and before waiters wake
+        # (a reducing receive combines its temporary into the destination here).
+        self.finish = finish
         self.header: Header | None = None
         self.error: BaseException | None = None
         # Held until completion: wait() acquires it (a bare lock wakes a waiter faster than
@@ -50,6 +54,11 @@ class Handle:
         """Mark finished (first call wins); wake waiters and run callbacks."""
         if self._done:
             return
+        if error is None and self.finish is not None:
+            try:
+                self.finish()
+            except Exception as exc:  # noqa: BLE001 - reported to the waiter
+                error = exc
         self.header = header
         self.error = error
         self._done = True

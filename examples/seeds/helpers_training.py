@@ -127,13 +127,13 @@ def distributed_evaluation(model, batches):
             gathered_labels = gather_tensor(labels, dst=0)
             if is_main_process():
                 all_losses.extend([lo.item() for lo in gathered_losses])
-                for preds, labs in zip(gathered_preds, gathered_labels):
+                for preds, labs in zip(gathered_preds, gathered_labels, strict=True):
                     all_predictions.extend(preds.tolist())
                     all_labels.extend(labs.tolist())
 
     if is_main_process():
         avg_loss = sum(all_losses) / len(all_losses)
-        accuracy = sum(p == t for p, t in zip(all_predictions, all_labels)) / len(all_labels)
+        accuracy = sum(p == t for p, t in zip(all_predictions, all_labels, strict=True)) / len(all_labels)
         result_tensor = torch.tensor([avg_loss, accuracy], device=get_device())
     else:
         result_tensor = torch.zeros(2, device=get_device())

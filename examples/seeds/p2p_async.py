@@ -34,7 +34,7 @@ def run(rank, master_addr, master_port, world_size, backend="gloo"):
             req = dist.isend(tensor=tensor, dst=2)
             buffer.append(req)
     elif rank == 2:  # receiver: one irecv at a time, each waited for
-        for i in range(10):
+        for _ in range(10):
             tmp_tensor = torch.zeros(1)
             req = dist.irecv(tensor=tmp_tensor, src=0)
             req.wait()
