@@ -105,8 +105,12 @@ def _check_dtype(name: str, op: str, what: str) -> None:
         raise InvalidTensorError(f"{op}: {what} has dtype {name}, which chorus cannot send; supported: {supported}")
 
 
+# numpy's dtype.name is slow (~9 us); a dict lookup on the dtype object is not.
+_NUMPY_NAMES = {np.dtype(name): name for name in DTYPE_CODES if name not in ("bytes", "bfloat16")}
+
+
 def _numpy_buffer(arr: np.ndarray, op: str, what: str) -> Buffer:
-    name = arr.dtype.name
+    name = _NUMPY_NAMES.get(arr.dtype) or arr.dtype.name
     _check_dtype(name, op, what)
     if arr.flags.c_contiguous:
         return Buffer(arr.reshape(-1), name, arr)

@@ -5,16 +5,18 @@ Order of precedence:
 2. the environment: ``CHORUS_ALGO_<COLLECTIVE>=<name>``, e.g. ``CHORUS_ALGO_ALL_REDUCE=ring``;
 3. the default rule below, by message size (bytes per rank) and world size.
 
-Default rules (thresholds measured over TCP; see docs/benchmarks.md):
+Default rules (thresholds from per-algorithm sweeps over TCP on a 16-core host, W = 4;
+see docs/benchmarks.md):
 
     collective      rule
-    all_reduce      W <= 2 or <= 64 KiB: recursive_doubling; else <= 1 MiB: rabenseifner; else ring
+    all_reduce      W <= 2 or <= 256 KiB: recursive_doubling; else ring
     broadcast       < 1 MiB or W <= 2: binomial; else chain (pipelined)
     reduce          binomial
     all_gather      <= 32 KiB per rank: bruck; else ring
     gather/scatter  binomial
     reduce_scatter  uneven counts: pairwise; else ring
-    all_to_all      uniform and <= 4 KiB per block: bruck; else pairwise
+    all_to_all      W <= 16: linear (everything in flight at once); else uniform and
+                    <= 4 KiB per block: bruck; else pairwise
     barrier         dissemination
 """
 
@@ -31,9 +33,7 @@ KIB, MIB = 1 << 10, 1 << 20
 def default_algorithm(collective: str, world: int, nbytes: int, uniform: bool = True) -> str:
     """The built-in rule for ``collective`` moving ``nbytes`` per rank among ``world`` ranks."""
     if collective == "all_reduce":
-        if world <= 2 or nbytes <= 64 * KIB:
-            return "recursive_doubling"
-        return "rabenseifner" if nbytes <= MIB else "ring"
+        return "recursive_doubling" if world <= 2 or nbytes <= 256 * KIB else "ring"
     if collective == "broadcast":
         return "binomial" if nbytes < MIB or world <= 2 else "chain"
     if collective == "all_gather":
@@ -41,6 +41,8 @@ def default_algorithm(collective: str, world: int, nbytes: int, uniform: bool = 
     if collective == "reduce_scatter":
         return "ring" if uniform else "pairwise"
     if collective == "all_to_all":
+        if world <= 16:
+            return "linear"
         return "bruck" if uniform and nbytes <= 4 * KIB else "pairwise"
     if collective == "barrier":
         return "dissemination"

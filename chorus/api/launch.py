@@ -3,6 +3,7 @@ number, build the schedule, and run it in order (inline, or on the worker for as
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from chorus.wire.dtypes import DTYPE_CODES
 from chorus.wire.fingerprint import fingerprint
 from chorus.work import CompletedWork, QueuedWork, Work
 
-SEGMENT_BYTES = 512 * 1024  # pipelining unit of ring / chain algorithms
+SEGMENT_BYTES = int(os.environ.get("CHORUS_SEGMENT_BYTES", 1 << 20))  # pipelining unit (ring, chain)
 
 
 def member_group(group: Any, op: str) -> ProcessGroup | None:

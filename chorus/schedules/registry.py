@@ -17,6 +17,7 @@ barrier         dissemination                               (none)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from chorus.schedules.all_gather import bruck_all_gather, ring_all_gather
@@ -68,7 +69,11 @@ def algorithm(collective: str, name: str) -> Callable[..., Schedule]:
     return fn
 
 
+@functools.lru_cache(maxsize=4096)
 def schedule(collective: str, name: str, rank: int, world: int, **kwargs) -> Schedule:
     """Rank ``rank``'s schedule of ``collective`` by algorithm ``name``, e.g.
-    ``schedule("all_reduce", "ring", 0, 4, count=1024)``."""
+    ``schedule("all_reduce", "ring", 0, 4, count=1024)``.
+
+    Schedules are immutable, so repeated calls with the same arguments (a training loop)
+    reuse one object; keyword arguments must be hashable (tuples, not lists)."""
     return algorithm(collective, name)(rank, world, **kwargs)

@@ -12,6 +12,8 @@ It is an encoding, not a hash, so the receiving rank can name the peer's call::
 
 from __future__ import annotations
 
+import functools
+
 from chorus.wire.dtypes import DTYPE_CODES, dtype_name
 
 COLLECTIVES = ("barrier", "broadcast", "all_reduce", "reduce", "all_gather", "gather", "scatter",
@@ -21,6 +23,7 @@ _MAX_COUNT = (1 << 33) - 1
 _MAX_ROOT = (1 << 16) - 2
 
 
+@functools.lru_cache(maxsize=4096)
 def fingerprint(op: str, dtype: str = "bytes", count: int = 0, root: int = -1, reduce_op: str = "") -> int:
     """Encode a call; ``op`` must be one of COLLECTIVES.  Never 0."""
     code = COLLECTIVES.index(op) + 1
