@@ -9,7 +9,8 @@ Default rules (thresholds from per-algorithm sweeps over TCP on a 16-core host, 
 see docs/benchmarks.md):
 
     collective      rule
-    all_reduce      W <= 2 or <= 256 KiB: recursive_doubling; else ring
+    all_reduce      <= 32 KiB: recursive_doubling; else ring (also at W = 2: ring moves
+                    halves where recursive doubling moves the whole buffer)
     broadcast       < 1 MiB or W <= 2: binomial; else chain (pipelined)
     reduce          binomial
     all_gather      <= 32 KiB per rank: bruck; else ring
@@ -33,7 +34,7 @@ KIB, MIB = 1 << 10, 1 << 20
 def default_algorithm(collective: str, world: int, nbytes: int, uniform: bool = True) -> str:
     """The built-in rule for ``collective`` moving ``nbytes`` per rank among ``world`` ranks."""
     if collective == "all_reduce":
-        return "recursive_doubling" if world <= 2 or nbytes <= 256 * KIB else "ring"
+        return "recursive_doubling" if nbytes <= 32 * KIB else "ring"
     if collective == "broadcast":
         return "binomial" if nbytes < MIB or world <= 2 else "chain"
     if collective == "all_gather":
