@@ -18,4 +18,7 @@ def test_quickstart_runs_on_4_ranks():
         assert f"[rank{rank}]:rank {rank} of 4 is up" in lines
         left, right = (rank - 1) % 4, (rank + 1) % 4
         assert f"[rank{rank}]:rank {rank}: left neighbour sent {left}, right neighbour sent {right}" in lines
+        assert (f"[rank{rank}]:rank {rank}: sum of ranks = 6, gathered [0, 1, 2, 3], "
+                "rank 0's config = [0.1, 32.0]") in lines
+    assert "[rank0]:averaged gradient = 2.5 (local work meanwhile gave 499500)" in lines
     assert "[rank0]:all ranks passed the barrier" in lines

@@ -126,3 +126,42 @@ def test_unknown_backend_and_bad_timeout():
         dist.init_process_group("gloo", timeout=-1, init_method="tcp://127.0.0.1:1", rank=0, world_size=1)
     with pytest.raises(RankFailed):
         run_threads(lambda r, w: dist.new_subgroups(group_size=0), 2)
+
+
+def test_split_group_uses_parent_group_ranks():
+    def body(rank, world):
+        parent = dist.new_group([1, 2, 3, 4, 5])
+        if rank == 0:
+            return None
+        mine = dist.split_group(parent, [[0, 2], [1, 3, 4]])  # group ranks of parent
+        return dist.get_process_group_ranks(mine)
+
+    assert run_threads(body, 6) == [None, [1, 3], [2, 4, 5], [1, 3], [2, 4, 5], [2, 4, 5]]
+
+
+def test_monitored_barrier_names_the_missing_rank():
+    import time
+
+    def body(rank, world):
+        if rank == 2:
+            time.sleep(1.0)  # never calls the barrier in time
+            return "slept"
+        if rank == 0:
+            with pytest.raises(dist.CommTimeoutError, match=r"rank\(s\) \[2\] did not arrive"):
+                dist.monitored_barrier(timeout=0.3)
+            time.sleep(0.8)  # stay until the others time out (leaving would tell them at once)
+            return "reported"
+        with pytest.raises(dist.CommTimeoutError, match="release the barrier"):
+            dist.monitored_barrier(timeout=0.6)
+        return "released never"
+
+    assert run_threads(body, 4) == ["reported", "released never", "slept", "released never"]
+
+
+def test_monitored_barrier_passes_when_all_arrive():
+    def body(rank, world):
+        for _ in range(3):
+            dist.monitored_barrier(timeout=5, wait_all_ranks=True)
+        return True
+
+    assert run_threads(body, 4) == [True] * 4

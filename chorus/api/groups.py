@@ -131,6 +131,24 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
     return mine, subgroups
 
 
+def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None, group_desc=None):
+    """Split ``parent_pg`` (default: the world) into disjoint groups (torch 2.13's API).
+
+    ``split_ranks`` lists the groups as lists of *group ranks of the parent*.  Every rank
+    of the parent calls it; each gets its own new group, or None if it is in no split.
+    """
+    world = initialized_world("split_group")
+    parent = world.default_group if parent_pg is None else parent_pg
+    if not isinstance(parent, ProcessGroup):
+        raise InvalidArgumentError("split_group: this rank is not a member of parent_pg")
+    if not split_ranks:
+        raise InvalidArgumentError("split_group: split_ranks must be a non-empty list of lists of ranks")
+    globals_ = [[parent.global_rank(r, op="split_group", what="rank in split_ranks") for r in ranks]
+                for ranks in split_ranks]
+    mine, _ = new_subgroups_by_enumeration(globals_, timeout=timeout)
+    return mine
+
+
 def get_process_group_ranks(group) -> list[int]:
     """Global ranks of ``group``'s members, in group-rank order."""
     pg = initialized_world("get_process_group_ranks").default_group if group is None else group
