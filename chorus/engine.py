@@ -106,7 +106,10 @@ def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: 
                                                kind=Kind.COLL, group=ctx.group, tag=op.tag, seq=ctx.seq,
                                                dtype=dtype, fingerprint=ctx.fingerprint, sync=True))
             elif isinstance(op, Copy):
-                _region(buffers, op.dst)[...] = _region(buffers, op.src)
+                if op.reduce:
+                    combine(_region(buffers, op.dst), _region(buffers, op.src))
+                else:
+                    _region(buffers, op.dst)[...] = _region(buffers, op.src)
         transport.wait_all(handles, ctx.deadline, ctx.describe)
     transport.finished(ctx.group, ctx.seq)
     if recorder is not None:

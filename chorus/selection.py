@@ -9,8 +9,9 @@ Default rules (thresholds from per-algorithm sweeps over TCP on a 16-core host, 
 see docs/benchmarks.md):
 
     collective      rule
-    all_reduce      <= 32 KiB: recursive_doubling; else ring (also at W = 2: ring moves
-                    halves where recursive doubling moves the whole buffer)
+    all_reduce      <= 32 KiB, or W >= 8 and <= 256 KiB: recursive_doubling;
+                    W >= 8 and <= 4 MiB: two_shot (all transfers of a phase at once);
+                    else ring
     broadcast       < 1 MiB or W <= 2: binomial; else chain (pipelined)
     reduce          binomial
     all_gather      <= 32 KiB per rank: bruck; else ring
@@ -34,7 +35,9 @@ KIB, MIB = 1 << 10, 1 << 20
 def default_algorithm(collective: str, world: int, nbytes: int, uniform: bool = True) -> str:
     """The built-in rule for ``collective`` moving ``nbytes`` per rank among ``world`` ranks."""
     if collective == "all_reduce":
-        return "recursive_doubling" if nbytes <= 32 * KIB else "ring"
+        if nbytes <= 32 * KIB or (world >= 8 and nbytes <= 256 * KIB):
+            return "recursive_doubling"
+        return "two_shot" if world >= 8 and nbytes <= 4 * MIB else "ring"
     if collective == "broadcast":
         return "binomial" if nbytes < MIB or world <= 2 else "chain"
     if collective == "all_gather":

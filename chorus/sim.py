@@ -124,7 +124,7 @@ def execute(schedules: Sequence[Schedule], bufs: list[Buffers],
         steps = schedules[r].steps
         while pc[r] < len(steps):
             if waiting[r] is None:
-                waiting[r] = _start(r, pc[r], steps[pc[r]], bufs[r], world, queues)
+                waiting[r] = _start(r, pc[r], steps[pc[r]], bufs[r], world, queues, op)
                 for peer in {o.peer for o in steps[pc[r]] if isinstance(o, Send)}:
                     if not queued[peer]:
                         todo.append(peer)
@@ -143,15 +143,18 @@ def execute(schedules: Sequence[Schedule], bufs: list[Buffers],
     _check_finished(schedules, pc, waiting, queues)
 
 
-def _start(rank: int, index: int, step: Step, bufs: Buffers, world: int, queues) -> list[Recv]:
-    """Check the step, post its sends (copies of the data now), do its copies."""
+def _start(rank: int, index: int, step: Step, bufs: Buffers, world: int, queues,
+           op: Callable) -> list[Recv]:
+    """Check the step, post its sends (copies of the data now), do its copies (reducing
+    ones combine ``dst = op(dst, src)``)."""
     _check_step(rank, index, step, bufs, world)
     for o in step:
         if isinstance(o, Send):
             queues[(rank, o.peer, o.tag)].append(_view(bufs, o.src).copy())
     for o in step:
         if isinstance(o, Copy):
-            _view(bufs, o.dst)[:] = _view(bufs, o.src)
+            dst = _view(bufs, o.dst)
+            dst[:] = op(dst, _view(bufs, o.src)) if o.reduce else _view(bufs, o.src)
     return [o for o in step if isinstance(o, Recv)]
 
 

@@ -145,7 +145,7 @@ def test_registry_errors_list_the_valid_names():
     with pytest.raises(ValueError, match="all_to_all"):
         schedule("allreduce", "ring", 0, 4, count=4)
     assert {c: sorted(f) for c, f in ALGORITHMS.items()} == {
-        "all_reduce": ["rabenseifner", "recursive_doubling", "ring"],
+        "all_reduce": ["rabenseifner", "recursive_doubling", "ring", "two_shot"],
         "broadcast": ["binomial", "chain"], "reduce": ["binomial"],
         "all_gather": ["bruck", "ring"], "gather": ["binomial"], "scatter": ["binomial"],
         "reduce_scatter": ["pairwise", "ring"], "all_to_all": ["bruck", "linear", "pairwise"],

@@ -42,10 +42,12 @@ class Recv:
 
 @dataclass(frozen=True, slots=True)
 class Copy:
-    """Local copy of ``src`` into ``dst`` (same element count)."""
+    """Local copy of ``src`` into ``dst`` (same element count); with ``reduce``, combine
+    instead: ``dst = op(dst, src)``."""
 
     src: Region
     dst: Region
+    reduce: bool = False
 
 
 Op = Send | Recv | Copy

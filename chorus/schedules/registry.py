@@ -25,6 +25,7 @@ from chorus.schedules.all_reduce import (
     rabenseifner_all_reduce,
     recursive_doubling_all_reduce,
     ring_all_reduce,
+    two_shot_all_reduce,
 )
 from chorus.schedules.all_to_all import bruck_all_to_all, linear_all_to_all, pairwise_all_to_all
 from chorus.schedules.barrier import dissemination_barrier
@@ -43,6 +44,7 @@ ALGORITHMS: dict[str, dict[str, Callable[..., Schedule]]] = {
         "ring": ring_all_reduce,
         "recursive_doubling": recursive_doubling_all_reduce,
         "rabenseifner": rabenseifner_all_reduce,
+        "two_shot": two_shot_all_reduce,
     },
     "broadcast": {"binomial": binomial_broadcast, "chain": chain_broadcast},
     "reduce": {"binomial": binomial_reduce},
