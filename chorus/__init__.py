@@ -40,6 +40,7 @@ _EXPORTS = {
                       "RendezvousError", "StoreTimeoutError"],
     "chorus.process_group": ["ProcessGroup"],
     "chorus.launch": ["spawn"],
+    "chorus.mesh": ["DeviceMesh", "init_device_mesh"],
     "chorus.store": ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore"],
     "chorus.work": ["Future", "Work"],
 }

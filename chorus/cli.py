@@ -16,7 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     from chorus.bench import cli as bench
 
-    bench.add_arguments(sub.add_parser("bench", help="time collectives against torch gloo"))
+    bench.add_arguments(sub.add_parser(
+        "bench", help="time collectives against torch gloo and MPI", description=bench.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter))
     sub.add_parser("run", help="launch ranks (same as chorusrun)")
     args = p.parse_args(argv)
     return bench.run(args)

@@ -47,6 +47,7 @@ class ProcessGroup:
         self._queue_cv = threading.Condition()
         self._worker: threading.Thread | None = None
         self.workspace = Workspace()  # ops of a group never run concurrently: one suffices
+        self.shm = None  # a chorus.shm.group.ShmGroup when every member shares this host
         transport.register_group(group_id, self.members)
 
     def __repr__(self) -> str:
@@ -112,9 +113,7 @@ class ProcessGroup:
         Returns ``fn()``'s result (synchronous) or a concurrent Future (async_op).
         """
         if not async_op:
-            with self._queue_cv:
-                idle = not self._queue
-            if idle:
+            if not self._queue:  # a deque's emptiness reads atomically: no lock on the fast path
                 return fn()
             return self._enqueue(fn).result()
         return self._enqueue(fn)

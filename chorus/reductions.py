@@ -18,6 +18,7 @@ flat numpy arrays (bfloat16 travels as uint16 bit patterns).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -107,6 +108,44 @@ def combiner(op: _Op, dtype: str) -> Callable[[np.ndarray, np.ndarray], None]:
             dst[...] = float32_to_bf16(fn(bf16_to_float32(dst), bf16_to_float32(src)))
         return combine_bf16
     return lambda dst, src: fn(dst, src, out=dst)
+
+
+def row_reducer(op_name: str, dtype: str) -> Callable[[np.ndarray, np.ndarray], None]:
+    """``reduce(rows, out)``: ``out = op(rows[0], rows[1], ...)`` over the first axis of a
+    2-D array, in one numpy call (shared-memory collectives reduce W slots at once).
+
+    Deterministic: the same rows give the same bits on every rank (the method depends
+    only on the shape).  bfloat16 is reduced in float32 and rounded once at the end; AVG
+    and PREMUL_SUM reduce as SUM (their scaling runs before/after the collective).
+    """
+    return _row_reducer(op_name, dtype)
+
+
+_CHAIN_BYTES = 64 << 10  # rows this long: pairwise ufunc calls beat ufunc.reduce(axis=0)
+
+
+@functools.cache
+def _row_reducer(op_name: str, dtype: str) -> Callable[[np.ndarray, np.ndarray], None]:
+    fn = _BOOL_OPS[op_name] if dtype == "bool" else _NUMPY_OPS[op_name]
+    reduce = fn.reduce
+
+    def reduce_rows(rows: np.ndarray, out: np.ndarray) -> None:
+        # One reduce call is cheapest for short rows; for long ones numpy's axis-0 reduce
+        # runs at a third of the speed of out = a op b (measured: 2 rows of 1 MiB).
+        if len(rows) == 2 or (len(rows) > 2 and rows.shape[1] * rows.itemsize >= _CHAIN_BYTES):
+            fn(rows[0], rows[1], out=out)
+            for row in rows[2:]:
+                fn(out, row, out=out)
+        else:
+            reduce(rows, axis=0, out=out)
+
+    if dtype == "bfloat16":
+        def reduce_bf16(rows: np.ndarray, out: np.ndarray) -> None:
+            wide = np.empty(rows.shape[1], np.float32)
+            reduce_rows(bf16_to_float32(rows), wide)
+            out[...] = float32_to_bf16(wide)
+        return reduce_bf16
+    return reduce_rows
 
 
 def bf16_to_float32(bits: np.ndarray) -> np.ndarray:

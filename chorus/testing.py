@@ -53,8 +53,8 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
     def body(rank: int) -> None:
         world = World()
         use_world(world)
-        install(world, transports[rank], backend, op_timeout)
         try:
+            install(world, transports[rank], backend, op_timeout)
             results[rank] = fn(rank, world_size, *args)
         except BaseException as exc:  # noqa: BLE001 - reported to the caller
             errors[rank] = exc

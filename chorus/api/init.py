@@ -103,6 +103,20 @@ def install(world: World, transport, backend: str, timeout: float, store=None,
                                        timeout, name="WORLD", backend=backend)
     world.groups = {0: world.default_group}
     _close_at_exit()
+    try:
+        attach_shm(world.default_group)
+    except BaseException:
+        destroy_process_group()
+        raise
+
+
+def attach_shm(pg: ProcessGroup) -> None:
+    """Give ``pg`` a shared-memory window when every member is on this host (every member
+    calls this when the group is created; see chorus.shm.handshake)."""
+    if pg.is_member():
+        from chorus.shm.handshake import create  # imported here so that `import chorus` stays fast
+
+        pg.shm = create(pg.transport, pg.id, pg.members, pg.rank(), pg.timeout)
 
 
 def destroy_process_group(group=None) -> None:
@@ -113,8 +127,10 @@ def destroy_process_group(group=None) -> None:
     """
     world = initialized_world("destroy_process_group")
     if group is not None and group is not world.default_group:
-        world.groups.pop(getattr(group, "id", None), None)
+        _close_shm(world.groups.pop(getattr(group, "id", None), None))
         return
+    for pg in world.groups.values():
+        _close_shm(pg)
     transport, store = world.transport, world.store
     world.default_group = None
     world.groups = {}
@@ -125,6 +141,11 @@ def destroy_process_group(group=None) -> None:
     close = getattr(store, "close", None)
     if close is not None:
         close()
+
+
+def _close_shm(pg: ProcessGroup | None) -> None:
+    if pg is not None and pg.shm is not None:
+        pg.shm.close()
 
 
 def is_initialized() -> bool:

@@ -9,11 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from chorus import engine
 from chorus.api.groups import resolve, warn_not_in_group
 from chorus.buffers import Buffer, as_buffer
 from chorus.engine import Combine
 from chorus.errors import InvalidArgumentError
 from chorus.process_group import ProcessGroup
+from chorus.reductions import row_reducer
 from chorus.schedules.registry import schedule as build_schedule
 from chorus.selection import choose
 from chorus.wire.dtypes import DTYPE_CODES
@@ -69,7 +71,15 @@ def run(pg: ProcessGroup, name: str, *, dtype: str, count: int, buffers: dict[st
 
     ``args`` are the schedule's size arguments (``count``, ``counts``, ...); ``root`` is
     passed to rooted schedules and, like dtype/count/op, goes into the fingerprint.
+
+    A group whose members share this host has a shared-memory window (``pg.shm``, see
+    chorus.shm); its collectives run there unless ``algorithm=`` or ``CHORUS_ALGO_<NAME>``
+    asks for a TCP algorithm (``CHORUS_TRANSPORT=tcp`` disables shared memory).
     """
+    shm = pg.shm
+    if shm is not None and algorithm is None and name not in shm.tcp_only:
+        return _run_shm(pg, shm, name, dtype, count, buffers, async_op, root, reduce_op, before,
+                        after, result, args)
     algo = choose(name, pg.size(), nbytes, algorithm, uniform)
     schedule_args = dict(args or {})
     if root >= 0:
@@ -84,7 +94,33 @@ def run(pg: ProcessGroup, name: str, *, dtype: str, count: int, buffers: dict[st
     def body() -> list | None:
         if before is not None:
             before()
+        if shm is not None:
+            shm.announce_tcp(ctx)
         pg.run_schedule(sched, buffers, ctx, code, combine)
+        if after is not None:
+            after()
+        return result
+
+    out = pg.submit(body, async_op)
+    return QueuedWork(out, result) if async_op else None
+
+
+
+def _run_shm(pg: ProcessGroup, shm, name: str, dtype: str, count: int, buffers: dict[str, np.ndarray],
+             async_op: bool, root: int, reduce_op: str, before, after, result, args) -> Work | None:
+    """``run`` for a group with a shared-memory window (chorus.shm): same order, hooks,
+    fingerprints and Work as the TCP path; no algorithm to choose, no schedule to build."""
+    ctx = pg.next_context(name, fingerprint(name, dtype, count, root, reduce_op))
+    reduce = row_reducer(reduce_op, dtype) if reduce_op else None
+
+    def body() -> list | None:
+        if before is not None:
+            before()
+        if engine.recorder is not None:
+            engine.recorder("begin", ctx, {"transport": "shm"})
+        shm.run(name, ctx, buffers, reduce, root, args)
+        if engine.recorder is not None:
+            engine.recorder("end", ctx, {"transport": "shm"})
         if after is not None:
             after()
         return result

@@ -1,57 +1,275 @@
-"""``chorus bench``: argument parsing and the run that launches its own ranks."""
+"""``chorus bench``: time collectives over chorus and, in the same invocation, over torch
+gloo and MPI (mpi4py) when they are installed; print nccl-tests columns and chorus's
+speed-up over each baseline; optionally write JSON and a PNG plot.
+
+chorus and gloo run in one set of ranks (spawned here), alternating per size; MPI runs in
+its own ``mpiexec`` job beside them, with the same sizes, iterations and checks, the two
+jobs taking turns size by size (the idle one sleeps).  Results are checked on every rank
+after every iteration.  Exits 1 if any library returned a wrong element (or a baseline
+asked for by name failed), 2 on bad arguments.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.metadata
 import importlib.util
 import json
+import os
+import platform
+import socket
 import sys
 import tempfile
+from collections.abc import Iterator
+from typing import Any
 
-from chorus.bench.report import BUS_FACTOR, Row, format_table
-from chorus.bench.sizes import parse_size, sweep
+import numpy as np
+
+from chorus.bench import mpi_worker, plot, turns
+from chorus.bench.ops import COLLECTIVES, DTYPES, OPS, REDUCING, check_op, op_label, sweep_counts
+from chorus.bench.report import Row, format_table, merge_ranks, to_json
+from chorus.bench.sizes import human, parse_size, sweep
+
+TRANSPORTS = ("auto", "shm", "tcp")
+BASELINES = ("auto", "gloo", "mpi", "all", "none")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-b", "--minbytes", default="8", help="smallest message (e.g. 8, 1K, 1M)")
     p.add_argument("-e", "--maxbytes", default="64M", help="largest message")
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this each step")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
-    p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations per size")
-    p.add_argument("--collective", default="sendrecv", choices=sorted(BUS_FACTOR))
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--world", type=int, default=2, help="number of ranks to launch on this host")
-    p.add_argument("--baseline", default="auto", choices=["auto", "gloo", "none"],
-                   help="also time torch gloo (auto: when torch is installed)")
-    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    p.add_argument("-n", "--iters", type=_positive, default=20, help="timed iterations per size")
+    p.add_argument("-w", "--warmup", type=_non_negative, default=5, help="untimed iterations per size")
+    p.add_argument("--collective", default="all_reduce", choices=COLLECTIVES)
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--op", default="sum", choices=list(OPS),
+                   help="reduction of all_reduce, reduce and reduce_scatter (default sum)")
+    p.add_argument("--world", type=_positive, default=2, help="number of ranks to launch on this host")
+    p.add_argument("--transport", choices=TRANSPORTS, default=None,
+                   help="chorus's transport between its ranks, passed as CHORUS_TRANSPORT "
+                        "(default: $CHORUS_TRANSPORT, else auto; tcp = no shared memory)")
+    p.add_argument("--baseline", default="auto", choices=BASELINES,
+                   help="also time torch gloo and/or MPI (auto: those installed; all: both, required)")
+    p.add_argument("--mpiexec", metavar="PATH",
+                   help="MPI launcher (default: mpiexec next to this Python, then on PATH)")
+    p.add_argument("--json", metavar="FILE", help="also write the settings and rows as JSON")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw busbw and chorus's speed-up against size (needs matplotlib)")
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def choose_baselines(choice: str, mpiexec: str | None, collective: str = "all_reduce", op: str = "sum",
+                     ) -> tuple[list[str], dict[str, str], str | None]:
+    """(baselines to run, {skipped baseline: why}, error): a baseline named explicitly
+    (``gloo``, ``mpi``, ``all``) that cannot run is an error; under ``auto`` it is skipped."""
+    wanted = {"auto": ["gloo", "mpi"], "gloo": ["gloo"], "mpi": ["mpi"], "all": ["gloo", "mpi"],
+              "none": []}[choice]
+    reasons = {
+        "gloo": None if importlib.util.find_spec("torch") else
+        "torch is not installed (pip install torch, or the 'torch' extra)",
+        "mpi": mpi_worker.unavailable(mpiexec),
+    }
+    if op == "avg" and collective in REDUCING and reasons["mpi"] is None:
+        reasons["mpi"] = "MPI has no average reduction (op avg)"
+    run, skipped = [], {}
+    for name in wanted:
+        if reasons[name] is None:
+            run.append(name)
+        elif choice != "auto":
+            return [], {}, f"--baseline {choice}: {name} cannot run: {reasons[name]}"
+        else:
+            skipped[name] = reasons[name]
+    return run, skipped, None
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _load_ranks(workdir: str, world: int) -> tuple[dict[int, list[Row]], list[str]]:
+    per_rank, notes = {}, []
+    for rank in range(world):
+        with open(os.path.join(workdir, f"rows-{rank}.json")) as f:
+            data = json.load(f)
+        per_rank[rank] = [Row(**r) for r in data["rows"]]
+        if rank == 0:
+            notes = data["notes"]
+    return per_rank, notes
+
+
+def _run_jobs(cfg: dict, workdir: str, mpiexec: str | None) -> tuple[
+        dict[int, list[Row]], list[str],
+        tuple[dict[int, list[Row]], list[str], dict[str, str]] | mpi_worker.MPIRunError | None]:
+    """Run the chorus ranks (with gloo) and, if ``mpiexec``, the MPI job beside them,
+    handing out turns size by size; return chorus's rows per rank, its notes, and MPI's
+    results (or why it failed; None: not run).  A chorus failure raises."""
+    from chorus.bench.worker import rank_main
+    from chorus.launch import spawn
+
+    cfg = {**cfg, "turns": mpiexec is not None, "parent_pid": os.getpid()}
+    with _env("CHORUS_TRANSPORT", cfg["transport"]):
+        ctx = spawn(rank_main, args=(cfg, workdir), nprocs=cfg["world"], join=False)
+    mpi_proc = None
+    mpi_result: Any = None
+    try:
+        if mpiexec is not None:
+            try:
+                mpi_proc = mpi_worker.start(cfg, workdir, mpiexec)
+            except mpi_worker.MPIRunError as exc:
+                mpi_result = exc
+            running = {"chorus": lambda: not ctx.join(timeout=0),
+                       "mpi": lambda: mpi_proc is not None and mpi_proc.poll() is None}
+            jobs = ["chorus"] + (["mpi"] if mpi_proc is not None else [])
+            for index in range(len(cfg["counts"]) + 1):
+                for job in list(jobs):
+                    turns.give_turn(workdir, job, index)
+                    if turns.wait_done(workdir, job, index, cfg["world"], running[job]):
+                        continue
+                    if job == "chorus":  # exited early: join raises the ranks' error
+                        ctx.join()
+                        raise RuntimeError("the chorus ranks exited before the last size")
+                    jobs.remove("mpi")  # collect() below says why
+        while not ctx.join():
+            pass
+        if mpi_proc is not None:
+            mpi_proc.wait()
+            try:
+                mpi_result = mpi_worker.collect(mpi_proc, workdir, cfg["world"])
+            except mpi_worker.MPIRunError as exc:
+                mpi_result = exc
+    finally:
+        if mpi_proc is not None:
+            mpi_worker.stop(mpi_proc)
+    per_rank, notes = _load_ranks(workdir, cfg["world"])
+    return per_rank, notes, mpi_result
+
+
+def _fail(msg: str) -> int:
+    print(f"chorus bench: error: {msg}", file=sys.stderr)
+    return 2
 
 
 def run(args: argparse.Namespace) -> int:
-    from chorus.launch import spawn
 
-    baselines = []
-    if args.baseline == "gloo" or (args.baseline == "auto" and importlib.util.find_spec("torch")):
-        baselines.append("gloo")
-    sizes = sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
-    cfg = {"world": args.world, "sizes": sizes, "iters": args.iters, "warmup": args.warmup,
-           "collective": args.collective, "dtype": args.dtype, "baselines": baselines}
+    transport = args.transport or os.environ.get("CHORUS_TRANSPORT") or "auto"
+    if transport not in TRANSPORTS:
+        return _fail(f"CHORUS_TRANSPORT={transport!r}: use one of {', '.join(TRANSPORTS)}")
+    problem = check_op(args.collective, args.op, args.dtype)
+    if problem:
+        return _fail(problem)
+    try:
+        sizes = sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    except ValueError as exc:
+        return _fail(str(exc))
+    itemsize = np.dtype(args.dtype).itemsize
+    counts = sweep_counts(sizes, args.collective, args.world, itemsize)
+    if not counts:
+        return _fail(f"no size from {human(sizes[0])} to {human(sizes[-1])} holds a whole {args.dtype} "
+                     f"element{' per rank' if args.collective in ('all_gather', 'reduce_scatter', 'all_to_all') else ''}")
+    if args.plot and not plot.available():
+        return _fail("--plot needs matplotlib (pip install matplotlib, or the 'plot' extra)")
+    mpiexec = mpi_worker.find_mpiexec(args.mpiexec)
+    if args.mpiexec and mpiexec is None:
+        return _fail(f"--mpiexec {args.mpiexec}: not found or not executable")
+    baselines, skipped, error = choose_baselines(args.baseline, mpiexec, args.collective, args.op)
+    if error:
+        return _fail(error)
+
+    versions = {"gloo": f"torch {_version('torch')}", "mpi": f"mpi4py {_version('mpi4py')}"}
+    described = ", ".join(f"{b} ({versions[b]})" for b in baselines) or "none"
+    op = op_label(args.collective, args.op)
+    print(f"# chorus bench: {args.collective}{'' if op == 'none' else ' ' + op}, {args.world} ranks, "
+          f"dtype {args.dtype}, transport {transport}; baselines: {described}; "
+          f"{args.iters} iterations (+{args.warmup} warm-up) per size", flush=True)
+    cfg = {"world": args.world, "counts": counts, "iters": args.iters, "warmup": args.warmup,
+           "collective": args.collective, "dtype": args.dtype, "op": args.op,
+           "transport": transport, "baselines": [b for b in baselines if b != "mpi"]}
+    notes = [f"{name} skipped: {why}" for name, why in skipped.items()]
+    if transport != "tcp" and importlib.util.find_spec("chorus.shm") is None:
+        notes.append("this chorus has no shared-memory engine (chorus.shm): its ranks use TCP")
+    baseline_info: dict[str, Any] = {}
+    if "gloo" in baselines:
+        baseline_info["gloo"] = {"torch": _version("torch")}
+    failed = False
     with tempfile.TemporaryDirectory(prefix="chorus-bench-") as workdir:
-        from chorus.bench.worker import rank_main
-
-        spawn(rank_main, args=(cfg, workdir), nprocs=args.world)
-        with open(f"{workdir}/rows.json") as f:
-            rows = [Row(**r) for r in json.load(f)]
-    print(f"# chorus bench: {args.collective}, {args.world} ranks, dtype {args.dtype}, "
-          f"{args.iters} iterations (+{args.warmup} warm-up); mean time per op on rank 0, inputs reset and results checked between ops (untimed); GB/s")
+        per_rank, rank_notes, mpi_result = _run_jobs(cfg, workdir, mpiexec if "mpi" in baselines else None)
+        rows = merge_ranks(per_rank)
+        notes += rank_notes
+        if isinstance(mpi_result, mpi_worker.MPIRunError):
+            notes.append(f"mpi failed: {mpi_result}")
+            baselines.remove("mpi")
+            failed = args.baseline in ("mpi", "all")
+        elif mpi_result is not None:
+            mpi_ranks, mpi_notes, info = mpi_result
+            rows += merge_ranks(mpi_ranks)
+            notes += mpi_notes
+            baseline_info["mpi"] = {**info, "mpiexec": mpiexec}
+            notes.append(f"mpi: {info['library']} through mpi4py {info['mpi4py']}, launched by "
+                         f"{mpiexec}; its own job, taking turns with chorus size by size")
+    print("# mean time per op on rank 0 (us); inputs reset and results checked between ops, "
+          "untimed; algbw, busbw in GB/s; #wrong: wrong elements over all ranks and iterations; "
+          "x vs B: B's time / chorus's time")
+    for note in notes:
+        for line in note.splitlines():
+            print(f"# {line}")
     print(format_table(rows))
+    wrong = sorted({r.library for r in rows if r.wrong})
+    if wrong:
+        print(f"# FAILED: wrong results from {', '.join(wrong)}", file=sys.stderr)
+    meta = {
+        "collective": args.collective, "op": op, "dtype": args.dtype, "world": args.world,
+        "transport": transport, "iters": args.iters, "warmup": args.warmup,
+        "sizes": [c * itemsize for c in counts],
+        "baseline": args.baseline, "baselines": baselines, "baselines_skipped": skipped,
+        "baseline_info": baseline_info, "notes": notes,
+        "timing": "seconds: mean per op on rank 0; wrong: over all ranks and iterations",
+        "host": {"hostname": socket.gethostname(), "cpus": os.cpu_count(),
+                 "python": platform.python_version(), "numpy": np.__version__,
+                 "platform": platform.platform()},
+    }
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([r.__dict__ for r in rows], f, indent=1)
-    return 1 if any(r.wrong for r in rows) else 0
+            json.dump(to_json(rows, meta), f, indent=1)
+    if args.plot:
+        title = (f"{args.collective}{'' if op == 'none' else ' ' + op}, {args.dtype}, W={args.world}, "
+                 f"chorus transport {transport}, {socket.gethostname()} ({os.cpu_count()} CPUs)")
+        plot.write_plot(rows, args.plot, title)
+    return 1 if wrong or failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="chorus bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="chorus bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -1,6 +1,10 @@
-"""One benchmark case per collective, written once against the torch.distributed API —
-the same code times chorus (``api`` = chorus) and torch gloo (``api`` =
-torch.distributed).
+"""One benchmark case per collective, defined once for every library.
+
+The buffers, their contents and the expected results (:func:`pattern`, :func:`counts`,
+:func:`expected`, :class:`Buffers`) are shared by all libraries; only the step differs.
+chorus and torch gloo run the same torch.distributed calls (:func:`make_case`, ``api`` =
+chorus or torch.distributed); MPI runs mpi4py's buffer calls on the same numpy arrays
+(``chorus.bench.mpi_worker``).  :func:`time_case` times a case the same way everywhere.
 
 Every rank's input is ``pattern(rank, n)[i] = rank + 1 + i % 7``, so a misplaced block
 or a missing contribution shows.  ``size`` is nccl-tests' size: the bytes of the larger
@@ -11,13 +15,46 @@ one collective (timed), ``check`` counts wrong elements (untimed).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
                "sendrecv", "barrier")
+#: Collectives that take a reduction (``--op``).
+REDUCING = ("all_reduce", "reduce", "reduce_scatter")
+#: ``--op`` names -> torch.distributed / chorus ReduceOp member names.
+OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG",
+       "band": "BAND", "bor": "BOR", "bxor": "BXOR"}
+FLOAT_OPS = ("sum", "prod", "min", "max", "avg")
+INT_OPS = ("sum", "prod", "min", "max", "band", "bor", "bxor")
+DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64")
+#: Untimed ops per library (256 elements) before the first timed size.
+WARMUP_OPS = 50
+#: Each collective divides its buffer into this many blocks (count rounded down to a multiple).
+_BLOCKED = ("all_gather", "reduce_scatter", "all_to_all")
+
+
+def check_op(collective: str, op: str, dtype: str) -> str | None:
+    """Why ``op`` cannot be benchmarked with ``dtype`` (None: it can)."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype!r} is not benchmarked; use one of {', '.join(DTYPES)}"
+    if op not in OPS:
+        return f"op {op!r} is unknown; use one of {', '.join(OPS)}"
+    if collective not in REDUCING:
+        return None
+    allowed = FLOAT_OPS if np.dtype(dtype).kind == "f" else INT_OPS
+    if op not in allowed:
+        return f"op {op} is not defined for {dtype}; use one of {', '.join(allowed)}"
+    return None
+
+
+def op_label(collective: str, op: str) -> str:
+    """The table's op column: the reduction for reducing collectives, else 'none'."""
+    return op if collective in REDUCING else "none"
 
 
 def pattern(rank: int, n: int, dtype: str) -> np.ndarray:
@@ -35,18 +72,51 @@ def counts(collective: str, size_elems: int, world: int) -> tuple[int, int]:
     }[collective]
 
 
-def expected(collective: str, rank: int, world: int, n_in: int, n_out: int, dtype: str) -> np.ndarray | None:
+def sweep_counts(sizes: list[int], collective: str, world: int, itemsize: int) -> list[int]:
+    """Element counts for a sweep of byte sizes: whole elements (a multiple of ``world``
+    for the blocked collectives, as nccl-tests does), no empty or repeated size; barrier
+    has one size, 0."""
+    if collective == "barrier":
+        return [0]
+    unit = world if collective in _BLOCKED else 1
+    out: list[int] = []
+    for nbytes in sizes:
+        count = nbytes // itemsize // unit * unit
+        if count > 0 and count not in out:
+            out.append(count)
+    return out
+
+
+def _reduce_all(op: str, world: int, n: int, dtype: str) -> np.ndarray:
+    """Every rank's pattern reduced element-wise with ``op`` (floats in float64; integers
+    in their own dtype, whose wrap-around is the same in any order)."""
+    work = np.dtype(dtype) if np.dtype(dtype).kind in "iu" else np.dtype(np.float64)
+    fn = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum,
+          "max": np.maximum, "band": np.bitwise_and, "bor": np.bitwise_or,
+          "bxor": np.bitwise_xor}[op]
+    acc = pattern(0, n, dtype).astype(work)
+    with np.errstate(over="ignore"):
+        for r in range(1, world):
+            acc = fn(acc, pattern(r, n, dtype).astype(work))
+        if op == "avg":
+            acc = acc / world
+    return acc
+
+
+def expected(collective: str, rank: int, world: int, n_in: int, n_out: int, dtype: str,
+             op: str = "sum") -> np.ndarray | None:
     """What the checked buffer must hold after one step (None: nothing to check)."""
-    total = sum(pattern(r, max(n_in, n_out), dtype).astype(np.float64) for r in range(world))
     if collective == "all_reduce" or (collective == "reduce" and rank == 0):
-        return total[:n_in]
-    if collective in ("broadcast", "reduce"):
-        return pattern(0 if collective == "broadcast" else rank, n_in, dtype)
+        return _reduce_all(op, world, n_in, dtype)
+    if collective == "broadcast":
+        return pattern(0, n_in, dtype)
+    if collective == "reduce":  # torch.distributed leaves the other ranks' tensors unspecified
+        return None
     block = n_out // world if collective != "reduce_scatter" else n_out
     if collective == "all_gather":
         return np.concatenate([pattern(r, block, dtype) for r in range(world)])
     if collective == "reduce_scatter":
-        return total[rank * block: (rank + 1) * block]
+        return _reduce_all(op, world, n_in, dtype)[rank * block: (rank + 1) * block]
     if collective == "all_to_all":
         return np.concatenate([pattern(r, n_in, dtype)[rank * block: (rank + 1) * block] for r in range(world)])
     if collective == "sendrecv":
@@ -54,34 +124,86 @@ def expected(collective: str, rank: int, world: int, n_in: int, n_out: int, dtyp
     return None
 
 
-def make_case(api: Any, lib: str, collective: str, size_elems: int, dtype: str, rank: int,
-              world: int) -> tuple[Callable[[], None], Callable[[], None], Callable[[], int]]:
+@dataclass
+class Buffers:
+    """One rank's numpy buffers for one case, and how to reset and check them."""
+
+    template: np.ndarray  # the input as it must be before each step
+    inp: np.ndarray
+    out: np.ndarray  # empty when the collective works in place
+    expect: np.ndarray | None
+    rtol: float  # floating-point results may differ from float64 by rounding
+
+    @property
+    def checked(self) -> np.ndarray:
+        return self.inp if self.out.size == 0 else self.out
+
+    def reset(self) -> None:
+        self.inp[...] = self.template
+
+    def check(self) -> int:
+        """The number of wrong elements in the checked buffer."""
+        if self.expect is None:
+            return 0
+        got = self.checked
+        if self.rtol == 0.0:
+            return int(np.count_nonzero(got != self.expect.astype(got.dtype)))
+        ok = np.isclose(got.astype(np.float64), self.expect, rtol=self.rtol, atol=0.0,
+                        equal_nan=True)
+        return int(got.size - np.count_nonzero(ok))
+
+
+def make_buffers(collective: str, size_elems: int, dtype: str, rank: int, world: int,
+                 op: str = "sum") -> Buffers:
     n_in, n_out = counts(collective, size_elems, world)
     template = pattern(rank, n_in, dtype)
-    inp, out = _tensor(lib, template.copy()), _tensor(lib, np.zeros(n_out, dtype))
+    expect = expected(collective, rank, world, n_in, n_out, dtype, op)
+    # Floats: inputs are small integers, so sums are exact until float16 runs out of
+    # digits; products and averages round.  A tolerance of a few ulps per rank still
+    # catches any misplaced or missing contribution (off by >= 1/15).
+    rtol = 4.0 * world * float(np.finfo(dtype).eps) if np.dtype(dtype).kind == "f" else 0.0
+    return Buffers(template, template.copy(), np.zeros(n_out, dtype), expect, rtol)
+
+
+def make_case(api: Any, lib: str, collective: str, size_elems: int, dtype: str, rank: int,
+              world: int, op: str = "sum",
+              ) -> tuple[Callable[[], None], Callable[[], None], Callable[[], int]]:
+    """``(reset, step, check)`` for a library with the torch.distributed API: ``lib`` is
+    "chorus" (numpy arrays) or "gloo" (torch tensors sharing the numpy arrays' memory)."""
+    bufs = make_buffers(collective, size_elems, dtype, rank, world, op)
+    inp, out = _tensor(lib, bufs.inp), _tensor(lib, bufs.out)
     nxt, prv = (rank + 1) % world, (rank - 1) % world
+    rop = getattr(api.ReduceOp, OPS[op])
     steps: dict[str, Callable[[], Any]] = {
-        "all_reduce": lambda: api.all_reduce(inp),
+        "all_reduce": lambda: api.all_reduce(inp, op=rop),
         "broadcast": lambda: api.broadcast(inp, src=0),
-        "reduce": lambda: api.reduce(inp, dst=0),
+        "reduce": lambda: api.reduce(inp, dst=0, op=rop),
         "all_gather": lambda: api.all_gather_into_tensor(out, inp),
-        "reduce_scatter": lambda: api.reduce_scatter_tensor(out, inp),
+        "reduce_scatter": lambda: api.reduce_scatter_tensor(out, inp, op=rop),
         "all_to_all": lambda: api.all_to_all_single(out, inp),
         "barrier": lambda: api.barrier(),
         "sendrecv": lambda: [w.wait() for w in (api.irecv(out, src=prv), api.isend(inp, dst=nxt))],
     }
-    expect = expected(collective, rank, world, n_in, n_out, dtype)
-    checked = inp if n_out == 0 else out
+    return bufs.reset, steps[collective], bufs.check
 
-    def reset() -> None:
-        _numpy(inp)[...] = template
 
-    def check() -> int:
-        if expect is None:
-            return 0
-        return int(np.count_nonzero(_numpy(checked) != expect.astype(dtype)))
-
-    return reset, steps[collective], check
+def time_case(barrier: Callable[[], Any], reset: Callable[[], None], step: Callable[[], Any],
+              check: Callable[[], int], iters: int, warmup: int) -> tuple[float, int]:
+    """Mean seconds per step over ``iters`` (inputs reset and results checked between
+    steps, untimed), and the total number of wrong elements on this rank."""
+    for _ in range(warmup):
+        reset()
+        step()
+    barrier()
+    total, wrong = 0.0, 0
+    for _ in range(iters):
+        reset()
+        start = time.perf_counter()
+        step()
+        total += time.perf_counter() - start
+        wrong += check()
+    barrier()
+    return total / max(iters, 1), wrong
 
 
 def _tensor(lib: str, arr: np.ndarray) -> Any:
@@ -90,7 +212,3 @@ def _tensor(lib: str, arr: np.ndarray) -> Any:
     import torch
 
     return torch.from_numpy(arr)
-
-
-def _numpy(t: Any) -> np.ndarray:
-    return t if isinstance(t, np.ndarray) else t.numpy()

@@ -1,8 +1,10 @@
-"""The result table: nccl-tests columns for each library, plus chorus's speed-up."""
+"""The result table: nccl-tests columns for each library, plus chorus's speed-up over
+each baseline; the rows merged from every rank; the JSON document."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from chorus.bench.sizes import human
 
@@ -18,6 +20,9 @@ BUS_FACTOR = {
     "barrier": lambda w: 0.0,
 }
 
+#: Libraries in the order of the table's columns.
+LIBRARY_ORDER = ("chorus", "gloo", "mpi")
+
 
 @dataclass
 class Row:
@@ -27,8 +32,8 @@ class Row:
     count: int
     dtype: str
     op: str
-    seconds: float  # per iteration, slowest rank
-    wrong: int
+    seconds: float  # mean per op on rank 0
+    wrong: int  # wrong elements over all iterations (summed over ranks once merged)
     world: int
 
     @property
@@ -40,15 +45,43 @@ class Row:
         return self.algbw * BUS_FACTOR[self.collective](self.world)
 
 
-def format_table(rows: list[Row], baseline: str = "gloo") -> str:
-    """One line per size: chorus's columns, then each other library's time and the ratio."""
-    libs = sorted({r.library for r in rows}, key=lambda name: (name != "chorus", name))
+def merge_ranks(per_rank: dict[int, list[Row]]) -> list[Row]:
+    """One row per (library, size): rank 0's time, the wrong elements of every rank."""
+    wrong: dict[tuple[str, int], int] = {}
+    for rows in per_rank.values():
+        for r in rows:
+            wrong[(r.library, r.nbytes)] = wrong.get((r.library, r.nbytes), 0) + r.wrong
+    merged = []
+    for r in per_rank.get(0, []):
+        merged.append(Row(**{**asdict(r), "wrong": wrong[(r.library, r.nbytes)]}))
+    return merged
+
+
+def libraries(rows: list[Row]) -> list[str]:
+    """The libraries present, chorus first, then the baselines in LIBRARY_ORDER."""
+    present = {r.library for r in rows}
+    order = {name: i for i, name in enumerate(LIBRARY_ORDER)}
+    return sorted(present, key=lambda name: (order.get(name, len(order)), name))
+
+
+def speedups(rows: list[Row], baseline: str) -> dict[int, float]:
+    """chorus's speed-up over ``baseline`` per size (baseline time / chorus time)."""
+    chorus = {r.nbytes: r.seconds for r in rows if r.library == "chorus"}
+    return {r.nbytes: r.seconds / chorus[r.nbytes] for r in rows
+            if r.library == baseline and chorus.get(r.nbytes)}
+
+
+def format_table(rows: list[Row]) -> str:
+    """One line per size: each library's columns (chorus first), then chorus's speed-up
+    over each other library ("x vs gloo" = gloo's time / chorus's time)."""
+    libs = libraries(rows)
     by = {(r.library, r.nbytes): r for r in rows}
     sizes = sorted({r.nbytes for r in rows})
     head = f"{'size':>8} {'count':>10} {'dtype':>8} {'op':>5}"
     for lib in libs:
         head += f" | {lib + ' us':>12} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
     others = [lib for lib in libs if lib != "chorus"]
+    ratios = {lib: speedups(rows, lib) for lib in others}
     for lib in others:
         head += f" | {'x vs ' + lib:>9}"
     lines = [head, "-" * len(head)]
@@ -60,7 +93,24 @@ def format_table(rows: list[Row], baseline: str = "gloo") -> str:
             line += (f" | {r.seconds * 1e6:>12.1f} {r.algbw:>7.2f} {r.busbw:>7.2f} {r.wrong:>6}" if r
                      else f" | {'-':>12} {'-':>7} {'-':>7} {'-':>6}")
         for lib in others:
-            c, o = by.get(("chorus", size)), by.get((lib, size))
-            line += f" | {o.seconds / c.seconds:>8.2f}x" if c and o and c.seconds else f" | {'-':>9}"
+            ratio = ratios[lib].get(size)
+            line += f" | {ratio:>8.2f}x" if ratio is not None else f" | {'-':>9}"
         lines.append(line)
     return "\n".join(lines)
+
+
+def to_json(rows: list[Row], meta: dict[str, Any]) -> dict[str, Any]:
+    """The ``--json`` document: the run's settings (``meta``) and one entry per row with
+    its derived figures (algbw, busbw in GB/s; speedup_vs_<baseline> on chorus rows)."""
+    others = [lib for lib in libraries(rows) if lib != "chorus"]
+    ratios = {lib: speedups(rows, lib) for lib in others}
+    out = []
+    for r in rows:
+        entry: dict[str, Any] = {**asdict(r), "us": r.seconds * 1e6, "algbw": r.algbw,
+                                 "busbw": r.busbw}
+        if r.library == "chorus":
+            for lib in others:
+                if r.nbytes in ratios[lib]:
+                    entry[f"speedup_vs_{lib}"] = ratios[lib][r.nbytes]
+        out.append(entry)
+    return {**meta, "rows": out}

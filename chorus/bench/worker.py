@@ -1,72 +1,79 @@
-"""One benchmark rank: joins a chorus job and (if torch is installed) a gloo job, and
-times every size on both, alternating, so both see the same machine state."""
+"""One benchmark rank: joins a chorus job and (if asked) a torch gloo job, and times
+every size on both, alternating, so both see the same machine state (and, when MPI is
+timed too, taking turns with the MPI job size by size: chorus.bench.turns).
+
+Each rank writes ``<workdir>/rows-<rank>.json``: its rows (its own time and wrong
+count) and notes; the parent merges the ranks (rank 0's time, every rank's #wrong).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
-from chorus.bench.ops import make_case
+from chorus.bench.ops import WARMUP_OPS, make_case, op_label, time_case
 from chorus.bench.report import Row
-
-
-def _time(api: Any, reset, step, check, iters: int, warmup: int) -> tuple[float, int]:
-    """Mean seconds per step over ``iters`` (inputs reset and results checked between
-    steps, untimed), and the total number of wrong elements."""
-    for _ in range(warmup):
-        reset()
-        step()
-    api.barrier()
-    total, wrong = 0.0, 0
-    for _ in range(iters):
-        reset()
-        start = time.perf_counter()
-        step()
-        total += time.perf_counter() - start
-        wrong += check()
-    api.barrier()
-    return total / iters, wrong
+from chorus.bench.turns import Turns
 
 
 def rank_main(rank: int, cfg: dict, workdir: str) -> None:
+    os.environ["CHORUS_TRANSPORT"] = cfg["transport"]
     import chorus
 
     world = cfg["world"]
-    apis = {"chorus": chorus}
+    apis: dict[str, Any] = {"chorus": chorus}
     chorus.init_process_group("chorus", init_method=f"file://{workdir}/chorus.rdzv", rank=rank, world_size=world)
     if "gloo" in cfg["baselines"]:
+        import warnings
+
         import torch.distributed as tdist
+
+        # torch 2.13 deprecates the *_tensor names that chorus and older torch share.
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*is deprecated")
 
         tdist.init_process_group("gloo", init_method=f"file://{workdir}/gloo.rdzv", rank=rank, world_size=world)
         apis["gloo"] = tdist
-    itemsize = np.dtype(cfg["dtype"]).itemsize
-    op = "sum" if cfg["collective"] in ("all_reduce", "reduce", "reduce_scatter") else "none"
-    rows = []
-    for library, api in apis.items():  # warm both libraries up before the first timed size
-        reset, step, _ = make_case(api, library, cfg["collective"], 256, cfg["dtype"], rank, world)
-        for _ in range(50):
-            reset()
-            step()
-    for nbytes in cfg["sizes"]:
-        count = nbytes // itemsize
-        for library, api in apis.items():
+    collective, dtype, op = cfg["collective"], cfg["dtype"], cfg["op"]
+    itemsize = np.dtype(dtype).itemsize
+    rows: list[Row] = []
+    notes: list[str] = []
+
+    def give_up(library: str, exc: Exception) -> None:
+        """A baseline that cannot run this case is dropped (chorus's failures raise)."""
+        if library == "chorus":
+            raise exc
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        notes.append(f"{library} cannot run {collective} ({dtype}, op {op}): {first_line}")
+        del apis[library]
+
+    turns = Turns(workdir if cfg.get("turns") else None, "chorus", rank, cfg.get("parent_pid"))
+    turns.wait(0)
+    for library, api in list(apis.items()):  # warm every library up before the first size
+        try:
+            reset, step, _ = make_case(api, library, collective, 256, dtype, rank, world, op)
+            for _ in range(WARMUP_OPS):
+                reset()
+                step()
+        except Exception as exc:
+            give_up(library, exc)
+    turns.done(0)
+    for index, count in enumerate(cfg["counts"], start=1):
+        turns.wait(index)
+        for library, api in list(apis.items()):
             try:
-                case = make_case(api, library, cfg["collective"], count, cfg["dtype"], rank, world)
-                seconds, wrong = _time(api, *case, cfg["iters"], cfg["warmup"])
-            except (RuntimeError, NotImplementedError, ValueError) as exc:
-                if library == "chorus":
-                    raise
-                print(f"# {library} cannot run {cfg['collective']}: {exc}".splitlines()[0])
+                case = make_case(api, library, collective, count, dtype, rank, world, op)
+                seconds, wrong = time_case(api.barrier, *case, cfg["iters"], cfg["warmup"])
+            except Exception as exc:
+                give_up(library, exc)
                 continue
-            rows.append(Row(library, cfg["collective"], count * itemsize, count, cfg["dtype"], op,
-                            seconds, wrong, world))
-    if rank == 0:
-        with open(os.path.join(workdir, "rows.json"), "w") as f:
-            json.dump([asdict(r) for r in rows], f)
+            rows.append(Row(library, collective, count * itemsize, count, dtype,
+                            op_label(collective, op), seconds, wrong, world))
+        turns.done(index)
+    with open(os.path.join(workdir, f"rows-{rank}.json"), "w") as f:
+        json.dump({"rows": [asdict(r) for r in rows], "notes": notes}, f)
     for api in apis.values():
         api.destroy_process_group()

@@ -170,6 +170,7 @@ class Job:
         ``master_port`` is the store's real port (node 0 may have picked it).
         """
         run_id = self.run_id or self._default_run_id(master_port)
+        self.job_id = run_id  # the shared-memory segments of the job are named after it
         base = dict(os.environ)
         if self.nproc > 1 and "OMP_NUM_THREADS" not in base:
             base["OMP_NUM_THREADS"] = "1"
@@ -257,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.close()
+        _sweep_shared_memory(getattr(job, "job_id", None))
     if outcome.first_failure is not None:
         sys.stderr.write(format_failure(outcome.first_failure, job.world_size))
     elif outcome.received_signal is not None:
@@ -264,6 +266,19 @@ def main(argv: list[str] | None = None) -> int:
               f"the {job.nproc} ranks of this node and stopped them", file=sys.stderr)
     sys.stderr.flush()
     return outcome.exit_code
+
+
+def _sweep_shared_memory(job_id: str | None) -> None:
+    """Remove /dev/shm segments a killed rank may have left (chorus.shm unlinks its segments
+    as soon as every rank has mapped them, so normally there is nothing to remove)."""
+    if not job_id:
+        return
+    from chorus.shm.segment import sweep  # imported here: chorusrun --help stays fast
+
+    removed = sweep(job_id)
+    if removed:
+        print(f"chorusrun: removed {len(removed)} shared-memory segment(s) left by the job",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,157 @@
+"""``ShmGroup``: one process group's shared-memory window and the collectives run over it.
+
+A ProcessGroup whose members all share a host gets ``pg.shm`` (created by
+chorus.shm.handshake when the group is created) and ``chorus.api.launch.run`` sends its
+collectives here.  The window is created once and reused by every op; ops of one group
+run one at a time (the group's queue), and each op's state is its own range of syncs and
+the parities they select — no two ops share a control area (sglang's hangs came from
+collectives sharing one).
+
+If an op fails half-way on this rank (timeout, Ctrl-C, a peer's death), the window is out
+of step with the other ranks: this rank marks the op abandoned in its control line (the
+others then stop waiting and raise) and every later op of the group raises AbortedError.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+
+from chorus.errors import AbortedError
+from chorus.shm import collectives as algo
+from chorus.shm.segment import Segment
+from chorus.shm.sync import TCP, Backoff, Sync
+from chorus.shm.window import Layout, Window
+
+DEFAULT_SLOT = 1 << 20
+MIN_SLOT = 64 << 10
+
+
+def transport_mode() -> str:
+    """``CHORUS_TRANSPORT``: ``auto`` (shared memory where every member shares a host, on
+    CPUs whose store order the sync relies on), ``shm`` (force it, fail if impossible),
+    ``tcp`` (never)."""
+    mode = os.environ.get("CHORUS_TRANSPORT", "auto").strip().lower() or "auto"
+    if mode not in ("auto", "shm", "tcp"):
+        raise ValueError(f"CHORUS_TRANSPORT={mode!r}: use auto, shm or tcp")
+    return mode
+
+
+def platform_ok() -> bool:
+    """x86-64 (and x86) keep stores in order, which the counters rely on (chorus.shm.sync)."""
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def slot_bytes(world: int) -> int:
+    """Bytes per slot: ``CHORUS_SHM_SLOT_BYTES``, else 1 MiB, shrunk so that the window stays
+    within ``CHORUS_SHM_BYTES`` (default 64 MiB) for large groups; at least 64 KiB, which a
+    group of one rank (nothing to share, only copies) gets."""
+    if os.environ.get("CHORUS_SHM_SLOT_BYTES", "").strip():
+        slot = int(os.environ["CHORUS_SHM_SLOT_BYTES"])
+    elif world == 1:
+        slot = MIN_SLOT
+    else:
+        budget = int(os.environ.get("CHORUS_SHM_BYTES", "").strip() or 64 << 20)
+        slot = min(DEFAULT_SLOT, budget // (2 * (world + 1)))
+    return max(MIN_SLOT, slot // 4096 * 4096)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (affinity, and a cgroup v2 quota if one is set)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def backoff_for(ranks_here: int, threads: bool) -> Backoff:
+    """Spin only when every rank on the host has a core of its own.  Ranks that are threads
+    of one process share the GIL: they never spin.  ``CHORUS_SHM_SPIN_US`` overrides."""
+    spin = os.environ.get("CHORUS_SHM_SPIN_US", "").strip()
+    if spin:
+        return Backoff(spin_s=float(spin) * 1e-6)
+    if threads or ranks_here > usable_cpus():
+        return Backoff(spin_s=0.0, yield_s=1e-3)
+    return Backoff()
+
+
+class ShmGroup:
+    """The window of one group, mapped by this rank (group rank ``rank``)."""
+
+    def __init__(self, segment: Segment, layout: Layout, rank: int, members: tuple[int, ...],
+                 transport, group: int, backoff: Backoff):
+        self.segment = segment
+        self.transport = transport
+        self.group = group
+        self.window = Window(segment.buf, layout, rank)
+        self.sync = Sync(self.window.control, rank, members, transport, group, backoff)
+        self.broken: str | None = None
+        self.closed = False
+        self._lock = threading.Lock()
+        # Collectives forced onto a TCP algorithm by CHORUS_ALGO_<NAME> (read once, here:
+        # a per-call environment lookup would cost more than the whole one-shot op).
+        self.tcp_only = frozenset(name for name in _OPS if os.environ.get(f"CHORUS_ALGO_{name.upper()}"))
+
+    def __repr__(self) -> str:
+        return f"ShmGroup(group={self.group}, world={self.window.world}, slot={self.window.slot})"
+
+    def announce_tcp(self, ctx) -> None:
+        """This rank runs op ``ctx`` over TCP (lets shared-memory waiters name a rank that
+        chose another path)."""
+        self.sync.announce(ctx.seq, ctx.fingerprint, TCP)
+
+    def run(self, name: str, ctx, buffers: dict, reduce=None, root: int = -1,
+            args: dict | None = None) -> None:
+        """Run collective ``name`` (a chorus.api collective's name and buffers) for op ``ctx``."""
+        t = self.transport
+        if t._dead or t._broken or t._closed is not None:
+            error = t._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
+            if error is not None:
+                raise error
+        with self._lock:  # two threads issuing ops on one group at once: one after the other
+            if self.broken is not None:
+                raise AbortedError(f"{ctx.describe()}: {self.broken}")
+            try:
+                self.sync.begin(ctx.seq, ctx.fingerprint)
+                _OPS[name](self.window, self.sync, ctx, buffers, reduce, root, args)
+            except algo.CountsDisagree:
+                raise  # raised by every rank at the same sync: still in step
+            except BaseException as exc:
+                if self.closed:
+                    raise AbortedError(f"{ctx.describe()}: the group was destroyed while the op "
+                                       "was running") from None
+                self.broken = (f"an earlier op (seq {ctx.seq}) failed half-way ({type(exc).__name__}); "
+                               "the group's shared-memory window is out of step and the group is "
+                               "unusable: create a new group")
+                self.sync.abandon(ctx.seq)
+                raise
+        t.finished(self.group, ctx.seq)
+
+    def close(self) -> None:
+        """Stop using the window (destroy_process_group) and unmap it once no view of it is
+        left (an op still running on another thread fails with AbortedError)."""
+        self.closed = True
+        self.broken = "the group was destroyed"
+        self.window.release()
+        self.segment.close()
+
+
+_OPS = {
+    "barrier": lambda w, s, ctx, b, red, root, a: algo.barrier(w, s, ctx),
+    "all_reduce": lambda w, s, ctx, b, red, root, a: algo.all_reduce(w, s, ctx, b["data"], red),
+    "reduce": lambda w, s, ctx, b, red, root, a: algo.all_reduce(w, s, ctx, b["data"], red, root),
+    "broadcast": lambda w, s, ctx, b, red, root, a: algo.broadcast(w, s, ctx, b["data"], root),
+    "all_gather": lambda w, s, ctx, b, red, root, a: algo.all_gather(w, s, ctx, b["input"], b["output"]),
+    "gather": lambda w, s, ctx, b, red, root, a: algo.all_gather(w, s, ctx, b["input"], b.get("output")),
+    "scatter": lambda w, s, ctx, b, red, root, a: algo.scatter(w, s, ctx, b.get("input"), b["output"], root),
+    "reduce_scatter": lambda w, s, ctx, b, red, root, a: algo.reduce_scatter(
+        w, s, ctx, b["input"], b["output"], a["counts"], red),
+    "all_to_all": lambda w, s, ctx, b, red, root, a: algo.all_to_all(
+        w, s, ctx, b["input"], b["output"], a["send_counts"], a["recv_counts"]),
+}

@@ -1,0 +1,118 @@
+"""A POSIX shared-memory file under ``/dev/shm``: create, attach, unlink, sweep.
+
+Lifetime (see ``chorus.shm.handshake``): group rank 0 creates the file, the other
+members map it, and as soon as every member has mapped it rank 0 *unlinks* it.  From
+then on no ``/dev/shm`` entry exists; the memory lives only in the processes' mappings
+and disappears with them — after a normal exit, an exception or ``kill -9`` alike.
+
+The one window where a name exists is between creation and the unlink (the members'
+``open`` + ``mmap``, milliseconds).  A process killed inside it can leave a file
+behind; files are named ``chorus-<job id>-g<group>-<random>`` so that the launcher (or
+the next job) removes them with :func:`sweep`.
+
+Why not ``multiprocessing.shared_memory``: before Python 3.13 it registers every
+segment with a resource tracker that unlinks it when the process that *opened* it
+exits, which breaks ranks that were not forked from one parent; and it has no way to
+reserve the pages up front.  Here the file is created with ``O_EXCL`` and mode 0600
+(only this user's processes can attach), its pages are reserved with
+``posix_fallocate`` (a full ``/dev/shm`` — Docker's default is 64 MiB — fails here,
+with an error, instead of killing a rank with SIGBUS in the middle of a collective),
+and it is mapped with ``MAP_POPULATE`` so no page fault lands in a collective.
+"""
+
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import re
+import secrets
+
+SHM_DIR = "/dev/shm"
+PREFIX = "chorus-"
+
+
+def job_tag(job_id: str | None = None) -> str:
+    """The job part of segment names: ``CHORUS_JOB_ID`` (sanitised) or ``nojob``."""
+    job = os.environ.get("CHORUS_JOB_ID", "") if job_id is None else job_id
+    return re.sub(r"[^A-Za-z0-9_.]", "_", job)[:64] or "nojob"
+
+
+class Segment:
+    """One mapped shared-memory file.  ``buf`` is the mapping (an ``mmap``)."""
+
+    def __init__(self, path: str, size: int, buf: mmap.mmap):
+        self.path = path
+        self.size = size
+        self.buf = buf
+
+    @classmethod
+    def create(cls, size: int, group_id: int) -> Segment:
+        """Create, size, reserve and map a new file; on any error nothing is left behind."""
+        path = os.path.join(SHM_DIR, f"{PREFIX}{job_tag()}-g{group_id}-{secrets.token_hex(6)}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot reserve {size >> 20} MiB in {SHM_DIR} for a "
+                                         f"shared-memory window ({exc.strerror}); enlarge {SHM_DIR} "
+                                         "(docker run --shm-size=...) or set CHORUS_SHM_BYTES lower") from None
+            return cls(path, size, _map(fd, size))
+        except BaseException:
+            _unlink(path)
+            raise
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def attach(cls, path: str, size: int) -> Segment:
+        """Map an existing file created by another member of the group."""
+        if os.path.dirname(path) != SHM_DIR or not os.path.basename(path).startswith(PREFIX):
+            raise OSError(f"refusing to attach {path!r}: not a chorus segment in {SHM_DIR}")
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if st.st_size != size or st.st_uid != os.getuid():
+                raise OSError(f"{path}: {st.st_size} bytes owned by uid {st.st_uid}, expected "
+                              f"{size} bytes owned by uid {os.getuid()}")
+            return cls(path, size, _map(fd, size))
+        finally:
+            os.close(fd)
+
+    def unlink(self) -> None:
+        """Remove the name (the mappings stay valid until every process unmaps)."""
+        _unlink(self.path)
+
+    def close(self) -> None:
+        """Unmap now if no view of the mapping is alive; else when the last one dies."""
+        try:
+            self.buf.close()
+        except BufferError:
+            pass  # numpy views still exist (an op on another thread); the GC unmaps later
+
+
+def _map(fd: int, size: int) -> mmap.mmap:
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def sweep(job_id: str) -> list[str]:
+    """Remove the ``/dev/shm`` files left by job ``job_id`` (a rank killed between creating
+    a segment and unlinking it).  Returns the paths removed.  Safe to call at any time
+    after the job's ranks are gone; ``chorusrun`` calls it when the job ends."""
+    if not job_id:
+        return []  # "nojob" names belong to jobs without an id: never sweep those blindly
+    removed = []
+    for path in glob.glob(os.path.join(SHM_DIR, f"{PREFIX}{glob.escape(job_tag(job_id))}-g*")):
+        _unlink(path)
+        removed.append(path)
+    return removed

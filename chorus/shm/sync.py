@@ -1,0 +1,214 @@
+"""Synchronisation through generation counters in the shared window.
+
+Each rank owns one control line of the window (16 x uint64 = 128 bytes, so no two
+ranks' lines share a cache line) and is the only one that writes it::
+
+    word  0     ARRIVED    syncs this rank has reached: its generation counter
+    words 1-4   OP         (seq, fingerprint) of the op it began in a phase of parity 0 | 1
+    words 5-7   CURRENT    seq + 1, fingerprint and transport of the op it is in now
+    word  8     ABANDONED  seq + 1 of an op it left after an error (0 = none)
+
+A sync is: raise your counter to ``s``, wait until every other counter is >= ``s``.
+Writes are plain aligned 8-byte stores; a rank that sees a counter also sees everything
+its owner wrote before raising it (x86-64 keeps stores in order; ``chorus.shm.group``
+enables shared memory only there unless forced).
+
+Waiting backs off so that an oversubscribed host (more ranks than cores) does not
+stall: spin for ``spin_s``, then ``os.sched_yield()`` until ``yield_s``, then sleep 50 µs,
+doubling up to 1 ms.  Every wait has the op's deadline (CommTimeoutError naming the op,
+its sequence number and the ranks that did not arrive), and every 2 ms a waiter asks
+the group's transport whether a member died, left or called another op — so a dead
+peer becomes PeerLostError in milliseconds, well within 5 s — and reads the missing
+ranks' CURRENT and ABANDONED words, so that a rank that took another path (TCP) or gave
+up after an error is named instead of waited for.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from chorus.errors import AbortedError, CollectiveMismatchError, CommTimeoutError, PeerLostError
+from chorus.wire.fingerprint import describe
+
+WORDS = 16
+ARRIVED, OP, CURRENT, ABANDONED = 0, 1, 5, 8
+SHM, TCP = 1, 2  # CURRENT's transport word
+CHECK_S = 0.002
+NAP_MIN, NAP_MAX = 50e-6, 1e-3
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long a waiter spins, then yields, before it sleeps (seconds)."""
+
+    spin_s: float = 0.0
+    yield_s: float = 5e-3
+
+
+class Sync:
+    """Rank ``rank``'s side of the counters of one window.
+
+    ``members`` are the global ranks (for messages); ``transport`` is the group's
+    transport, asked about dead peers and broken groups while waiting.
+    """
+
+    def __init__(self, control: memoryview, rank: int, members: tuple[int, ...], transport,
+                 group: int, backoff: Backoff):
+        self.control = control
+        self.rank = rank
+        self.members = members
+        self.transport = transport
+        self.group = group
+        self.backoff = backoff
+        self.mine = rank * WORDS
+        self.others = tuple(q * WORDS for q in range(len(members)) if q != rank)
+        self.count = int(control[self.mine + ARRIVED])  # 0 for a fresh window
+
+    @property
+    def parity(self) -> int:
+        """The parity this rank writes in the current phase."""
+        return self.count & 1
+
+    def announce(self, seq: int, fingerprint: int, transport: int) -> None:
+        """Publish the op this rank is in now (read by waiters to name a rank that went
+        elsewhere).  The seq word goes to 0 while the others change (see ``_current``)."""
+        c, m = self.control, self.mine + CURRENT
+        c[m] = 0
+        c[m + 1] = fingerprint
+        c[m + 2] = transport
+        c[m] = seq + 1
+
+    def begin(self, seq: int, fingerprint: int) -> None:
+        """Start an op on the shared-memory path: publish its call for the first sync."""
+        self.announce(seq, fingerprint, SHM)
+        c, m = self.control, self.mine + OP + 2 * (self.count & 1)
+        c[m] = seq
+        c[m + 1] = fingerprint
+
+    def abandon(self, seq: int) -> None:
+        """Tell the others this rank left op ``seq`` half-way (they stop waiting for it)."""
+        self.control[self.mine + ABANDONED] = seq + 1
+
+    def sync(self, ctx, first: bool = False) -> None:
+        """Arrive at the next sync and wait for every other rank to arrive.
+
+        ``first``: this is the op's first sync; check every rank began the same call.
+        """
+        c = self.control
+        target = self.count + 1
+        self.count = target
+        c[self.mine] = target
+        for i in self.others:
+            if c[i] < target:
+                self._wait(target, ctx)
+                break
+        if first:
+            o = OP + 2 * ((target - 1) & 1)
+            seq, fp = ctx.seq, ctx.fingerprint
+            for i in self.others:
+                if c[i + o] != seq or c[i + o + 1] != fp:
+                    raise self._mismatch(i // WORDS, c[i + o], c[i + o + 1], ctx)
+
+    def _pending(self, target: int) -> list[int]:
+        c = self.control
+        return [i // WORDS for i in self.others if c[i] < target]
+
+    def _wait(self, target: int, ctx) -> None:
+        c, others, b = self.control, self.others, self.backoff
+        start = time.monotonic()
+        next_check = start + CHECK_S
+        nap = NAP_MIN
+        polls = 0
+        spinning = b.spin_s > 0
+        while True:
+            for i in others:
+                if c[i] < target:
+                    break
+            else:
+                return
+            polls += 1
+            if spinning and polls & 63:
+                continue  # spin: look at the clock only now and then
+            now = time.monotonic()
+            if now >= next_check:
+                self._check(target, ctx)
+                next_check = now + CHECK_S
+            if ctx.deadline is not None and now >= ctx.deadline:
+                raise self._timeout(target, ctx, now - start)
+            waited = now - start
+            if waited < b.spin_s:
+                continue
+            spinning = False
+            if waited < b.yield_s:
+                os.sched_yield()
+                continue
+            time.sleep(nap)
+            nap = min(2 * nap, NAP_MAX)
+
+    def _check(self, target: int, ctx) -> None:
+        """Raise if waiting on can no longer succeed (dead or departed peer, broken group,
+        a missing rank that went another way or gave up)."""
+        c, t = self.control, self.transport
+        for q in self._pending(target):  # first what the missing ranks say about themselves
+            base = q * WORDS
+            gave_up, current = c[base + ABANDONED], self._current(base)
+            if c[base + ARRIVED] >= target:
+                continue  # it arrived since (and may be in its next op already)
+            if gave_up and gave_up - 1 <= ctx.seq:
+                raise AbortedError(
+                    f"{ctx.describe()}: rank {self.members[q]} gave up op #{gave_up - 1} after an error "
+                    "(see its output); the group's shared-memory window is out of step and the group "
+                    "is unusable")
+            if current is not None:
+                seq, fp, path = current
+                if seq > ctx.seq or (seq == ctx.seq and (fp != ctx.fingerprint or path != SHM)):
+                    raise self._mismatch(q, seq, fp, ctx, path)
+        error = t._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
+        if error is not None:
+            if isinstance(error, PeerLostError):
+                raise PeerLostError(f"{ctx.describe()}: {error}", error.lost_rank, error.reporter)
+            raise error
+        for q in self._pending(target):
+            who = self.members[q]
+            if who in t._left and c[q * WORDS + ARRIVED] < target:
+                raise PeerLostError(
+                    f"{ctx.describe()}: rank {who} left the job (destroy_process_group) without "
+                    f"joining this op; every rank of the group must call it", lost_rank=who)
+
+    def _current(self, base: int) -> tuple[int, int, int] | None:
+        """(seq, fingerprint, transport) of the op a rank announced, or None while it is
+        changing: its seq word is read before and after the others (a seqlock; a store
+        seen implies every store its owner made before it, on x86)."""
+        c = self.control
+        seq = c[base + CURRENT]
+        fp, path = c[base + CURRENT + 1], c[base + CURRENT + 2]
+        if seq == 0 or c[base + CURRENT] != seq:
+            return None
+        return seq - 1, fp, path
+
+    def _mismatch(self, q: int, seq: int, fp: int, ctx, path: int = SHM) -> CollectiveMismatchError:
+        """The error for rank ``q`` having called (seq, fp) where this rank is in ``ctx``;
+        the transport tells the group's other members (TCP peers learn it too)."""
+        culprit = self.members[q]
+        mine = self.members[self.rank]
+        if seq == ctx.seq and fp == ctx.fingerprint and path != SHM:
+            why = (f"rank {culprit} ran {describe(fp)} (op #{seq}) over TCP while rank {mine} used "
+                   "shared memory: algorithm=, CHORUS_ALGO_* and CHORUS_TRANSPORT must be the same "
+                   "on every rank")
+        else:
+            why = f"rank {culprit} called {describe(fp)} as op #{seq}"
+        self.transport.group_mismatch(self.group, culprit, seq, fp, mine)
+        return CollectiveMismatchError(
+            f"collective mismatch on group {self.group}: {why}, but this rank (rank {mine}) called "
+            f"{describe(ctx.fingerprint)} as op #{ctx.seq}. The group is unusable from now on. Every "
+            "rank of a group must call the same collectives, in the same order, with the same dtype, "
+            "count, root and op.")
+
+    def _timeout(self, target: int, ctx, waited: float) -> CommTimeoutError:
+        missing = [self.members[q] for q in self._pending(target)]
+        return CommTimeoutError(
+            f"{ctx.describe()}: rank(s) {missing} did not arrive at shared-memory sync #{target} "
+            f"within {waited:.1f} s (the group's timeout); they are hung, slow, or called another op. "
+            "Their output (or py-spy dump) shows where they are.")

@@ -1,0 +1,128 @@
+"""The layout of a group's shared-memory window, and numpy views into it.
+
+One window per group, created once (chorus.shm.handshake) and reused by every op::
+
+    offset            size                 what
+    0                 4 KiB                magic, world size, slot size, nonce (checked at attach)
+    4 KiB             W x 128 B            control lines: rank r's counters (chorus.shm.sync)
+    ...               2 x 2 x W x W x 8 B  per parity: send and receive count tables (all_to_all)
+    (page aligned)    2 x W x slot         data: per parity, one slot per rank
+                      2 x slot             result: per parity, one shared slot
+
+Every region exists twice, for the two *parities*.  The rule that makes one
+synchronisation per phase enough (see chorus.shm.collectives): what a rank writes in the
+phase that ends with sync ``s`` goes into parity ``s % 2`` and is read by the others
+only in the next phase, before sync ``s + 1``.  A rank writes that parity again only
+after sync ``s + 1``, when every rank has finished reading it.
+
+The data slots of one parity are contiguous: ``stack(p, dtype, lo, n)`` is a (W, n)
+view of elements ``lo .. lo+n`` of every rank's slot, which a single numpy call can
+reduce or copy.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from chorus.shm.sync import WORDS
+
+MAGIC = b"CHSHM001"
+_HEADER = struct.Struct("<8sQQ16s")  # magic, world, slot bytes, nonce
+PAGE = 4096
+CONTROL = PAGE
+LINE = WORDS * 8
+
+
+def _up(n: int, to: int = PAGE) -> int:
+    return -(-n // to) * to
+
+
+class Layout:
+    """Byte offsets of every region for ``world`` ranks and ``slot`` bytes per slot."""
+
+    def __init__(self, world: int, slot: int):
+        self.world = world
+        self.slot = slot
+        self.counts = CONTROL + world * LINE
+        self.data = _up(self.counts + 2 * 2 * world * world * 8)
+        self.result = self.data + 2 * world * slot
+        self.size = self.result + 2 * slot
+
+
+def write_header(buf, layout: Layout, nonce: bytes) -> None:
+    _HEADER.pack_into(buf, 0, MAGIC, layout.world, layout.slot, nonce)
+
+
+def check_header(buf, layout: Layout, nonce: bytes) -> bool:
+    """True if ``buf`` is the window the creator announced (same file, same /dev/shm)."""
+    return _HEADER.unpack_from(buf, 0) == (MAGIC, layout.world, layout.slot, nonce)
+
+
+class Window:
+    """Typed views into one mapped window, for rank ``rank``; views are cached per shape."""
+
+    def __init__(self, buf, layout: Layout, rank: int):
+        self.buf = buf
+        self.layout = layout
+        self.rank = rank
+        self.world = layout.world
+        self.slot = layout.slot
+        self.control = memoryview(buf)[CONTROL: CONTROL + layout.world * LINE].cast("Q")
+        self._cache: dict[tuple, tuple] = {}
+
+    def capacity(self, dtype: np.dtype) -> int:
+        """Elements of ``dtype`` that fit in one slot."""
+        return self.slot // dtype.itemsize
+
+    def stack(self, parity: int, dtype: np.dtype, lo: int, n: int) -> np.ndarray:
+        """(W, n) view: elements ``lo .. lo+n`` of every rank's data slot of ``parity``."""
+        offset = self.layout.data + parity * self.world * self.slot + lo * dtype.itemsize
+        return np.ndarray((self.world, n), dtype, self.buf, offset, (self.slot, dtype.itemsize))
+
+    def slot_of(self, parity: int, rank: int, dtype: np.dtype, lo: int, n: int) -> np.ndarray:
+        """Elements ``lo .. lo+n`` of ``rank``'s data slot of ``parity``."""
+        offset = self.layout.data + (parity * self.world + rank) * self.slot + lo * dtype.itemsize
+        return np.ndarray((n,), dtype, self.buf, offset)
+
+    def pieces(self, parity: int, rank: int, dtype: np.dtype, piece: int, n: int) -> np.ndarray:
+        """(W, n) view of ``rank``'s data slot cut into W pieces of ``piece`` elements:
+        row q is the first ``n`` elements of piece q (the part meant for rank q)."""
+        offset = self.layout.data + (parity * self.world + rank) * self.slot
+        return np.ndarray((self.world, n), dtype, self.buf, offset, (piece * dtype.itemsize, dtype.itemsize))
+
+    def region(self, parity: int, dtype: np.dtype, lo: int, n: int) -> np.ndarray:
+        """Elements ``lo .. lo+n`` of the whole data area of ``parity`` (all W slots as one)."""
+        offset = self.layout.data + parity * self.world * self.slot + lo * dtype.itemsize
+        return np.ndarray((n,), dtype, self.buf, offset)
+
+    def result(self, parity: int, dtype: np.dtype, lo: int, n: int) -> np.ndarray:
+        """Elements ``lo .. lo+n`` of the shared result slot of ``parity``."""
+        offset = self.layout.result + parity * self.slot + lo * dtype.itemsize
+        return np.ndarray((n,), dtype, self.buf, offset)
+
+    def tables(self, parity: int) -> tuple[np.ndarray, np.ndarray]:
+        """(send, recv) W x W element-count tables of ``parity``: row r is written by rank r."""
+        w = self.world
+        offset = self.layout.counts + parity * 2 * w * w * 8
+        both = np.ndarray((2, w, w), np.uint64, self.buf, offset)
+        return both[0], both[1]
+
+    def small(self, dtype: np.dtype, n: int) -> tuple:
+        """Cached ``(mine, stacks)`` for one-shot ops on ``n`` elements of ``dtype``: this
+        rank's slot and the (W, n) stack, for each parity."""
+        key = (dtype, n)
+        views = self._cache.get(key)
+        if views is None:
+            if len(self._cache) >= 256:
+                self._cache.clear()
+            views = tuple(self.slot_of(p, self.rank, dtype, 0, n) for p in (0, 1)), \
+                tuple(self.stack(p, dtype, 0, n) for p in (0, 1))
+            self._cache[key] = views
+        return views
+
+    def release(self) -> None:
+        """Drop the cached views and the control view (so that the mapping can go)."""
+        self._cache.clear()
+        self.control.release()

@@ -1,0 +1,307 @@
+"""``ChorusProcessGroup``: torch.distributed's process-group interface, served by chorus.
+
+torch cannot take a Python subclass of its C++ ``Backend``; it can take a Python subclass
+of ``ProcessGroup`` (its C++ trampoline forwards DDP's, FSDP's and the functional
+collectives' calls to the Python methods).  So the backend *is* the process group:
+``register_backend("chorus", ...)``'s creator returns one of these, and every method
+below turns torch's (tensor lists, options) call into the matching chorus collective on
+the group's chorus ``ProcessGroup`` (ranks in torch's arguments are group ranks)::
+
+    torch                                   chorus
+    allreduce([t], opts)                    all_reduce(t, op)
+    allreduce_coalesced(ts, opts)           one all_reduce over the ts flattened
+    allgather([[o0..oW]], [t], opts)        all_gather([o0..oW], t)
+    all_gather_single / _allgather_base     all_gather_into_tensor
+    allgather_into_tensor_coalesced         all_gather_into_tensor per pair
+    reduce_scatter([o], [[i0..iW]], opts)   reduce_scatter(o, [i0..iW], op)
+    reduce_scatter_single / _base           reduce_scatter_tensor
+    reduce_scatter_tensor_coalesced         reduce_scatter_tensor per pair
+    alltoall / all_to_all_single            all_to_all / all_to_all_single (uneven splits)
+    broadcast / reduce / gather / scatter   the same, root = opts.rootRank
+    send / recv / recv_anysource            isend / irecv (tag kept)
+    barrier                                 barrier
+
+``opts.asyncOp`` is False when the caller waits at once (``async_op=False``): the op then
+runs in the calling thread with no hand-off, and chorus's own exception
+(``PeerLostError``, ``CollectiveMismatchError``, ...) propagates unchanged.  Otherwise
+(DDP's buckets, ``async_op=True``, functional collectives) it runs on the group's worker
+thread in issue order and the returned :class:`~chorus.torch.work.TorchWork` delivers
+the result or the error.
+
+``monitored_barrier`` is implemented, but torch 2.13 only routes it to gloo groups.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from chorus.api import collectives, exchange, gathering, p2p
+from chorus.errors import InvalidArgumentError, InvalidTensorError
+from chorus.reductions import ReduceOp, _make_nccl_premul_sum
+from chorus.torch.fabric import Membership, entered
+from chorus.torch.work import TorchWork
+
+BACKEND_NAME = "chorus"
+
+
+@functools.cache
+def _plain_op(name: str):
+    return getattr(ReduceOp, name)
+
+
+def chorus_op(op):
+    """chorus's ReduceOp for torch's ``ReduceOp`` / ``ReduceOp.RedOpType`` (PREMUL_SUM keeps its factor)."""
+    kind = getattr(op, "op", op)
+    name = kind.name
+    if name == "PREMUL_SUM":
+        factor = op.factor
+        return _make_nccl_premul_sum(float(factor.item() if isinstance(factor, torch.Tensor) else factor))
+    return _plain_op(name)
+
+
+def _async(opts) -> bool:
+    return getattr(opts, "asyncOp", True) if opts is not None else True
+
+
+def _check_cpu(op: str, tensors) -> None:
+    for t in tensors:
+        if t.device.type != "cpu":
+            raise InvalidTensorError(
+                f"chorus.torch {op}: got a tensor on {t.device}; the \"chorus\" backend handles CPU "
+                "tensors. For GPU tensors use NCCL alongside it, e.g. "
+                "init_process_group(\"cpu:chorus,cuda:nccl\"), or move the tensor with .cpu()")
+
+
+def _root(opts, op: str) -> int:
+    if opts is None:
+        raise InvalidArgumentError(f"chorus.torch {op}: options with rootRank are required")
+    return int(opts.rootRank)
+
+
+class ChorusProcessGroup(dist.ProcessGroup):
+    """A torch process group whose collectives run on chorus (see the module docstring)."""
+
+    def __init__(self, membership: Membership, rank: int, size: int, group_name: str):
+        super().__init__(rank, size)
+        self._membership = membership
+        self._pg = membership.pg
+        self._world = membership.world
+        self._rank = rank
+        self._size = size
+        self._group_name = group_name
+        self._group_desc = "undefined"
+
+    def __repr__(self) -> str:
+        return f"ChorusProcessGroup(name={self._group_name!r}, rank={self._rank}, size={self._size})"
+
+    # -- identity (torch asks the trampoline for these) ----------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    @property
+    def chorus_group(self):
+        """The chorus ``ProcessGroup`` this torch group runs on."""
+        return self._pg
+
+    def shutdown(self) -> None:
+        """torch's destroy_process_group: leave the chorus group (BYE for the world)."""
+        self._membership.close()
+
+    def abort(self) -> None:
+        self._membership.close()
+
+    # -- issuing -------------------------------------------------------------------------
+    def _issue(self, op: str, opts, tensors, calls, result, finish=None) -> TorchWork:
+        """Run ``calls`` (each ``call(async_op)`` issues one chorus op) in issue order."""
+        _check_cpu(op, tensors)
+        async_op = _async(opts)
+        with entered(self._world):
+            works = [call(async_op) for call in calls]
+        return TorchWork(works if async_op else [], result, finish)
+
+    # -- reductions ----------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        op = chorus_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
+        calls = [functools.partial(_all_reduce, t, op, self._pg) for t in tensors]
+        return self._issue("allreduce", opts, tensors, calls, list(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        """One all_reduce over the tensors flattened (per dtype), copied back at the end."""
+        op = chorus_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
+        flats, finishers = [], []
+        for dtype in dict.fromkeys(t.dtype for t in tensors):
+            same = [t for t in tensors if t.dtype == dtype]
+            flat = torch.cat([t.detach().reshape(-1) for t in same])
+            flats.append(flat)
+            finishers.append(functools.partial(_unflatten, flat, same))
+        calls = [functools.partial(_all_reduce, flat, op, self._pg) for flat in flats]
+        return self._issue("allreduce_coalesced", opts, tensors, calls, list(tensors),
+                           finish=lambda: [f() for f in finishers])
+
+    def reduce(self, tensors, opts=None):
+        root, op = _root(opts, "reduce"), chorus_op(opts.reduceOp)
+        calls = [lambda a, t=t: collectives.reduce(t, op=op, group=self._pg, async_op=a, group_dst=root)
+                 for t in tensors]
+        return self._issue("reduce", opts, tensors, calls, list(tensors))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        op = chorus_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
+        calls = [lambda a, o=o, ins=ins: exchange.reduce_scatter(o, list(ins), op=op, group=self._pg, async_op=a)
+                 for o, ins in zip(output_tensors, input_tensors, strict=True)]
+        flat_in = [t for ins in input_tensors for t in ins]
+        return self._issue("reduce_scatter", opts, [*output_tensors, *flat_in], calls, list(output_tensors))
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        op = chorus_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
+        calls = [lambda a, o=o, i=i: exchange.reduce_scatter_tensor(o, i, op=op, group=self._pg, async_op=a)
+                 for o, i in zip(outputs, inputs, strict=True)]
+        return self._issue("reduce_scatter_tensor", opts, [*outputs, *inputs], calls, list(outputs))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- gathering and scattering -------------------------------------------------------------
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        calls = [lambda a, outs=outs, t=t: gathering.all_gather(list(outs), t, group=self._pg, async_op=a)
+                 for outs, t in zip(output_tensors, input_tensors, strict=True)]
+        flat_out = [o for outs in output_tensors for o in outs]
+        return self._issue("allgather", opts, [*flat_out, *input_tensors], calls, list(output_tensors))
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """``output_lists[r][j]`` receives rank r's ``input_list[j]``."""
+        calls = [lambda a, j=j, t=t: gathering.all_gather([outs[j] for outs in output_lists], t, group=self._pg,
+                                                         async_op=a)
+                 for j, t in enumerate(input_list)]
+        flat_out = [o for outs in output_lists for o in outs]
+        return self._issue("allgather_coalesced", opts, [*flat_out, *input_list], calls, list(output_lists))
+
+    def all_gather_single(self, output, input, opts=None):
+        return self.all_gather_single_coalesced([output], [input], opts)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        calls = [lambda a, o=o, i=i: gathering.all_gather_into_tensor(o, i, group=self._pg, async_op=a)
+                 for o, i in zip(outputs, inputs, strict=True)]
+        return self._issue("all_gather_into_tensor", opts, [*outputs, *inputs], calls, list(outputs))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root = _root(opts, "gather")
+        outs = list(output_tensors[0]) if output_tensors else None
+        t = input_tensors[0]
+        call = functools.partial(_gather, t, outs, root, self._pg)
+        return self._issue("gather", opts, [t, *(outs or [])], [call], [outs or []])
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root = _root(opts, "scatter")
+        ins = list(input_tensors[0]) if input_tensors else None
+        t = output_tensors[0]
+        call = functools.partial(_scatter, t, ins, root, self._pg)
+        return self._issue("scatter", opts, [t, *(ins or [])], [call], [t])
+
+    def broadcast(self, tensors, opts=None):
+        root = _root(opts, "broadcast")
+        calls = [lambda a, t=t: collectives.broadcast(t, group=self._pg, async_op=a, group_src=root)
+                 for t in tensors]
+        return self._issue("broadcast", opts, tensors, calls, list(tensors))
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        call = functools.partial(_all_to_all, list(output_tensors), list(input_tensors), self._pg)
+        return self._issue("alltoall", opts, [*output_tensors, *input_tensors], [call], list(output_tensors))
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, opts=None):
+        out_splits = list(output_split_sizes) if output_split_sizes else None
+        in_splits = list(input_split_sizes) if input_split_sizes else None
+
+        def call(a):
+            return exchange.all_to_all_single(output, input, out_splits, in_splits, group=self._pg, async_op=a)
+
+        return self._issue("all_to_all_single", opts, [output, input], [call], [output])
+
+    alltoall_base = all_to_all_single
+
+    # -- synchronisation -------------------------------------------------------------------
+    def barrier(self, opts=None):
+        return self._issue("barrier", opts, [], [functools.partial(_barrier, self._pg)], [])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        with entered(self._world):
+            collectives.monitored_barrier(self._pg, timeout=limit, wait_all_ranks=wait_all_ranks)
+
+    # -- point-to-point ------------------------------------------------------------------------
+    def send(self, tensors, dstRank: int, tag: int = 0):  # noqa: N803 - torch's names
+        _check_cpu("send", tensors)
+        with entered(self._world):
+            works = [p2p.isend(t, group=self._pg, tag=tag, group_dst=dstRank) for t in tensors]
+        return TorchWork(works, list(tensors))
+
+    def recv(self, tensors, srcRank: int, tag: int = 0):  # noqa: N803
+        _check_cpu("recv", tensors)
+        with entered(self._world):
+            works = [p2p.irecv(t, group=self._pg, tag=tag, group_src=srcRank) for t in tensors]
+        return TorchWork(works, list(tensors), source_rank=lambda: srcRank)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        _check_cpu("recv_anysource", tensors)
+        with entered(self._world):
+            work = p2p.irecv(tensors[0], group=self._pg, tag=tag)
+        pg = self._pg
+        return TorchWork([work], list(tensors), source_rank=lambda: pg.group_rank(work.source_rank()))
+
+
+# Module-level helpers (partial() of these costs less than a closure per call).
+def _all_reduce(t, op, pg, async_op):
+    return collectives.all_reduce(t, op=op, group=pg, async_op=async_op)
+
+
+def _unflatten(flat, tensors) -> None:
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.detach().copy_(flat[offset: offset + n].view_as(t))
+        offset += n
+
+
+def _gather(t, outs, root, pg, async_op):
+    return gathering.gather(t, outs, group=pg, async_op=async_op, group_dst=root)
+
+
+def _scatter(t, ins, root, pg, async_op):
+    return gathering.scatter(t, ins, group=pg, async_op=async_op, group_src=root)
+
+
+def _all_to_all(outs, ins, pg, async_op):
+    return exchange.all_to_all(outs, ins, group=pg, async_op=async_op)
+
+
+def _barrier(pg, async_op):
+    return collectives.barrier(group=pg, async_op=async_op)

@@ -1,0 +1,363 @@
+"""``chorus bench``: sizes, cases, the table, JSON, the plot, exit codes, and real runs of
+chorus alone and against MPI (mpi4py + mpiexec, e.g. ``pip install mpich mpi4py``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from chorus.bench import cli as bench_cli
+from chorus.bench import mpi_worker
+from chorus.bench.ops import (
+    COLLECTIVES,
+    check_op,
+    counts,
+    make_buffers,
+    pattern,
+    sweep_counts,
+)
+from chorus.bench.report import Row, format_table, merge_ranks, speedups, to_json
+from chorus.bench.sizes import human, parse_size, sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+MPIEXEC = mpi_worker.find_mpiexec()
+NO_MPI = mpi_worker.unavailable(MPIEXEC)
+
+
+def _bench(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, "-m", "chorus.cli", "bench", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _table_rows(stdout: str) -> list[list[str]]:
+    """The table's data lines, split into cells by '|' (the header and rule dropped)."""
+    lines = [ln for ln in stdout.splitlines() if ln and not ln.startswith("#")]
+    assert lines[0].split()[:4] == ["size", "count", "dtype", "op"], stdout
+    return [[c.strip() for c in ln.split("|")] for ln in lines[2:]]
+
+
+# -- sizes ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, value", [
+    ("0", 0), ("8", 8), ("1K", 1024), ("1k", 1024), ("1KB", 1024), ("1KiB", 1024), ("64M", 64 << 20),
+    ("256M", 256 << 20), ("2G", 2 << 30), (" 4 ", 4), ("1.5K", 1536), ("8B", 8), ("1e3", 1000),
+])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "B", "K", "KB", "-1", "-1K", "0.5", "1.3K", "inf", "nan", "1T",
+                                  "abc", "1KK", "8 bytes"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="bad size"):
+        parse_size(text)
+
+
+def test_sweep_edges():
+    assert sweep(8, 64, 2) == [8, 16, 32, 64]
+    assert sweep(8, 8, 2) == [8]
+    assert sweep(8, 100, 4) == [8, 32]  # the end is inclusive, not forced
+    assert sweep(0, 4, 2) == [0, 1, 2, 4]
+    assert sweep(0, 0, 2) == [0]
+    assert sweep(3, 300, 10) == [3, 30, 300]
+    with pytest.raises(ValueError, match="at least 2"):
+        sweep(8, 64, 1)
+    with pytest.raises(ValueError, match="larger than"):
+        sweep(1 << 20, 1024, 2)
+
+
+def test_human():
+    assert [human(n) for n in (0, 4, 1000, 1024, 1536, 1 << 20, 256 << 20, 1 << 30)] == \
+        ["0", "4", "1000", "1K", "1536", "1M", "256M", "1G"]
+
+
+def test_sweep_counts_whole_elements_and_blocks():
+    sizes = sweep(1, 64, 2)  # 1 2 4 8 16 32 64 bytes
+    assert sweep_counts(sizes, "all_reduce", 4, 4) == [1, 2, 4, 8, 16]  # 1-3 bytes: no element
+    assert sweep_counts(sizes, "all_gather", 4, 4) == [4, 8, 16]  # a multiple of the world
+    assert sweep_counts([4, 12, 16], "all_to_all", 3, 1) == [3, 12, 15]
+    assert sweep_counts([8, 9, 10, 11, 12], "sendrecv", 2, 4) == [2, 3]  # no repeated size
+    assert sweep_counts(sizes, "barrier", 4, 4) == [0]
+    assert sweep_counts([2], "reduce_scatter", 4, 4) == []
+
+
+def test_check_op():
+    assert check_op("all_reduce", "sum", "float32") is None
+    assert check_op("broadcast", "band", "float32") is None  # op unused
+    assert "not defined" in check_op("all_reduce", "band", "float32")
+    assert "not defined" in check_op("reduce", "avg", "int32")
+    assert "dtype" in check_op("all_reduce", "sum", "bfloat16")
+
+
+# -- cases: the expected results agree with a plain numpy model of each collective ------
+
+def _simulate(collective: str, op: str, world: int, count: int, dtype: str) -> list[np.ndarray | None]:
+    """What each rank's checked buffer holds after a correct collective (None: unchecked)."""
+    n_in, n_out = counts(collective, count, world)
+    ins = [pattern(r, n_in, dtype) for r in range(world)]
+    fn = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum, "avg": np.add,
+          "bxor": np.bitwise_xor}[op]
+    red = ins[0].copy()
+    for x in ins[1:]:
+        red = fn(red, x, dtype=dtype)
+    if op == "avg":
+        red = (red / world).astype(dtype)
+    b = n_out // world
+    return {
+        "all_reduce": [red] * world,
+        "reduce": [red] + [None] * (world - 1),
+        "broadcast": [ins[0]] * world,
+        "all_gather": [np.concatenate(ins)] * world,
+        "reduce_scatter": [red[r * n_out:(r + 1) * n_out] for r in range(world)],
+        "all_to_all": [np.concatenate([ins[s][r * b:(r + 1) * b] for s in range(world)]) for r in range(world)],
+        "sendrecv": [ins[(r - 1) % world] for r in range(world)],
+        "barrier": [None] * world,
+    }[collective]
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+@pytest.mark.parametrize("op, dtype", [("sum", "float32"), ("prod", "float64"), ("avg", "float32"),
+                                       ("max", "int8"), ("bxor", "int64"), ("prod", "int32")])
+def test_buffers_check_against_a_model(collective, op, dtype):
+    world, count = 3, 12
+    for rank, want in enumerate(_simulate(collective, op, world, count, dtype)):
+        bufs = make_buffers(collective, count, dtype, rank, world, op)
+        if want is None:
+            assert bufs.check() == 0
+            continue
+        bufs.checked[...] = want
+        assert bufs.check() == 0, (collective, op, dtype, rank)
+        bufs.checked[1] += 1  # one wrong element
+        assert bufs.check() == 1
+        bufs.reset()
+        assert np.array_equal(bufs.inp, pattern(rank, bufs.inp.size, dtype))
+
+
+# -- the table, merging, JSON --------------------------------------------------------------
+
+def _row(lib, nbytes, us, wrong=0, collective="all_reduce", world=2):
+    return Row(lib, collective, nbytes, nbytes // 4, "float32", "sum", us / 1e6, wrong, world)
+
+
+def test_format_table_columns_and_speedups():
+    rows = [_row("mpi", 1024, 50.0), _row("gloo", 8, 300.0), _row("chorus", 8, 100.0),
+            _row("chorus", 1024, 100.0, wrong=2), _row("gloo", 1024, 400.0)]
+    text = format_table(rows)
+    head, rule, *lines = text.splitlines()
+    assert head.split("|")[0].split() == ["size", "count", "dtype", "op"]
+    assert [c.split()[0] for c in head.split("|")[1:]] == ["chorus", "gloo", "mpi", "x", "x"]
+    assert "x vs gloo" in head and "x vs mpi" in head
+    assert set(rule) == {"-"} and len(rule) == len(head)
+    assert all(len(ln) == len(head) for ln in lines)
+    small, big = ([c.strip() for c in ln.split("|")] for ln in lines)
+    assert small[0].split() == ["8", "2", "float32", "sum"]
+    assert small[1].split() == ["100.0", "0.00", "0.00", "0"]
+    assert small[3].split() == ["-", "-", "-", "-"]  # mpi has no 8-byte row
+    assert small[4:] == ["3.00x", "-"]
+    assert big[0].split()[0] == "1K" and big[1].split()[-1] == "2"
+    assert big[4:] == ["4.00x", "0.50x"]
+
+
+def test_busbw_factors():
+    assert _row("chorus", 1000, 1.0, world=4).algbw == pytest.approx(1.0)
+    assert _row("chorus", 1000, 1.0, world=4).busbw == pytest.approx(1.5)
+    assert _row("chorus", 1000, 1.0, collective="all_gather", world=4).busbw == pytest.approx(0.75)
+    assert _row("chorus", 1000, 1.0, collective="broadcast", world=4).busbw == pytest.approx(1.0)
+
+
+def test_merge_ranks_takes_rank0_time_and_every_wrong():
+    merged = merge_ranks({0: [_row("chorus", 8, 10.0, wrong=0)], 1: [_row("chorus", 8, 99.0, wrong=3)]})
+    assert len(merged) == 1 and merged[0].seconds == pytest.approx(10e-6) and merged[0].wrong == 3
+
+
+def test_to_json_has_speedups_and_meta():
+    rows = [_row("chorus", 8, 100.0), _row("gloo", 8, 250.0)]
+    doc = to_json(rows, {"transport": "tcp", "baselines": ["gloo"]})
+    assert doc["transport"] == "tcp" and doc["baselines"] == ["gloo"]
+    chorus_row = next(r for r in doc["rows"] if r["library"] == "chorus")
+    assert chorus_row["speedup_vs_gloo"] == pytest.approx(2.5) and chorus_row["us"] == pytest.approx(100.0)
+    assert speedups(rows, "gloo") == {8: pytest.approx(2.5)}
+    json.dumps(doc)
+
+
+# -- the command, in process with fake ranks (exit codes, arguments, plot) ----------------
+
+def _fake_spawn(wrong_on_rank1: int):
+    """A stand-in for chorus.launch.spawn that writes each rank's result file."""
+    class Done:
+        def join(self, timeout=None):
+            return True
+
+    def spawn(fn, args, nprocs, join=True):
+        cfg, workdir = args
+        assert os.environ["CHORUS_TRANSPORT"] == cfg["transport"]
+        for rank in range(nprocs):
+            rows = [Row("chorus", cfg["collective"], c * 4, c, cfg["dtype"], "sum", 1e-4 * (i + 1),
+                        wrong_on_rank1 if rank == 1 else 0, nprocs).__dict__
+                    for i, c in enumerate(cfg["counts"])]
+            with open(os.path.join(workdir, f"rows-{rank}.json"), "w") as f:
+                json.dump({"rows": rows, "notes": []}, f)
+        return None if join else Done()
+    return spawn
+
+
+def test_wrong_elements_on_any_rank_fail_the_run(monkeypatch, capsys):
+    monkeypatch.setattr("chorus.launch.spawn", _fake_spawn(wrong_on_rank1=5))
+    assert bench_cli.main(["--world", "2", "-b", "8", "-e", "16", "--baseline", "none",
+                           "--transport", "tcp"]) == 1
+    out, err = capsys.readouterr()
+    assert "transport tcp" in out.splitlines()[0]
+    assert [r[1].split()[-1] for r in _table_rows(out)] == ["5", "5"]
+    assert "FAILED" in err
+    monkeypatch.setattr("chorus.launch.spawn", _fake_spawn(wrong_on_rank1=0))
+    assert bench_cli.main(["--world", "2", "-b", "8", "-e", "16", "--baseline", "none"]) == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-b", "1M", "-e", "1K"], "larger than"),
+    (["-b", "1X"], "bad size"),
+    (["--op", "band"], "not defined for float32"),
+    (["--collective", "all_gather", "--world", "4", "-b", "4", "-e", "8"], "per rank"),
+    (["--baseline", "mpi", "--mpiexec", "/nonexistent/mpiexec"], "--mpiexec"),
+])
+def test_bad_arguments_exit_2(argv, message, capsys):
+    assert bench_cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_explicit_baseline_that_cannot_run_is_an_error(monkeypatch):
+    monkeypatch.setattr(mpi_worker, "unavailable", lambda mpiexec: "no MPI here")
+    assert bench_cli.choose_baselines("mpi", None)[2] == "--baseline mpi: mpi cannot run: no MPI here"
+    assert bench_cli.choose_baselines("all", None)[2]
+    run, skipped, error = bench_cli.choose_baselines("auto", None)
+    assert "mpi" not in run and skipped["mpi"] == "no MPI here" and error is None
+    assert bench_cli.choose_baselines("none", None) == ([], {}, None)
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed (pip install matplotlib)")
+def test_plot_writes_png(tmp_path, monkeypatch):
+    from chorus.bench.plot import write_plot
+
+    rows = [_row(lib, n, us) for lib, f in (("chorus", 1.0), ("gloo", 3.0), ("mpi", 0.5))
+            for n, us in ((8, 100 * f), (1024, 120 * f), (1 << 20, 900 * f))]
+    write_plot(rows, str(tmp_path / "sweep.png"), "test")
+    barrier = [_row(lib, 0, us, collective="barrier") for lib, us in (("chorus", 10), ("gloo", 40))]
+    write_plot(barrier, str(tmp_path / "barrier.png"), "test")
+    monkeypatch.setattr("chorus.launch.spawn", _fake_spawn(wrong_on_rank1=0))
+    assert bench_cli.main(["--world", "2", "-b", "8", "-e", "1K", "--baseline", "none",
+                           "--plot", str(tmp_path / "cli.png")]) == 0
+    for name in ("sweep.png", "barrier.png", "cli.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+
+
+def test_plot_without_matplotlib_is_an_error(monkeypatch, capsys):
+    monkeypatch.setattr("chorus.bench.plot.available", lambda: False)
+    assert bench_cli.main(["--plot", "x.png", "--baseline", "none"]) == 2
+    assert "matplotlib" in capsys.readouterr().err
+
+
+# -- real runs -----------------------------------------------------------------------------
+
+def test_tiny_real_run(tmp_path):
+    out_json = tmp_path / "bench.json"
+    proc = _bench("--world", "2", "-b", "8", "-e", "1K", "-n", "2", "-w", "1", "--baseline", "none",
+                  "--transport", "tcp", "--json", str(out_json))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("# chorus bench: all_reduce sum, 2 ranks, dtype float32, transport tcp")
+    rows = _table_rows(proc.stdout)
+    assert [r[0].split()[0] for r in rows] == ["8", "16", "32", "64", "128", "256", "512", "1K"]
+    for cells in rows:
+        assert len(cells) == 2  # chorus only
+        us, algbw, busbw, wrong = cells[1].split()
+        assert float(us) > 0 and wrong == "0"
+    doc = json.loads(out_json.read_text())
+    assert doc["transport"] == "tcp" and doc["baselines"] == [] and doc["baseline"] == "none"
+    assert doc["world"] == 2 and doc["collective"] == "all_reduce" and doc["iters"] == 2
+    assert doc["sizes"] == [8 << i for i in range(8)]
+    assert [r["nbytes"] for r in doc["rows"]] == doc["sizes"]
+    assert all(r["library"] == "chorus" and r["wrong"] == 0 and r["seconds"] > 0 for r in doc["rows"])
+
+
+@pytest.mark.skipif(NO_MPI is not None, reason=f"MPI baseline unavailable: {NO_MPI}")
+def test_mpi_baseline_real_run(tmp_path):
+    out_json = tmp_path / "bench.json"
+    proc = _bench("--world", "2", "-b", "8", "-e", "1K", "-f", "4", "-n", "2", "-w", "1",
+                  "--baseline", "mpi", "--transport", "tcp", "--json", str(out_json))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "baselines: mpi" in proc.stdout.splitlines()[0]
+    rows = _table_rows(proc.stdout)
+    assert len(rows) == 4
+    for cells in rows:
+        assert len(cells) == 4  # chorus | mpi | x vs mpi
+        assert cells[1].split()[-1] == "0" and cells[2].split()[-1] == "0"
+        assert float(cells[2].split()[0]) > 0 and cells[3].endswith("x")
+    doc = json.loads(out_json.read_text())
+    assert doc["baselines"] == ["mpi"] and doc["baseline_info"]["mpi"]["library"]
+    assert sorted({r["library"] for r in doc["rows"]}) == ["chorus", "mpi"]
+    assert all("speedup_vs_mpi" in r for r in doc["rows"] if r["library"] == "chorus")
+
+
+@pytest.mark.skipif(NO_MPI is not None, reason=f"MPI baseline unavailable: {NO_MPI}")
+def test_mpi_worker_every_collective_is_checked(tmp_path):
+    """Every collective through mpi4py in one mpiexec job each, results checked (#wrong 0)."""
+    for collective in COLLECTIVES:
+        workdir = tmp_path / collective
+        workdir.mkdir()
+        sizes = [0] if collective == "barrier" else [2, 64]
+        cfg = {"world": 2, "counts": sizes, "iters": 2, "warmup": 1, "collective": collective,
+               "dtype": "float32", "op": "sum", "transport": "tcp", "baselines": []}
+        per_rank, notes, info = mpi_worker.launch(cfg, str(workdir), MPIEXEC, timeout=60)
+        assert notes == [], notes
+        rows = merge_ranks(per_rank)
+        assert [r.count for r in rows] == sizes
+        assert all(r.library == "mpi" and r.wrong == 0 and r.seconds > 0 for r in rows), collective
+
+
+def test_turns_hand_out_one_job_at_a_time(tmp_path):
+    import threading
+
+    from chorus.bench import turns
+
+    log: list[str] = []
+
+    def rank(job: str, r: int) -> None:
+        t = turns.Turns(str(tmp_path), job, r, os.getpid())
+        for index in range(3):
+            t.wait(index)
+            log.append(f"{job}{index}")
+            t.done(index)
+
+    threads = [threading.Thread(target=rank, args=(job, r)) for job in ("a", "b") for r in range(2)]
+    for th in threads:
+        th.start()
+    for index in range(3):
+        for job in ("a", "b"):
+            turns.give_turn(str(tmp_path), job, index)
+            assert turns.wait_done(str(tmp_path), job, index, 2, lambda: True)
+    for th in threads:
+        th.join(5)
+    assert log == [f"{job}{i}" for i in range(3) for job in ("a", "b") for _ in range(2)]
+    assert turns.wait_done(str(tmp_path), "c", 0, 1, lambda: False) is False  # job gone
+    turns.Turns(None, "x", 0).wait(7)  # no other job: never waits
+
+
+def test_failing_mpi_job_is_reported(tmp_path, monkeypatch, capsys):
+    """A broken MPI launcher: the chorus rows still come; --baseline mpi exits 1."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'fake mpiexec: boom'\nexit 7\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(mpi_worker, "unavailable", lambda mpiexec: None)
+    assert bench_cli.main(["--world", "2", "-b", "8", "-e", "16", "-n", "1", "-w", "0",
+                           "--baseline", "mpi", "--mpiexec", str(fake)]) == 1
+    out = capsys.readouterr().out
+    assert "# mpi failed:" in out and "boom" in out and "exited with 7" in out
+    assert [len(r) for r in _table_rows(out)] == [2, 2]  # chorus only

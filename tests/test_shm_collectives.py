@@ -1,0 +1,309 @@
+"""Every collective through the shared-memory window (ranks as threads, each with its own
+mapping of the window), against numpy references: every dtype family x reduce op x
+world size, one-shot and reduce-scatter + all-gather, messages that cross the one-shot
+threshold and the slot size (chunking), uneven all_to_all, async ops, sub-groups."""
+
+import numpy as np
+import pytest
+
+import chorus as dist
+import chorus.shm.collectives as shm_algo
+from chorus.testing import run_threads
+
+torch = pytest.importorskip("torch")
+
+WORLDS = [1, 2, 3, 4, 8]
+DTYPES = ["int32", "float32", "float16", "bool", "complex64", "bfloat16"]
+OPS = {
+    "int": ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"],
+    "bool": ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"],
+    "float": ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "PREMUL_SUM"],
+    "complex": ["SUM", "PRODUCT", "AVG", "PREMUL_SUM"],
+}
+
+
+def family(dtype):
+    return {"int32": "int", "bool": "bool", "complex64": "complex"}.get(dtype, "float")
+
+
+def values(rank, n, dtype, op="SUM", salt=0):
+    """Small exact numbers: sums and products of 8 ranks stay exact in float16/bfloat16."""
+    i = np.arange(n) + salt
+    if dtype == "bool":
+        return (rank + i) % 3 == 0
+    v = 1 + (rank + i) % 2 if op == "PRODUCT" else (rank * 7 + i * 3) % 11 - 5
+    if dtype == "complex64":
+        return (v * np.where((rank + i) % 3 == 0, 1j, 1)).astype(np.complex64)
+    return v.astype("float32" if dtype == "bfloat16" else dtype)
+
+
+def tensor(arr, dtype):
+    """numpy for numpy dtypes; a torch bfloat16 tensor for bfloat16."""
+    return torch.tensor(arr, dtype=torch.bfloat16) if dtype == "bfloat16" else arr.copy()
+
+
+def as_np(t):
+    return t.float().numpy() if isinstance(t, torch.Tensor) else t
+
+
+def reference(rows, op, world):
+    """The reduction of ``rows`` (one per rank) by ``op``, in numpy."""
+    if rows.dtype == bool:
+        fn = {"SUM": np.logical_or, "PRODUCT": np.logical_and, "MIN": np.logical_and,
+              "MAX": np.logical_or, "BAND": np.logical_and, "BOR": np.logical_or, "BXOR": np.logical_xor}[op]
+        return fn.reduce(rows, axis=0)
+    if op == "AVG":
+        return rows.sum(axis=0) / world
+    if op == "PREMUL_SUM":
+        return (rows * 0.5).sum(axis=0)
+    fn = {"SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
+          "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[op]
+    return fn.reduce(rows, axis=0)
+
+
+def reduce_op(op):
+    return dist._make_nccl_premul_sum(0.5) if op == "PREMUL_SUM" else getattr(dist.ReduceOp, op)
+
+
+def close(got, want, dtype, op):
+    if op == "AVG":
+        tol = 1e-2 if dtype in ("float16", "bfloat16") else 1e-6
+        return np.allclose(got, want, rtol=tol, atol=tol)
+    return np.array_equal(np.asarray(got, dtype=want.dtype), want)
+
+
+class ShmCounter:
+    """Asserts that ops really ran over the group's shared-memory window."""
+
+    def __init__(self, group=None):
+        self.pg = group if group is not None else dist.group.WORLD
+        assert self.pg.shm is not None, "the group has no shared-memory window"
+        self.start = self.pg.shm.sync.count
+
+    def ran(self) -> int:
+        return self.pg.shm.sync.count - self.start
+
+
+def reductions(rank, world, dtype, n):
+    """all_reduce, reduce (two roots), reduce_scatter for every op of the dtype's family."""
+    wrong = []
+    for op in OPS[family(dtype)]:
+        rows = np.stack([values(r, n, dtype, op) for r in range(world)])
+        want = reference(rows, op, world)
+        t = tensor(rows[rank], dtype)
+        dist.all_reduce(t, op=reduce_op(op))
+        if not close(as_np(t), want, dtype, op):
+            wrong.append(("all_reduce", op, as_np(t), want))
+        for root in {0, world - 1}:
+            t = tensor(rows[rank], dtype)
+            dist.reduce(t, dst=root, op=reduce_op(op))
+            expect = want if rank == root else rows[rank].astype(want.dtype)
+            if not close(as_np(t), expect, dtype, op):
+                wrong.append(("reduce", op, root, as_np(t), expect))
+        big = np.stack([np.concatenate([values(r, n, dtype, op, salt=q) for q in range(world)])
+                        for r in range(world)])
+        out = tensor(np.zeros(n, big.dtype), dtype)
+        dist.reduce_scatter_tensor(out, tensor(big[rank], dtype), op=reduce_op(op))
+        expect = reference(big, op, world)[rank * n:(rank + 1) * n]
+        if not close(as_np(out), expect, dtype, op):
+            wrong.append(("reduce_scatter", op, as_np(out), expect))
+    return wrong
+
+
+def movements(rank, world, dtype, n):
+    """broadcast, all_gather (list and tensor), gather, scatter (two roots), all_to_all, barrier."""
+    wrong = []
+    mine = values(rank, n, dtype)
+    every = np.stack([values(r, n, dtype) for r in range(world)])
+    np_dtype = every.dtype
+
+    def check(name, got, want):
+        if not np.array_equal(np.asarray(as_np(got), dtype=np_dtype), want):
+            wrong.append((name, as_np(got), want))
+
+    for root in {0, world - 1}:
+        t = tensor(mine, dtype)
+        dist.broadcast(t, src=root)
+        check(f"broadcast({root})", t, every[root])
+        outs = [tensor(np.zeros(n, np_dtype), dtype) for _ in range(world)] if rank == root else None
+        dist.gather(tensor(mine, dtype), outs, dst=root)
+        if rank == root:
+            check(f"gather({root})", np.stack([as_np(o) for o in outs]), every)
+        out = tensor(np.zeros(n, np_dtype), dtype)
+        pieces = [tensor(values(root, n, dtype, salt=q), dtype) for q in range(world)]
+        dist.scatter(out, pieces if rank == root else None, src=root)
+        check(f"scatter({root})", out, values(root, n, dtype, salt=rank))
+    outs = [tensor(np.zeros(n, np_dtype), dtype) for _ in range(world)]
+    dist.all_gather(outs, tensor(mine, dtype))
+    check("all_gather", np.stack([as_np(o) for o in outs]), every)
+    flat = tensor(np.zeros(world * n, np_dtype), dtype)
+    dist.all_gather_into_tensor(flat, tensor(mine, dtype))
+    check("all_gather_into_tensor", flat, every.reshape(-1))
+    send = np.concatenate([values(rank, n, dtype, salt=100 * q) for q in range(world)])
+    recv = tensor(np.zeros(world * n, np_dtype), dtype)
+    dist.all_to_all_single(recv, tensor(send, dtype))
+    check("all_to_all_single", recv, np.concatenate([values(r, n, dtype, salt=100 * rank) for r in range(world)]))
+    dist.barrier()
+    return wrong
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_collective_dtype_and_op_through_shared_memory(world, monkeypatch):
+    def body(rank, w):
+        counter = ShmCounter()
+        wrong = []
+        for dtype in DTYPES:
+            wrong += movements(rank, w, dtype, 5)
+            wrong += reductions(rank, w, dtype, 5)
+        monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)  # reduce-scatter + all-gather, same ops
+        for dtype in DTYPES:
+            wrong += reductions(rank, w, dtype, 5)
+        return wrong, counter.ran()
+
+    for rank, (wrong, syncs) in enumerate(run_threads(body, world)):
+        assert not wrong, (rank, wrong[:3])
+        assert syncs > 250
+
+
+def _uneven_all_to_all(rank, world, scale):
+    """Rank r sends (r + q) % 3 * scale + q elements to rank q."""
+    send_rows = [(rank + q) % 3 * scale + q for q in range(world)]
+    recv_rows = [(r + rank) % 3 * scale + rank for r in range(world)]
+    inp = np.concatenate([np.full(c, rank * 1000 + q, np.int64) for q, c in enumerate(send_rows)])
+    out = np.full(sum(recv_rows), -1, np.int64)
+    dist.all_to_all_single(out, inp, output_split_sizes=recv_rows, input_split_sizes=send_rows)
+    want = np.concatenate([np.full(c, r * 1000 + rank, np.int64) for r, c in enumerate(recv_rows)])
+    outs = [np.full(c, -1, np.int64) for c in recv_rows]
+    dist.all_to_all(outs, [np.full(c, rank * 1000 + q, np.int64) for q, c in enumerate(send_rows)])
+    return np.array_equal(out, want) and np.array_equal(np.concatenate(outs), want)
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_uneven_all_to_all_small_and_chunked(world, monkeypatch):
+    monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(64 << 10))  # 8192 int64 per slot
+
+    def body(rank, w):
+        counter = ShmCounter()
+        return [_uneven_all_to_all(rank, w, scale) for scale in (0, 1, 5, 3000)], counter.ran()
+
+    for ok, syncs in run_threads(body, world):
+        assert all(ok), ok
+        assert syncs >= 4
+
+
+def test_all_to_all_where_one_rank_is_uniform_and_others_need_more_rounds(monkeypatch):
+    monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(64 << 10))  # 2730 int64 per piece at W=3
+    big = 10_000
+
+    def counts(src, dst):
+        return big if {src, dst} == {1, 2} else 5
+
+    def body(rank, w):
+        counter = ShmCounter()
+        send = [counts(rank, q) for q in range(w)]
+        recv = [counts(r, rank) for r in range(w)]
+        inp = np.concatenate([np.full(c, 10 * rank + q, np.int64) for q, c in enumerate(send)])
+        out = np.zeros(sum(recv), np.int64)
+        dist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=send)
+        want = np.concatenate([np.full(c, 10 * r + rank, np.int64) for r, c in enumerate(recv)])
+        return np.array_equal(out, want), counter.ran()
+
+    results = run_threads(body, 3)
+    assert results == [(True, 4)] * 3  # ceil(10000 / 2730) = 4 rounds on every rank
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_sizes_across_the_one_shot_threshold_and_the_slot(world, monkeypatch):
+    monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(64 << 10))  # 16384 float32 per slot
+    monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 4096)
+    cap = 16384
+
+    def body(rank, w):
+        counter = ShmCounter()
+        bad = []
+        edge = 4096 // (4 * max(1, w - 1))  # the largest one-shot all_reduce (W > 2)
+        for n in (0, 1, edge - 1, edge, edge + 1, cap - 1, cap, cap + 1, 3 * cap + 7):
+            rows = np.stack([np.arange(n, dtype=np.float32) % 97 + r for r in range(w)])
+            x = rows[rank].copy()
+            dist.all_reduce(x)
+            if not np.array_equal(x, rows.sum(axis=0)):
+                bad.append(("all_reduce", n))
+            x = rows[rank].copy()
+            dist.reduce(x, dst=w - 1, op=dist.ReduceOp.MAX)
+            if not np.array_equal(x, rows.max(axis=0) if rank == w - 1 else rows[rank]):
+                bad.append(("reduce", n))
+            x = rows[rank].copy() if rank == 0 else np.zeros(n, np.float32)
+            dist.broadcast(x, src=0)
+            bad += [("broadcast", n)] * (not np.array_equal(x, rows[0]))
+            out = np.zeros(w * n, np.float32)
+            dist.all_gather_into_tensor(out, rows[rank])
+            bad += [("all_gather", n)] * (not np.array_equal(out, rows.reshape(-1)))
+            out = np.zeros(n, np.float32)
+            dist.scatter(out, list(rows) if rank == 1 % w else None, src=1 % w)
+            bad += [("scatter", n)] * (not np.array_equal(out, rows[rank]))
+            big = np.concatenate([rows[rank] * (q + 1) for q in range(w)])
+            out = np.zeros(n, np.float32)
+            dist.reduce_scatter_tensor(out, big)
+            bad += [("reduce_scatter", n)] * (not np.array_equal(out, rows.sum(axis=0) * (rank + 1)))
+            out = np.zeros(w * n, np.float32)
+            dist.all_to_all_single(out, big)
+            want = np.concatenate([rows[r] * (rank + 1) for r in range(w)])
+            bad += [("all_to_all", n)] * (not np.array_equal(out, want))
+        return bad, counter.ran()
+
+    for bad, syncs in run_threads(body, world):
+        assert not bad, bad
+        assert syncs > 60
+
+
+def test_async_ops_keep_issue_order_and_results():
+    def body(rank, w):
+        counter = ShmCounter()
+        xs = [np.full(100 * (i + 1), rank + i, np.int64) for i in range(12)]
+        works = [dist.all_reduce(x, async_op=True) for x in xs]
+        y = np.full(3, rank, np.int64)
+        dist.all_reduce(y)  # synchronous, queued behind the async ones
+        outs = [np.zeros(4, np.int64) for _ in range(w)]
+        gw = dist.all_gather(outs, np.full(4, rank, np.int64), async_op=True)
+        assert gw.wait() and gw.is_completed() and gw.is_success()
+        for work in works:
+            work.wait()
+        fut = dist.all_reduce(np.ones(2), async_op=True).get_future()
+        total = fut.wait()[0]
+        return ([int(x[0]) for x in xs], int(y[0]), [int(o[0]) for o in outs], total.tolist(),
+                counter.ran())
+
+    w = 4
+    for xs, y, gathered, total, syncs in run_threads(body, w):
+        assert xs == [sum(r + i for r in range(w)) for i in range(12)]
+        assert y == sum(range(w)) and gathered == list(range(w)) and total == [w, w]
+        assert syncs >= 15
+
+
+def test_sub_groups_get_their_own_window():
+    def body(rank, w):
+        evens = dist.new_group([0, 2])
+        odds = dist.new_group([1, 3])
+        mine = evens if rank % 2 == 0 else odds
+        counter = ShmCounter(mine)
+        x = np.full(3, rank, np.int64)
+        dist.all_reduce(x, group=mine)
+        other = odds if rank % 2 == 0 else evens
+        dist.all_reduce(np.zeros(1), group=other)  # not a member: does nothing
+        world_x = np.full(1, rank, np.int64)
+        dist.all_reduce(world_x)
+        return int(x[0]), counter.ran(), mine.shm is not dist.group.WORLD.shm, int(world_x[0])
+
+    results = run_threads(body, 4)
+    assert [r[0] for r in results] == [2, 4, 2, 4]
+    assert all(r[1] == 1 and r[2] and r[3] == 6 for r in results)
+
+
+def test_forced_tcp_algorithm_bypasses_shared_memory():
+    def body(rank, w):
+        counter = ShmCounter()
+        x = np.full(4, rank, np.int64)
+        dist.all_reduce(x, algorithm="ring")
+        return int(x[0]), counter.ran()
+
+    assert run_threads(body, 3) == [(3, 0)] * 3

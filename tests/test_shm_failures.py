@@ -1,0 +1,122 @@
+"""Failures on the shared-memory path, ranks as threads: mismatched calls, a rank that
+took the TCP path, a dead rank, a hung rank (timeout), a rank that gave up half-way."""
+
+import glob
+import secrets
+import time
+
+import numpy as np
+import pytest
+
+import chorus as dist
+from chorus.testing import run_threads
+from chorus.transport.loopback import LoopbackFabric
+
+
+@pytest.fixture(autouse=True)
+def _no_segment_left(monkeypatch):
+    job = "fail" + secrets.token_hex(6)
+    monkeypatch.setenv("CHORUS_JOB_ID", job)
+    yield
+    assert not glob.glob(f"/dev/shm/chorus-{job}-*")
+
+
+def _raises_within(fn, exc, seconds):
+    """Run ``fn``; return the message of the ``exc`` it raises, checking it took < ``seconds``."""
+    started = time.monotonic()
+    with pytest.raises(exc) as info:
+        fn()
+    elapsed = time.monotonic() - started
+    assert elapsed < seconds, (elapsed, str(info.value))
+    return str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["count", "big_vs_small", "op", "algorithm"])
+def test_mismatch_raises_on_every_rank_within_2s_naming_both_calls(kind):
+    def call(rank):
+        x = np.ones(8, np.float32)
+        if kind == "count":
+            return dist.all_reduce(np.ones(9, np.float32) if rank == 2 else x)
+        if kind == "big_vs_small":  # one-shot against reduce-scatter + all-gather
+            return dist.all_reduce(np.ones(1 << 20, np.float32) if rank == 2 else x)
+        if kind == "op":
+            return dist.all_gather_into_tensor(np.ones(32, np.float32), x) if rank == 2 else dist.barrier()
+        return dist.all_reduce(x, algorithm="ring" if rank == 2 else None)  # TCP on one rank only
+
+    def body(rank, w):
+        assert dist.group.WORLD.shm is not None
+        dist.barrier()
+        message = _raises_within(lambda: call(rank), dist.CollectiveMismatchError, 2.0)
+        with pytest.raises(dist.CollectiveMismatchError, match="unusable"):
+            dist.barrier()  # the group stays broken
+        return message
+
+    messages = run_threads(body, 4)
+    for rank, message in enumerate(messages):
+        assert "collective mismatch" in message, (rank, message)
+        assert "rank 2" in message, (rank, message)
+    if kind == "algorithm":  # the ranks that noticed say why (the others heard it from them)
+        assert any("over TCP" in m for m in messages), messages
+
+
+def test_a_killed_rank_makes_every_survivor_raise_peer_lost_quickly():
+    fabric = LoopbackFabric(4)
+
+    def body(rank, w):
+        for _ in range(20):
+            dist.all_reduce(np.ones(4))
+        if rank == 3:
+            time.sleep(0.3)  # the others are waiting in the next all_reduce by now
+            fabric.kill(3)
+            return None
+        started = time.monotonic()
+        message = _raises_within(lambda: dist.all_reduce(np.ones(4)), dist.PeerLostError, 5.0)
+        assert "rank 3" in message
+        return time.monotonic() - started
+
+    delays = run_threads(body, 4, fabric=fabric)
+    assert all(0.2 < d < 1.5 for d in delays[:3]), delays
+
+
+def test_a_rank_that_left_is_named_instead_of_waited_for():
+    def body(rank, w):
+        dist.barrier()
+        if rank == 1:
+            dist.destroy_process_group()
+            return "left"
+        return _raises_within(lambda: dist.all_reduce(np.ones(2)), dist.PeerLostError, 2.0)
+
+    results = run_threads(body, 3)
+    assert results[1] == "left" and all("rank 1 left" in r for r in results[::2]), results
+
+
+def test_a_hung_rank_times_out_naming_it_and_the_others_do_not_wait_again():
+    def body(rank, w):
+        dist.barrier()
+        if rank == 1:
+            time.sleep(1.5)  # hung past the others' 1 s timeout, then arrives: the others'
+            dist.all_reduce(np.ones(2))  # data is still there (they arrived before giving up)
+            return _raises_within(lambda: dist.all_reduce(np.ones(2)), dist.AbortedError, 0.5)
+        message = _raises_within(lambda: dist.all_reduce(np.ones(2)), dist.CommTimeoutError, 2.5)
+        with pytest.raises(dist.AbortedError, match="out of step"):
+            dist.all_reduce(np.ones(2))
+        return message
+
+    results = run_threads(body, 3, op_timeout=1.0)
+    assert "gave up" in results[1]
+    for r in results[::2]:
+        assert "all_reduce (seq 1)" in r and "[1] did not arrive" in r, r
+
+
+def test_all_to_all_split_disagreement_is_reported_on_every_rank_and_the_group_goes_on():
+    def body(rank, w):
+        send = [1, 2] if rank == 0 else [3, 4]
+        recv = [1, 3] if rank == 0 else [2, 5]  # rank 1 expects 5 from itself, sends 4
+        with pytest.raises(dist.BufferMismatchError, match="group rank 1 sends 4 elements to group rank 1"):
+            dist.all_to_all_single(np.zeros(sum(recv)), np.zeros(sum(send)),
+                                   output_split_sizes=recv, input_split_sizes=send)
+        x = np.full(1, rank)
+        dist.all_reduce(x)
+        return int(x[0])
+
+    assert run_threads(body, 2) == [1, 1]

@@ -1,0 +1,226 @@
+"""The shared-memory window's life: host detection and its override, CHORUS_TRANSPORT,
+segments unlinked as soon as every member mapped them (so nothing is left in /dev/shm
+after a normal exit, an exception, destroy_process_group or kill -9), sweep(), and real
+processes: SIGKILL mid-collective, an oversubscribed host, no growth over many ops."""
+
+import glob
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import chorus as dist
+from chorus.shm import hostid, sweep
+from chorus.shm.segment import Segment
+from chorus.testing import run_processes, run_threads
+
+
+def leftovers(job):
+    return glob.glob(f"/dev/shm/chorus-{job}-*")
+
+
+@pytest.fixture
+def job(monkeypatch):
+    """A fresh CHORUS_JOB_ID, so that segments of other jobs on this machine don't count."""
+    job = "test" + secrets.token_hex(6)
+    monkeypatch.setenv("CHORUS_JOB_ID", job)
+    yield job
+    assert not leftovers(job)
+
+
+# -- pieces -----------------------------------------------------------------------------------
+
+def test_host_id_is_this_machine_and_its_dev_shm(monkeypatch):
+    monkeypatch.delenv("CHORUS_HOST_ID", raising=False)
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    st = os.stat("/dev/shm")
+    assert hostid.host_id(0) == hostid.host_id(5) == f"{boot}/{st.st_dev}:{st.st_ino}"
+    monkeypatch.setenv("CHORUS_HOST_ID", "nodeA")
+    assert hostid.host_id(3) == "nodeA"
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b")
+    assert [hostid.host_id(r) for r in range(3)] == ["a", "a", "b"]
+    with pytest.raises(ValueError, match="one entry per rank"):
+        hostid.host_id(3)
+    assert hostid.host_digest(0) != hostid.host_digest(2) and hostid.host_digest(0) == hostid.host_digest(1)
+
+
+def test_segment_create_attach_unlink_and_sweep(job):
+    seg = Segment.create(1 << 16, group_id=7)
+    assert seg.path.startswith(f"/dev/shm/chorus-{job}-g7-") and os.stat(seg.path).st_mode & 0o777 == 0o600
+    other = Segment.attach(seg.path, 1 << 16)
+    seg.buf[:5] = b"hello"
+    assert other.buf[:5] == b"hello"  # one memory, two mappings
+    with pytest.raises(OSError, match="expected"):
+        Segment.attach(seg.path, 1 << 17)
+    with pytest.raises(OSError, match="not a chorus segment"):
+        Segment.attach("/etc/passwd", 10)
+    seg.unlink()
+    assert not leftovers(job) and other.buf[:5] == b"hello"  # mappings outlive the name
+    seg.close(), other.close()
+    stale = [Segment.create(4096, g) for g in (1, 2)]  # as if rank 0 died before unlinking
+    assert sorted(sweep(job)) == sorted(s.path for s in stale) and sweep(job) == []
+    assert sweep("") == []  # never sweeps jobs without an id
+
+
+# -- when a group gets a window ----------------------------------------------------------------
+
+def _transport_of_groups(rank, world):
+    x = np.full(2, rank, np.int64)
+    dist.all_reduce(x)
+    pair = dist.new_group([0, 1])
+    split = dist.new_group([1, 2])
+    info = [dist.group.WORLD.shm is not None]
+    for g in (pair, split):
+        info.append(g.shm is not None if g is not dist.GroupMember.NON_GROUP_MEMBER else None)
+        if g is not dist.GroupMember.NON_GROUP_MEMBER:
+            y = np.ones(1)
+            dist.all_reduce(y, group=g)
+            assert y[0] == 2
+    return int(x[0]), info
+
+
+def test_two_fake_hosts_use_tcp_and_same_host_sub_groups_use_shared_memory(monkeypatch, job):
+    monkeypatch.setenv("CHORUS_HOST_ID", "hostA,hostA,hostB,hostB")
+    results = run_threads(_transport_of_groups, 4)
+    assert [r[0] for r in results] == [6] * 4
+    # world: mixed hosts -> TCP; [0, 1] on hostA -> shm; [1, 2] spans hosts -> TCP
+    assert [r[1] for r in results] == [[False, True, None], [False, True, False], [False, None, False],
+                                       [False, None, None]]
+
+
+def test_chorus_transport_env(monkeypatch, job):
+    monkeypatch.setenv("CHORUS_TRANSPORT", "tcp")
+    assert [r[1] for r in run_threads(_transport_of_groups, 3)] == [
+        [False, False, None], [False, False, False], [False, None, False]]
+    monkeypatch.setenv("CHORUS_TRANSPORT", "shm")
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,b")
+    errors = run_threads(lambda r, w: None, 2, return_exceptions=True)
+    assert all(isinstance(e, ValueError) and "CHORUS_TRANSPORT=shm" in str(e) for e in errors), errors
+
+
+def test_no_segment_is_left_after_exceptions_and_destroy(job):
+    def body(rank, w):
+        assert not leftovers(job)  # unlinked as soon as every member had mapped it
+        sub = dist.new_group([0, 1])
+        if rank < 2:
+            dist.all_reduce(np.ones(3), group=sub)
+            dist.destroy_process_group(sub)
+        if rank == 2:
+            raise RuntimeError("boom")
+        return sub
+
+    results = run_threads(body, 3, return_exceptions=True)
+    assert isinstance(results[2], RuntimeError)
+    assert results[0].shm.broken == "the group was destroyed" and results[0].shm.segment.buf.closed
+    assert not leftovers(job)
+
+
+# -- real processes ----------------------------------------------------------------------------
+
+def _every_collective_over_processes(rank, world):
+    job = os.environ["CHORUS_JOB_ID"]
+    assert dist.group.WORLD.shm is not None and not leftovers(job)
+    x = np.full(1 << 18, rank, np.float32)  # 1 MiB: reduce-scatter + all-gather
+    dist.all_reduce(x)
+    outs = [np.zeros(3, np.int64) for _ in range(world)]
+    dist.all_gather(outs, np.full(3, rank, np.int64))
+    t = np.full(5, rank, np.int16)
+    dist.broadcast(t, src=world - 1)
+    recv = np.zeros(world, np.int32)
+    dist.all_to_all_single(recv, np.arange(world, dtype=np.int32) + 10 * rank)
+    dist.barrier()
+    return float(x[0]), [int(o[0]) for o in outs], int(t[0]), recv.tolist(), leftovers(job), job
+
+
+def test_every_collective_across_processes_and_nothing_left_after_exit():
+    results = run_processes(_every_collective_over_processes, 3)
+    for rank, (x, gathered, b, recv, left, job) in enumerate(results):
+        assert x == 3 and gathered == [0, 1, 2] and b == 2 and recv == [rank, 10 + rank, 20 + rank]
+        assert left == [] and not leftovers(job)
+
+
+_KILL_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time, numpy as np, chorus as dist
+    victim, outdir = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    assert dist.group.WORLD.shm is not None
+    x = np.ones(1000, np.float32)
+    i = 0
+    try:
+        while True:
+            if rank == victim and i == 300:
+                open(f"{outdir}/killed", "w").write(repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.all_reduce(x if i % 2 else x[:3])
+            x[:] = 1
+            i += 1
+    except dist.PeerLostError as exc:
+        open(f"{outdir}/rank{rank}", "w").write(repr(time.time()) + "\\n" + str(exc))
+        sys.exit(3)
+""")
+
+
+def test_sigkill_mid_collective_survivors_raise_peer_lost_within_5s_and_nothing_is_left(tmp_path, job):
+    world, victim = 4, 2
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_SCRIPT)
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, str(script), str(victim), str(tmp_path)],
+                              env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                       RANK=str(r), WORLD_SIZE=str(world)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    try:
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[victim].returncode == -signal.SIGKILL
+    killed_at = float((tmp_path / "killed").read_text())
+    for rank in set(range(world)) - {victim}:
+        assert procs[rank].returncode == 3, outs[rank][1]
+        when, message = (tmp_path / f"rank{rank}").read_text().split("\n", 1)
+        assert float(when) - killed_at < 5.0 and f"rank {victim}" in message
+    assert not leftovers(job)
+
+
+def _many_small_all_reduces(rank, world, n):
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    x = np.ones(2, np.float32)
+    dist.barrier()
+    start = time.monotonic()
+    for i in range(n):
+        if i == n // 5:
+            before = (rss(), fds())
+        x[:] = 1
+        dist.all_reduce(x)
+    assert x[0] == world
+    return time.monotonic() - start, before, (rss(), fds()), dist.group.WORLD.shm is not None
+
+
+def test_oversubscribed_host_8_ranks_2000_all_reduces_in_bounded_time():
+    results = run_processes(_many_small_all_reduces, 8, 2000)
+    assert all(used for *_, used in results)
+    assert max(seconds for seconds, *_ in results) < 30.0  # TCP takes ~5 s here; a stall, minutes
+
+
+def test_many_ops_grow_neither_memory_nor_descriptors():
+    for _seconds, (rss0, fds0), (rss1, fds1), used in run_processes(_many_small_all_reduces, 4, 10000):
+        assert used and fds1 == fds0 and rss1 - rss0 < (1 << 20), (rss0, rss1, fds0, fds1)
+

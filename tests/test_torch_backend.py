@@ -1,0 +1,653 @@
+"""chorus as a torch.distributed backend (chorus.torch), in real processes.
+
+One job per world size runs every check inside (starting torch in a process costs
+seconds on a small machine): every backend method through torch.distributed's API
+and the functional collectives, sub-groups, a gloo group in the same job, DDP (chorus vs
+gloo, step by step), FSDP2 vs a single-process run, DTensor, DeviceMesh, distributed
+checkpoints across backends, and the failure paths (collective mismatch, killed rank).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import pickle
+import re
+import signal
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="chorus.torch needs torch (pip install 'chorus[torch]')")
+
+import torch.distributed as tdist  # noqa: E402
+
+import chorus.torch  # noqa: E402, F401 - registers the backend
+from chorus.launch import spawn  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+
+F32 = torch.float32
+
+
+# -- job plumbing ----------------------------------------------------------------------------
+def _job_main(rank, world, workdir, body):
+    results, failures, seconds = {}, {}, {}
+    tdist.init_process_group("chorus", init_method=f"file://{workdir}/rdv", rank=rank, world_size=world)
+    for name, check in body(rank, world, workdir):
+        start = time.perf_counter()
+        try:
+            results[name] = check()
+        except Exception:  # noqa: BLE001 - reported by the test with the traceback
+            failures[name] = traceback.format_exc()
+        seconds[name] = round(time.perf_counter() - start, 2)
+    results["seconds"] = seconds
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+    with open(os.path.join(workdir, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump((results, failures), f)
+
+
+def _run_job(body, world):
+    with tempfile.TemporaryDirectory(prefix="chorus-torch-") as workdir:
+        spawn(_job_main, args=(world, workdir, body), nprocs=world)
+        out = []
+        for rank in range(world):
+            with open(os.path.join(workdir, f"rank{rank}.pkl"), "rb") as f:
+                out.append(pickle.load(f))
+    failures = {(rank, name): tb for rank, (_, fails) in enumerate(out) for name, tb in fails.items()}
+    assert not failures, "\n".join(f"rank {r} {name}:\n{tb}" for (r, name), tb in failures.items())
+    return [results for results, _ in out]
+
+
+@pytest.fixture(scope="module")
+def job2():
+    return _run_job(_checks, 2)
+
+
+@pytest.fixture(scope="module")
+def job4():
+    return _run_job(_checks, 4)
+
+
+def _checks(rank, world, workdir):
+    """(name, check) pairs; every rank runs them in this order."""
+    sub = tdist.new_group(list(range(1, world)) if world > 2 else [0, 1], backend="chorus")
+    gloo = tdist.new_group(backend="gloo")
+    checks = [
+        ("identity", lambda: _identity(sub)),
+        ("methods_world", lambda: _methods(rank, world, None)),
+        ("methods_sub", lambda: _methods(rank, world, sub) if rank in tdist.get_process_group_ranks(sub) else {}),
+        ("coalesced", lambda: _coalesced(rank, world)),
+        ("p2p", lambda: _p2p(rank, world)),
+        ("functional", lambda: _functional(rank, world)),
+        ("objects", lambda: _objects(rank, world)),
+        ("errors", lambda: _errors()),
+        ("ddp_vs_gloo", lambda: _ddp_vs_gloo(rank, world, gloo, steps=20 if world == 4 else 3)),
+        ("fsdp2", lambda: _fsdp2(rank, world)),
+        ("dtensor", lambda: _dtensor(world)),
+        ("checkpoint", lambda: _checkpoint(rank, world, gloo, workdir)),
+    ]
+    if world == 2:
+        checks += [(f"ddp_{variant}", lambda v=variant: _ddp_variant(rank, world, gloo, v))
+                   for variant in ("bucket_view", "unused", "no_sync", "fp16_hook")]
+        checks.append(("mismatch", lambda: _mismatch(rank)))
+        checks.append(("gloo_default", lambda: _gloo_default_job(rank, world, workdir)))
+    if world == 4:
+        checks.append(("device_mesh", lambda: _device_mesh(rank)))
+    return checks
+
+
+# -- every backend method ------------------------------------------------------------------
+def _identity(sub):
+    world = tdist.group.WORLD
+    member = sub is not tdist.GroupMember.NON_GROUP_MEMBER
+    return {"backend": tdist.get_backend(), "sub_backend": tdist.get_backend(sub) if member else "chorus", "name": world.name(),
+            "cls": type(world).__name__, "rank": world.rank(), "size": world.size(),
+            "group_name": world.group_name}
+
+
+def _methods(rank, world, group):
+    """Each torch.distributed call on ``group``; returns name -> bool (matches expectation)."""
+    ranks = tdist.get_process_group_ranks(group) if group is not None else list(range(world))
+    me, n = ranks.index(rank), len(ranks)
+
+    def x(r, k=3, dtype=F32):
+        return (torch.arange(k, dtype=F32) + 10 * r).to(dtype)
+
+    ok = {}
+    for dtype in (F32, torch.int64, torch.bfloat16, torch.float16):
+        t = x(me, dtype=dtype)
+        tdist.all_reduce(t, group=group)
+        ok[f"all_reduce_{dtype}"] = torch.equal(t, sum(x(r) for r in range(n)).to(dtype))
+    for op, expect in ((tdist.ReduceOp.MAX, x(n - 1)), (tdist.ReduceOp.MIN, x(0)),
+                       (tdist.ReduceOp.AVG, sum(x(r) for r in range(n)) / n),
+                       (tdist._make_nccl_premul_sum(2.0), 2 * sum(x(r) for r in range(n)))):
+        t = x(me)
+        tdist.all_reduce(t, op=op, group=group)
+        ok[f"all_reduce_{op}"] = torch.allclose(t, expect)
+    t = x(me)
+    work = tdist.all_reduce(t, group=group, async_op=True)
+    fut_value = work.get_future().wait()
+    ok["all_reduce_async"] = work.is_completed() and work.is_success() and torch.equal(fut_value[0], sum(x(r) for r in range(n)))
+    out = [torch.empty(3) for _ in range(n)]
+    tdist.all_gather(out, x(me), group=group)
+    ok["all_gather"] = all(torch.equal(out[r], x(r)) for r in range(n))
+    expect_cat = torch.cat([x(r) for r in range(n)])
+    for name in ("all_gather_into_tensor", "all_gather_single"):
+        o = torch.empty(3 * n)
+        getattr(tdist, name)(o, x(me), group=group)
+        ok[name] = torch.equal(o, expect_cat)
+    o = torch.empty(3 * n)
+    tdist.all_gather_into_tensor(o, x(me), group=group, async_op=True).wait()
+    ok["all_gather_into_tensor_async"] = torch.equal(o, expect_cat)
+    o = torch.empty(2)
+    tdist.reduce_scatter(o, [x(me, 2) + r for r in range(n)], group=group)
+    ok["reduce_scatter"] = torch.equal(o, sum(x(r, 2) for r in range(n)) + n * me)
+    for name in ("reduce_scatter_tensor", "reduce_scatter_single"):
+        o = torch.empty(2)
+        getattr(tdist, name)(o, torch.cat([x(me, 2) + r for r in range(n)]), group=group)
+        ok[name] = torch.equal(o, sum(x(r, 2) for r in range(n)) + n * me)
+    outs = [torch.empty(2) for _ in range(n)]
+    tdist.all_to_all(outs, [x(me, 2) + 100 * r for r in range(n)], group=group)
+    ok["all_to_all"] = all(torch.equal(outs[r], x(r, 2) + 100 * me) for r in range(n))
+    o = torch.empty(2 * n)
+    tdist.all_to_all_single(o, torch.cat([x(me, 2) + 100 * r for r in range(n)]), group=group)
+    ok["all_to_all_single"] = torch.equal(o, torch.cat([x(r, 2) + 100 * me for r in range(n)]))
+    # uneven: rank r sends (j + 1) rows to rank j
+    send = [torch.full((j + 1,), float(me * 10 + j)) for j in range(n)]
+    o = torch.empty(n * (me + 1))
+    tdist.all_to_all_single(o, torch.cat(send), output_split_sizes=[me + 1] * n,
+                            input_split_sizes=[j + 1 for j in range(n)], group=group)
+    ok["all_to_all_single_uneven"] = torch.equal(o, torch.cat([torch.full((me + 1,), float(r * 10 + me)) for r in range(n)]))
+    root = ranks[-1]
+    t = x(me)
+    tdist.broadcast(t, src=root, group=group)
+    ok["broadcast"] = torch.equal(t, x(n - 1))
+    t = x(me)
+    tdist.reduce(t, dst=root, group=group)
+    ok["reduce"] = torch.equal(t, sum(x(r) for r in range(n))) if me == n - 1 else torch.equal(t, x(me))
+    gl = [torch.empty(3) for _ in range(n)] if me == 0 else None
+    tdist.gather(x(me), gl, dst=ranks[0], group=group)
+    ok["gather"] = all(torch.equal(gl[r], x(r)) for r in range(n)) if me == 0 else True
+    t = torch.empty(3)
+    tdist.scatter(t, [x(r) * 2 for r in range(n)] if me == n - 1 else None, src=root, group=group)
+    ok["scatter"] = torch.equal(t, x(me) * 2)
+    tdist.barrier(group=group)
+    tdist.barrier(group=group, async_op=True).wait()
+    ok["barrier"] = True
+    return ok
+
+
+def _coalesced(rank, world):
+    """The coalesced entry points: the deprecated *_coalesced APIs and _coalescing_manager."""
+    from torch._C._distributed_c10d import AllreduceCoalescedOptions
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    ok = {}
+    total = sum(range(world))
+    ts = [torch.full((2,), float(rank)), torch.full((1,), 1.0 + rank)]
+    tdist.all_reduce_coalesced(ts)
+    ok["all_reduce_coalesced"] = (torch.equal(ts[0], torch.full((2,), float(total)))
+                                  and torch.equal(ts[1], torch.full((1,), float(total + world))))
+    mixed = [torch.full((2,), float(rank)), torch.full((3,), rank, dtype=torch.int32), torch.full((1,), 1.0 + rank)]
+    opts = AllreduceCoalescedOptions()
+    opts.reduceOp = tdist.ReduceOp.SUM
+    tdist.group.WORLD.allreduce_coalesced(mixed, opts).wait()  # torch's API refuses mixed dtypes
+    ok["allreduce_coalesced_mixed_dtypes"] = (torch.equal(mixed[0], torch.full((2,), float(total)))
+                                              and torch.equal(mixed[1], torch.full((3,), total, dtype=torch.int32))
+                                              and torch.equal(mixed[2], torch.full((1,), float(total + world))))
+    outs = [[torch.empty(2), torch.empty(1)] for _ in range(world)]
+    tdist.all_gather_coalesced(outs, [torch.full((2,), float(rank)), torch.full((1,), -float(rank))])
+    ok["all_gather_coalesced"] = all(torch.equal(outs[r][0], torch.full((2,), float(r)))
+                                     and torch.equal(outs[r][1], torch.full((1,), -float(r))) for r in range(world))
+    with _coalescing_manager(async_ops=True) as cm:
+        a, b = torch.full((2,), 1.0 + rank), torch.full((4,), 2.0)
+        tdist.all_reduce(a)
+        tdist.all_reduce(b)
+    cm.wait()
+    ok["manager_all_reduce"] = torch.equal(a, torch.full((2,), float(world + total))) and torch.equal(b, torch.full((4,), 2.0 * world))
+    o1, o2 = torch.empty(2 * world), torch.empty(world)
+    with _coalescing_manager(async_ops=True) as cm:
+        tdist.all_gather_into_tensor(o1, torch.full((2,), float(rank)))
+        tdist.all_gather_into_tensor(o2, torch.full((1,), float(rank)))
+    cm.wait()
+    ok["manager_all_gather"] = torch.equal(o1, torch.arange(world, dtype=F32).repeat_interleave(2)) and torch.equal(o2, torch.arange(world, dtype=F32))
+    r1 = torch.empty(2)
+    with _coalescing_manager(async_ops=True) as cm:
+        tdist.reduce_scatter_tensor(r1, torch.arange(2.0 * world))
+    cm.wait()
+    ok["manager_reduce_scatter"] = torch.equal(r1, torch.arange(2.0 * rank, 2.0 * rank + 2) * world)
+    return ok
+
+
+def _p2p(rank, world):
+    ok = {}
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    got = torch.empty(3)
+    if rank % 2 == 0:
+        tdist.send(torch.full((3,), float(rank)), dst=nxt, tag=7)
+        tdist.recv(got, src=prv, tag=7)
+    else:
+        tdist.recv(got, src=prv, tag=7)
+        tdist.send(torch.full((3,), float(rank)), dst=nxt, tag=7)
+    ok["send_recv"] = torch.equal(got, torch.full((3,), float(prv)))
+    got = torch.empty(2)
+    reqs = tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, torch.full((2,), float(rank)), nxt),
+                                    tdist.P2POp(tdist.irecv, got, prv)])
+    for r in reqs:
+        r.wait()
+    ok["batch_isend_irecv"] = torch.equal(got, torch.full((2,), float(prv)))
+    if rank == 0:
+        senders = set()
+        for _ in range(world - 1):
+            buf = torch.empty(1)
+            src = tdist.recv(buf)  # any source
+            senders.add((src, int(buf.item())))
+        ok["recv_anysource"] = senders == {(r, r) for r in range(1, world)}
+        w = tdist.irecv(torch.empty(1), src=None, tag=5)
+        w.wait()
+        ok["irecv_anysource_source_rank"] = w._source_rank() in range(1, world)
+    else:
+        tdist.send(torch.full((1,), float(rank)), dst=0)
+        if rank == 1:
+            tdist.isend(torch.zeros(1), dst=0, tag=5).wait()
+    tdist.barrier()
+    return ok
+
+
+def _functional(rank, world):
+    """torch's functional collectives (used by DTensor, FSDP2) reach chorus from C++."""
+    import torch.distributed._functional_collectives as fc
+
+    group, ok = tdist.group.WORLD, {}
+    x = torch.arange(4, dtype=F32) + rank
+    ok["all_reduce"] = torch.equal(fc.all_reduce(x, "sum", group).wait(), sum(torch.arange(4, dtype=F32) + r for r in range(world)))
+    ok["all_gather_tensor"] = torch.equal(fc.all_gather_tensor(x, 0, group).wait(), torch.cat([torch.arange(4, dtype=F32) + r for r in range(world)]))
+    big = torch.arange(2.0 * world)
+    ok["reduce_scatter_tensor"] = torch.equal(fc.reduce_scatter_tensor(big, "sum", 0, group).wait(), torch.arange(2.0 * rank, 2.0 * rank + 2) * world)
+    a2a = torch.arange(float(world)) + 10 * rank
+    ok["all_to_all_single"] = torch.equal(fc.all_to_all_single(a2a, None, None, group).wait(), torch.arange(float(world)) * 10 + rank)
+    ok["broadcast"] = torch.equal(fc.broadcast(x.clone(), 0, group).wait(), torch.arange(4, dtype=F32))
+    outs = fc.all_reduce_coalesced([x, x * 2], "sum", group)
+    total = sum(torch.arange(4, dtype=F32) + r for r in range(world))
+    ok["all_reduce_coalesced"] = torch.equal(outs[0].wait(), total) and torch.equal(outs[1].wait(), 2 * total)
+    return ok
+
+
+def _objects(rank, world):
+    objs = [None] * world
+    tdist.all_gather_object(objs, {"rank": rank})
+    lst = [f"from {rank}"]
+    tdist.broadcast_object_list(lst, src=world - 1)
+    return objs == [{"rank": r} for r in range(world)] and lst == [f"from {world - 1}"]
+
+
+def _errors():
+    """CUDA-like tensors get an error naming the alternative; torch routes monitored_barrier only to gloo."""
+    out = {}
+    try:
+        tdist.all_reduce(torch.empty(2, device="meta"))
+    except Exception as exc:  # noqa: BLE001
+        out["device"] = f"{type(exc).__name__}: {exc}"
+    try:
+        tdist.monitored_barrier(timeout=timedelta(seconds=30))
+    except Exception as exc:  # noqa: BLE001
+        out["monitored_barrier"] = f"{type(exc).__name__}: {exc}"
+    tdist.group.WORLD.monitored_barrier(timedelta(seconds=30))  # the method itself
+    return out
+
+
+# -- DDP -------------------------------------------------------------------------------------
+class _MLP(torch.nn.Module):
+    def __init__(self, unused: bool = False):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+        self.spare = torch.nn.Linear(32, 4) if unused else None
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _train(rank, group, steps, unused=False, no_sync=False, hook=None, **ddp_kwargs):
+    """Train a seeded MLP with DDP on ``group``; return (per-step losses, final parameters)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(_MLP(unused), process_group=group, find_unused_parameters=unused, **ddp_kwargs)
+    if hook is not None:
+        model.register_comm_hook(None, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.Generator().manual_seed(100 + rank)
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(8, 16, generator=data), torch.randn(8, 4, generator=data)
+        if no_sync:
+            with model.no_sync():
+                torch.nn.functional.mse_loss(model(x[:4]), y[:4]).backward()
+            x, y = x[4:], y[4:]
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def _ddp_vs_gloo(rank, world, gloo, steps):
+    mine, mine_params = _train(rank, None, steps)
+    theirs, their_params = _train(rank, gloo, steps)
+    everyone = [None] * world
+    tdist.all_gather_object(everyone, mine_params)
+    return {"losses": mine, "gloo_losses": theirs,
+            "params_equal_gloo": max((a - b).abs().max().item() for a, b in zip(mine_params, their_params, strict=True)),
+            "identical_across_ranks": all(torch.equal(a, b) for other in everyone for a, b in zip(other, mine_params, strict=True))}
+
+
+def _ddp_variant(rank, world, gloo, variant):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    kwargs = {"bucket_view": {"gradient_as_bucket_view": True}, "unused": {"unused": True},
+              "no_sync": {"no_sync": True}, "fp16_hook": {"hook": default_hooks.fp16_compress_hook}}[variant]
+    mine, mine_params = _train(rank, None, 3, **kwargs)
+    theirs, their_params = _train(rank, gloo, 3, **kwargs)
+    return {"losses": mine, "gloo_losses": theirs,
+            "max_param_diff": max((a - b).abs().max().item() for a, b in zip(mine_params, their_params, strict=True))}
+
+
+# -- FSDP2, DTensor, checkpoints, DeviceMesh -------------------------------------------------
+def _fsdp_model(mesh=None):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _fsdp2(rank, world):
+    """FSDP2 on every rank vs one process training on the whole batch."""
+    model = _fsdp_model()
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(1)
+    losses, ref_losses = [], []
+    for _ in range(5):
+        x, y = torch.randn(4 * world, 8, generator=data), torch.randn(4 * world, 4, generator=data)
+        loss = torch.nn.functional.mse_loss(model(x[4 * rank: 4 * rank + 4]), y[4 * rank: 4 * rank + 4])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mean = loss.detach().clone()
+        tdist.all_reduce(mean, op=tdist.ReduceOp.AVG)
+        losses.append(mean.item())
+        ref_loss = torch.nn.functional.mse_loss(ref(x), y)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(ref_loss.item())
+    diff = max((p.full_tensor() - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters(), strict=True))
+    return {"losses": losses, "ref_losses": ref_losses, "max_param_diff": diff}
+
+
+def _dtensor(world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.randn(4 * world, 2 * world, generator=torch.Generator().manual_seed(3))
+    d = distribute_tensor(full, mesh, [Shard(0)])
+    rep = d.redistribute(mesh, [Replicate()])
+    col = rep.redistribute(mesh, [Shard(1)])
+    back = col.redistribute(mesh, [Shard(0)])
+    return {"replicate_exact": torch.equal(rep.to_local(), full), "shard1_exact": torch.equal(col.full_tensor(), full),
+            "round_trip_exact": torch.equal(back.to_local(), d.to_local()) and torch.equal(back.full_tensor(), full),
+            "mesh_backend": tdist.get_backend(mesh.get_group())}
+
+
+def _checkpoint(rank, world, gloo, workdir):
+    """A sharded (FSDP2) state dict saved under chorus loads under gloo, and the reverse."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import DeviceMesh
+
+    gloo_mesh = DeviceMesh.from_group(gloo, "cpu")
+    out = {}
+    for name, save_mesh, save_pg, load_mesh, load_pg in (("chorus_to_gloo", None, None, gloo_mesh, gloo),
+                                                         ("gloo_to_chorus", gloo_mesh, gloo, None, None)):
+        saved = _fsdp_model(save_mesh)
+        with torch.no_grad():
+            for i, p in enumerate(saved.parameters()):
+                p.to_local().add_(i + 1.5)
+        dcp.save(saved.state_dict(), checkpoint_id=f"{workdir}/{name}", process_group=save_pg)
+        loaded = _fsdp_model(load_mesh)
+        state = loaded.state_dict()
+        dcp.load(state, checkpoint_id=f"{workdir}/{name}", process_group=load_pg)
+        loaded.load_state_dict(state)
+        out[name] = all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(saved.parameters(), loaded.parameters(), strict=True))
+        out[name + "_sharded"] = type(state["0.weight"]).__name__
+    return out
+
+
+def _device_mesh(rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from chorus.mesh import dim_groups
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    grid = [[0, 1], [2, 3]]
+    expect = {name: next(g for g in dim_groups(grid, d) if rank in g) for d, name in enumerate(("dp", "tp"))}
+    got = {name: tdist.get_process_group_ranks(mesh.get_group(name)) for name in ("dp", "tp")}
+    t = torch.full((2,), float(rank))
+    tdist.all_reduce(t, group=mesh.get_group("tp"))
+    full = torch.arange(16.0).reshape(4, 4)
+    d = distribute_tensor(full, mesh, [Shard(0), Shard(1)])
+    return {"groups_match": got == expect, "backends": {n: tdist.get_backend(mesh.get_group(n)) for n in ("dp", "tp")},
+            "tp_sum": t.tolist() == [float(sum(expect["tp"]))] * 2,
+            "dtensor_2d": torch.equal(d.redistribute(mesh, [Replicate(), Replicate()]).to_local(), full),
+            "coordinate": list(mesh.get_coordinate()), "local_ranks": [mesh.get_local_rank(n) for n in ("dp", "tp")]}
+
+
+# -- failure paths ---------------------------------------------------------------------------
+def _mismatch(rank):
+    """Rank 1 sneaks an extra all_reduce between forward and backward of a DDP step: rank 0's
+    gradient all-reduce meets it; both ranks fail fast, naming both calls."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    group = tdist.new_group(backend="chorus")
+    torch.manual_seed(0)
+    model = DDP(_MLP(), process_group=group)
+    x = torch.randn(8, 16)
+    for _ in range(2):
+        model(x).sum().backward()
+    start = time.monotonic()
+    try:
+        out = model(x).sum()
+        if rank == 1:
+            tdist.all_reduce(torch.zeros(3), group=group)
+        out.backward()
+        return {"error": None}
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__,
+                "seconds": time.monotonic() - start}
+
+
+def _gloo_default_job(rank, world, workdir):
+    """Re-initialize with gloo as the default group and a chorus sub-group of its own."""
+    tdist.destroy_process_group()
+    tdist.init_process_group("gloo", init_method=f"file://{workdir}/rdv-gloo", rank=rank, world_size=world)
+    group = tdist.new_group(backend="chorus")
+    t = torch.full((3,), float(rank + 1))
+    tdist.all_reduce(t, group=group)
+    u = torch.full((3,), float(rank + 1))
+    tdist.all_reduce(u)
+    return {"chorus": t.tolist(), "gloo": u.tolist(), "backends": (tdist.get_backend(), tdist.get_backend(group))}
+
+
+# -- the tests -------------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_method_matches_expectations(world, request):
+    results = request.getfixturevalue(f"job{world}")
+    for rank, r in enumerate(results):
+        assert r["identity"] == {"backend": "chorus", "sub_backend": "chorus", "name": "chorus",
+                                 "cls": "ChorusProcessGroup", "rank": rank, "size": world,
+                                 "group_name": r["identity"]["group_name"]}
+        for section in ("methods_world", "methods_sub", "coalesced", "p2p", "functional"):
+            bad = [name for name, good in r[section].items() if not good]
+            assert not bad, f"rank {rank} {section}: wrong results from {bad}"
+        assert r["objects"]
+        assert "cpu:chorus,cuda:nccl" in r["errors"]["device"]
+        assert "only implemented for GLOO" in r["errors"]["monitored_barrier"]
+    assert len(results[0]["methods_world"]) >= 24 and len(results[0]["coalesced"]) == 6
+
+
+def test_ddp_20_steps_w4_matches_gloo(job4):
+    for r in job4:
+        ddp = r["ddp_vs_gloo"]
+        assert len(ddp["losses"]) == 20
+        for mine, theirs in zip(ddp["losses"], ddp["gloo_losses"], strict=True):
+            assert math.isclose(mine, theirs, rel_tol=1e-6), (ddp["losses"], ddp["gloo_losses"])
+        assert ddp["identical_across_ranks"]
+        assert ddp["params_equal_gloo"] < 1e-6
+
+
+def test_ddp_variants_match_gloo(job2):
+    for r in job2:
+        assert r["ddp_vs_gloo"]["identical_across_ranks"]
+        for variant in ("bucket_view", "unused", "no_sync"):
+            v = r[f"ddp_{variant}"]
+            assert all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(v["losses"], v["gloo_losses"], strict=True)), (variant, v)
+            assert v["max_param_diff"] < 1e-6, variant
+        fp16 = r["ddp_fp16_hook"]
+        assert all(math.isclose(a, b, rel_tol=1e-3) for a, b in zip(fp16["losses"], fp16["gloo_losses"], strict=True)), fp16
+        assert fp16["max_param_diff"] < 1e-3
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_dtensor_checkpoint(world, request):
+    for r in request.getfixturevalue(f"job{world}"):
+        fsdp = r["fsdp2"]
+        for mine, ref in zip(fsdp["losses"], fsdp["ref_losses"], strict=True):
+            assert math.isclose(mine, ref, rel_tol=1e-5, abs_tol=1e-6), fsdp
+        assert fsdp["max_param_diff"] < 1e-5
+        assert r["dtensor"] == {"replicate_exact": True, "shard1_exact": True, "round_trip_exact": True,
+                                "mesh_backend": "chorus"}
+        assert r["checkpoint"] == {"chorus_to_gloo": True, "chorus_to_gloo_sharded": "DTensor",
+                                   "gloo_to_chorus": True, "gloo_to_chorus_sharded": "DTensor"}
+
+
+def test_device_mesh_2x2_on_chorus(job4):
+    for rank, r in enumerate(job4):
+        mesh = r["device_mesh"]
+        assert mesh["groups_match"] and mesh["tp_sum"] and mesh["dtensor_2d"]
+        assert mesh["backends"] == {"dp": "chorus", "tp": "chorus"}
+        assert mesh["coordinate"] == [rank // 2, rank % 2] and mesh["local_ranks"] == [rank // 2, rank % 2]
+
+
+def test_gloo_default_with_chorus_subgroup(job2):
+    for r in job2:
+        assert r["gloo_default"] == {"chorus": [3.0] * 3, "gloo": [3.0] * 3, "backends": ("gloo", "chorus")}
+
+
+def test_collective_mismatch_in_ddp_fails_every_rank_fast(job2):
+    for r in job2:
+        m = r["mismatch"]
+        assert m["error"] is not None and "CollectiveMismatchError" in m["error"], m
+        assert "all_reduce(float32, count=3, op=SUM)" in m["error"], m  # names the odd call
+        assert m["seconds"] < 5, m
+    assert job2[1]["mismatch"]["type"] == "CollectiveMismatchError"  # chorus's own, from all_reduce
+    # rank 0 is inside DDP's backward: torch's C++ reducer wraps it in a RuntimeError
+    assert isinstance(job2[0]["mismatch"]["type"], str)
+
+
+# -- a rank killed in the middle of DDP training ------------------------------------------------
+def _ddp_killed_worker(rank, world, workdir):
+    tdist.init_process_group("chorus", init_method=f"file://{workdir}/rdv", rank=rank, world_size=world)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(_MLP())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    outcome = "finished without an error"
+    try:
+        for step in range(2000):
+            if rank == world - 1 and step == 5:
+                _report(workdir, rank, "killed")
+                os.kill(os.getpid(), signal.SIGKILL)
+            torch.nn.functional.mse_loss(model(torch.randn(8, 16)), torch.zeros(8, 4)).backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.005)
+    except Exception as exc:  # noqa: BLE001
+        outcome = f"{type(exc).__name__}: {exc}"
+    _report(workdir, rank, outcome)
+
+
+def _report(workdir, rank, what):
+    with open(os.path.join(workdir, f"rank{rank}.json"), "w") as f:
+        json.dump([what, time.time()], f)
+
+
+def test_killed_rank_in_ddp_fails_every_rank_within_5s():
+    world = 3
+    with tempfile.TemporaryDirectory(prefix="chorus-torch-kill-") as workdir:
+        ctx = multiprocessing.get_context("spawn")  # not chorus.spawn: it would stop the survivors
+        procs = [ctx.Process(target=_ddp_killed_worker, args=(r, world, workdir)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        reports = {}
+        for r in range(world):
+            path = os.path.join(workdir, f"rank{r}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    reports[r] = json.load(f)
+    assert reports.get(world - 1, [None])[0] == "killed", reports
+    killed_at = reports[world - 1][1]
+    for r in range(world - 1):
+        what, when = reports[r]
+        assert "PeerLostError" in what and f"rank {world - 1}" in what, what
+        assert when - killed_at < 5.0, (r, when - killed_at)
+
+
+# -- the examples, under both launchers ---------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _launch(launcher, nproc, script, *args):
+    import subprocess
+    import sys
+
+    cmd = ([sys.executable, "-m", "chorus.run", "--master-port", "0"] if launcher == "chorusrun"
+           else [sys.executable, "-m", "torch.distributed.run", "--standalone"])
+    out = subprocess.run([*cmd, "--nproc-per-node", str(nproc), os.path.join(ROOT, "examples", script), *args],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return [re.sub(r"^\[rank\d+\]:", "", line) for line in out.stdout.splitlines()]
+
+
+def test_ddp_example_under_chorusrun():
+    lines = _launch("chorusrun", 2, "ddp_train.py", "--steps", "3")
+    losses = [float(line.split()[-1]) for line in lines if line.startswith("step ")]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert sum(line.startswith("Rank ") for line in lines) == 2
+
+
+def test_device_mesh_example_under_torchrun_and_natively_under_chorusrun():
+    text = "\n".join(_launch("torchrun", 2, "device_mesh.py"))  # torchrun may interleave two ranks' prints
+    assert "rank 1 at [1, 0]: dp group [0, 1] sum 1, tp group [1] sum 1 (chorus)" in text
+    assert "round trip exact: True" in text
+    lines = _launch("chorusrun", 4, "device_mesh.py", "--native")
+    assert "rank 3 at [1, 1]: dp group [1, 3] sum 4, tp group [2, 3] sum 5; mesh['tp'] = [2, 3]" in lines
