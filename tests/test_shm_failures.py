@@ -120,3 +120,17 @@ def test_all_to_all_split_disagreement_is_reported_on_every_rank_and_the_group_g
         return int(x[0])
 
     assert run_threads(body, 2) == [1, 1]
+
+
+def test_no_false_mismatch_while_a_late_rank_moves_from_one_op_to_the_next():
+    """Waiters read late ranks' "current op" words while those ranks change them."""
+    def body(rank, w):
+        rng = np.random.default_rng(rank)
+        a, b = np.ones(3, np.float32), np.ones(5, np.int64)
+        for i in range(100):
+            if rng.random() < 0.3:
+                time.sleep(rng.random() * 0.004)  # late: the others wait past a failure check
+            dist.all_reduce(a if i % 2 else b, op=dist.ReduceOp.MAX if i % 3 else dist.ReduceOp.SUM)
+        return True
+
+    assert all(run_threads(body, 6))
