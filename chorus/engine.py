@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -24,16 +23,27 @@ from chorus.transport.handles import Handle
 from chorus.wire.frames import Kind
 
 
-@dataclass(frozen=True, slots=True)
 class OpContext:
-    """What identifies one collective call on the wire and in errors."""
+    """What identifies one collective call on the wire and in errors.
 
-    name: str  # "barrier", "all_reduce", ...
-    group: int  # group id
-    seq: int  # the group's sequence number of this op
-    fingerprint: int  # hash of (op, dtype, count, root, reduce op)
-    members: tuple[int, ...]  # group rank -> global rank
-    deadline: float | None  # time.monotonic() deadline
+    A plain slots class (not a frozen dataclass): one is built per op, and on the
+    shared-memory fast path its construction is a visible share of a small all_reduce.
+    Treat it as read-only.
+    """
+
+    __slots__ = ("name", "group", "seq", "fingerprint", "members", "deadline")
+
+    def __init__(self, name: str, group: int, seq: int, fingerprint: int, members: tuple[int, ...],
+                 deadline: float | None):
+        self.name = name  # "barrier", "all_reduce", ...
+        self.group = group  # group id
+        self.seq = seq  # the group's sequence number of this op
+        self.fingerprint = fingerprint  # hash of (op, dtype, count, root, reduce op)
+        self.members = members  # group rank -> global rank
+        self.deadline = deadline  # time.monotonic() deadline
+
+    def __repr__(self) -> str:
+        return f"OpContext({self.name!r}, group={self.group}, seq={self.seq}, fingerprint={self.fingerprint:#x})"
 
     def describe(self) -> str:
         return f"{self.name} (seq {self.seq}) on group {self.group}"

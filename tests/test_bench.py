@@ -361,3 +361,25 @@ def test_failing_mpi_job_is_reported(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "# mpi failed:" in out and "boom" in out and "exited with 7" in out
     assert [len(r) for r in _table_rows(out)] == [2, 2]  # chorus only
+
+
+def test_batches_give_every_op_its_own_buffers_and_check_each_one():
+    from chorus.bench.ops import BATCH_BYTES, batch_size, make_batch, time_case
+
+    assert batch_size("all_reduce", 1, "float32", 4, 500) == 500
+    assert batch_size("all_reduce", BATCH_BYTES, "float32", 4, 500) == 1
+    batch = make_batch("all_reduce", 8, "float32", 0, 1, "sum", 3)
+    assert len({id(b.inp) for b in batch}) == 3 and all(b.expect is batch[0].expect for b in batch)
+    ran = []
+
+    def step_for(b):
+        def step():
+            ran.append(id(b.inp))
+            if len(ran) == 7:  # the 7th timed op (2nd of the 3rd batch) goes wrong
+                b.inp[0] += 1
+        return step
+
+    cases = [(b.reset, step_for(b), b.check) for b in batch]
+    seconds, wrong = time_case(lambda: None, cases, 8, 0)
+    assert wrong == 1 and len(ran) == 8 and seconds >= 0
+    assert ran[:3] == ran[3:6] == [id(b.inp) for b in batch]

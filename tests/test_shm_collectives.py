@@ -307,3 +307,38 @@ def test_forced_tcp_algorithm_bypasses_shared_memory():
         return int(x[0]), counter.ran()
 
     assert run_threads(body, 3) == [(3, 0)] * 3
+
+
+def test_small_all_reduce_takes_the_cached_one_shot_plan_and_matches_the_general_path(monkeypatch):
+    from chorus.shm.group import ShmGroup
+
+    calls = []
+    plain = ShmGroup.all_reduce_one_shot
+    monkeypatch.setattr(ShmGroup, "all_reduce_one_shot",
+                        lambda self, *a: (calls.append(self.group), plain(self, *a))[1])
+    cases = [("float32", "SUM"), ("int64", "MAX"), ("float64", "AVG"), ("bool", "BXOR"),
+             ("float32", "PRODUCT"), ("int32", "BAND")]
+
+    def body(rank, w):
+        same = []
+        for dtype, op in cases:
+            x = values(rank, 37, dtype, op)
+            fast, general = x.reshape(1, 37).copy(), x.copy()
+            dist.all_reduce(fast, op=getattr(dist.ReduceOp, op))  # the plan (2-D is fine)
+            dist.all_reduce(general, op=getattr(dist.ReduceOp, op), async_op=True).wait()  # general
+            expected = reference(np.stack([values(r, 37, dtype, op) for r in range(w)]), op, w)
+            same.append(np.array_equal(fast[0], general) and np.allclose(general, expected))
+        strided = (np.arange(24, dtype=np.float32).reshape(4, 6) + rank)[:, ::2]  # not contiguous
+        dist.all_reduce(strided)
+        read_only = np.ones(3)
+        read_only.flags.writeable = False
+        with pytest.raises(dist.InvalidArgumentError, match="read-only"):
+            dist.all_reduce(read_only)
+        with pytest.raises(dist.InvalidArgumentError, match="BAND is not defined for float32"):
+            dist.all_reduce(np.ones(2, np.float32), op=dist.ReduceOp.BAND)
+        return same, strided
+
+    for same, strided in run_threads(body, 3):
+        assert all(same)
+        assert np.array_equal(strided, 3 * np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2] + 3)
+    assert len(calls) == 3 * len(cases)  # the fast ones only: not async, strided, read-only or invalid

@@ -13,9 +13,9 @@ ALPHA, BETA = 5e-6, 1 / 10e9
 
 
 def test_ring_all_reduce_for_4096_ranks_is_fast():
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: other processes' load does not count
     seconds = predict("all_reduce", "ring", 4096, 1 << 30)
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
     assert 0.2 < seconds < 0.4  # 8190 alphas + 2 GiB * beta + reductions
 
 

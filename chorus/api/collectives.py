@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from chorus import engine
 from chorus.api.launch import member_group, not_member, root_rank, run, writable
-from chorus.errors import CommTimeoutError
-from chorus.reductions import ReduceOp, check_op, combiner, divide, scale
+from chorus.buffers import as_buffer
+from chorus.errors import CommTimeoutError, InvalidArgumentError, InvalidTensorError
+from chorus.reductions import ReduceOp, check_op, combiner, divide, row_reducer, scale
 from chorus.wire.fingerprint import fingerprint
 from chorus.wire.frames import Kind
 from chorus.work import Work, seconds
@@ -53,11 +55,55 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     pg = member_group(group, "all_reduce")
     if pg is None:
         return not_member(async_op)
+    if (pg.shm is not None and type(tensor) is np.ndarray and type(op) is ReduceOp.RedOpType
+            and not async_op and algorithm is None and _all_reduce_one_shot(pg, tensor, op)):
+        return None
     buf = writable(tensor, "all_reduce")
     combine, before, after = _reduction(buf, op, "all_reduce", pg.size())
     return run(pg, "all_reduce", dtype=buf.dtype, count=buf.numel, buffers={"data": buf.array},
                async_op=async_op, algorithm=algorithm, nbytes=buf.nbytes, reduce_op=op.name,
                combine=combine, before=before, after=after, result=[tensor], args={"count": buf.numel})
+
+
+def _all_reduce_one_shot(pg, arr: np.ndarray, op) -> bool:
+    """The latency path: a small synchronous all_reduce of a numpy array on a group with a
+    shared-memory window runs here, from a plan cached per (dtype, shape, op), and returns
+    True; anything else (large, queued behind async ops, recorded, non-contiguous,
+    read-only, PREMUL_SUM, bad arguments) returns False and takes the general path, which
+    gives the same result or the same error."""
+    shm = pg.shm
+    key = (arr.dtype, arr.shape, op.name)
+    plan = shm.plans.get(key)
+    if plan is None:
+        plan = _one_shot_plan(pg, arr, op)
+        if len(shm.plans) >= 256:
+            shm.plans.clear()
+        shm.plans[key] = plan
+    if not plan or pg._queue or engine.recorder is not None:
+        return False
+    flags = arr.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return False
+    one_shot, fp, avg = plan
+    shm.all_reduce_one_shot(pg.next_context("all_reduce", fp), one_shot, arr)
+    if avg:
+        divide(arr, arr.dtype.name, pg.size())
+    return True
+
+
+def _one_shot_plan(pg, arr: np.ndarray, op) -> tuple | bool:
+    """(OneShot, fingerprint, is AVG) for ``arr``'s dtype and shape, or False."""
+    if "all_reduce" in pg.shm.tcp_only or op.name == "PREMUL_SUM":
+        return False
+    try:
+        buf = as_buffer(arr, op="all_reduce")
+        check_op(op, buf.dtype, "all_reduce")
+    except (InvalidArgumentError, InvalidTensorError):
+        return False  # the general path raises it
+    one_shot = pg.shm.one_shot_plan(arr.dtype, arr.shape, row_reducer(op.name, buf.dtype))
+    if one_shot is None:
+        return False
+    return one_shot, fingerprint("all_reduce", buf.dtype, buf.numel, -1, op.name), op.name == "AVG"
 
 
 def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,

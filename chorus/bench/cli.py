@@ -236,7 +236,8 @@ def run(args: argparse.Namespace) -> int:
             baseline_info["mpi"] = {**info, "mpiexec": mpiexec}
             notes.append(f"mpi: {info['library']} through mpi4py {info['mpi4py']}, launched by "
                          f"{mpiexec}; its own job, taking turns with chorus size by size")
-    print("# mean time per op on rank 0 (us); inputs reset and results checked between ops, "
+    print("# mean time per op on rank 0 (us), ops back to back in batches of up to 32 MiB of "
+          "buffers, each op on its own buffers, reset before and checked after its batch, "
           "untimed; algbw, busbw in GB/s; #wrong: wrong elements over all ranks and iterations; "
           "x vs B: B's time / chorus's time")
     for note in notes:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from chorus.bench.ops import WARMUP_OPS, make_buffers, op_label, time_case
+from chorus.bench.ops import WARMUP_OPS, batch_size, make_batch, op_label, time_case
 from chorus.bench.report import Row
 from chorus.bench.turns import Turns
 
@@ -222,15 +222,16 @@ def main(argv: list[str] | None = None) -> int:
         turns.wait(index)
         if runnable:
             try:
-                bufs = make_buffers(collective, count, dtype, rank, world, op)
-                step = _step(comm, MPI, collective, bufs.inp, bufs.out, mop, rank, world)
+                copies = 1 if index == 0 else batch_size(collective, count, dtype, world, cfg["iters"])
+                cases = [(b.reset, _step(comm, MPI, collective, b.inp, b.out, mop, rank, world), b.check)
+                         for b in make_batch(collective, count, dtype, rank, world, op, copies)]
                 if index == 0:  # before the first timed size, as worker.py does
+                    reset, step, _ = cases[0]
                     for _ in range(WARMUP_OPS):
-                        bufs.reset()
+                        reset()
                         step()
                 else:
-                    seconds, wrong = time_case(comm.Barrier, bufs.reset, step, bufs.check,
-                                               cfg["iters"], cfg["warmup"])
+                    seconds, wrong = time_case(comm.Barrier, cases, cfg["iters"], cfg["warmup"])
                     rows.append(Row("mpi", collective, count * itemsize, count, dtype,
                                     op_label(collective, op), seconds, wrong, world))
             except (KeyError, ValueError, TypeError, NotImplementedError, MPI.Exception) as exc:

@@ -11,6 +11,13 @@ or a missing contribution shows.  ``size`` is nccl-tests' size: the bytes of the
 of the two buffers (the full output of all_gather, the full input of reduce_scatter).
 A case is ``(reset, step, check)``: ``reset`` restores the inputs (untimed), ``step`` runs
 one collective (timed), ``check`` counts wrong elements (untimed).
+
+Timing (:func:`time_case`): the ops of one size run back to back in batches, as OSU and
+nccl-tests time them, yet every op is still checked: each op of a batch has buffers of
+its own, reset before the batch and checked after it.  A batch's buffers stay within
+``BATCH_BYTES``, so large sizes get batches of one op (timed alone, reset and checked
+between ops).  Back to back matters for small messages: timing ops one at a time would
+charge each op with the other ranks' late arrival from their untimed reset and check.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ INT_OPS = ("sum", "prod", "min", "max", "band", "bor", "bxor")
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64")
 #: Untimed ops per library (256 elements) before the first timed size.
 WARMUP_OPS = 50
+#: A batch of back-to-back ops keeps its buffers within this many bytes per rank.
+BATCH_BYTES = 32 << 20
 #: Each collective divides its buffer into this many blocks (count rounded down to a multiple).
 _BLOCKED = ("all_gather", "reduce_scatter", "all_to_all")
 
@@ -138,6 +147,10 @@ class Buffers:
     def checked(self) -> np.ndarray:
         return self.inp if self.out.size == 0 else self.out
 
+    def clone(self) -> Buffers:
+        """Buffers of their own for another op of the same batch (the expectation is shared)."""
+        return Buffers(self.template, self.template.copy(), np.zeros_like(self.out), self.expect, self.rtol)
+
     def reset(self) -> None:
         self.inp[...] = self.template
 
@@ -165,12 +178,34 @@ def make_buffers(collective: str, size_elems: int, dtype: str, rank: int, world:
     return Buffers(template, template.copy(), np.zeros(n_out, dtype), expect, rtol)
 
 
-def make_case(api: Any, lib: str, collective: str, size_elems: int, dtype: str, rank: int,
-              world: int, op: str = "sum",
-              ) -> tuple[Callable[[], None], Callable[[], None], Callable[[], int]]:
-    """``(reset, step, check)`` for a library with the torch.distributed API: ``lib`` is
-    "chorus" (numpy arrays) or "gloo" (torch tensors sharing the numpy arrays' memory)."""
-    bufs = make_buffers(collective, size_elems, dtype, rank, world, op)
+Case = tuple[Callable[[], None], Callable[[], Any], Callable[[], int]]
+
+
+def batch_size(collective: str, size_elems: int, dtype: str, world: int, iters: int) -> int:
+    """Ops per timed batch for this size: as many as ``iters`` whose buffers fit ``BATCH_BYTES``."""
+    n_in, n_out = counts(collective, size_elems, world)
+    per_op = max(1, (2 * n_in + n_out) * np.dtype(dtype).itemsize)
+    return max(1, min(iters, BATCH_BYTES // per_op))
+
+
+def make_batch(collective: str, size_elems: int, dtype: str, rank: int, world: int, op: str,
+               copies: int) -> list[Buffers]:
+    """``copies`` sets of buffers for one size (one per op of a batch)."""
+    first = make_buffers(collective, size_elems, dtype, rank, world, op)
+    return [first, *(first.clone() for _ in range(copies - 1))]
+
+
+def make_cases(api: Any, lib: str, collective: str, size_elems: int, dtype: str, rank: int,
+               world: int, op: str = "sum", copies: int = 1) -> list[Case]:
+    """One ``(reset, step, check)`` per op of a batch (see :func:`make_case`)."""
+    return [make_case(api, lib, collective, bufs, rank, world, op)
+            for bufs in make_batch(collective, size_elems, dtype, rank, world, op, copies)]
+
+
+def make_case(api: Any, lib: str, collective: str, bufs: Buffers, rank: int, world: int,
+              op: str = "sum") -> Case:
+    """``(reset, step, check)`` on ``bufs`` for a library with the torch.distributed API:
+    ``lib`` is "chorus" (numpy arrays) or "gloo" (torch tensors sharing their memory)."""
     inp, out = _tensor(lib, bufs.inp), _tensor(lib, bufs.out)
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     rop = getattr(api.ReduceOp, OPS[op])
@@ -187,21 +222,27 @@ def make_case(api: Any, lib: str, collective: str, size_elems: int, dtype: str, 
     return bufs.reset, steps[collective], bufs.check
 
 
-def time_case(barrier: Callable[[], Any], reset: Callable[[], None], step: Callable[[], Any],
-              check: Callable[[], int], iters: int, warmup: int) -> tuple[float, int]:
-    """Mean seconds per step over ``iters`` (inputs reset and results checked between
-    steps, untimed), and the total number of wrong elements on this rank."""
+def time_case(barrier: Callable[[], Any], cases: list[Case], iters: int, warmup: int) -> tuple[float, int]:
+    """Mean seconds per op over ``iters`` ops run back to back in batches of ``len(cases)``
+    (each op on its own buffers: reset before its batch, checked after it, both untimed),
+    and the total number of wrong elements on this rank."""
+    reset, step, _ = cases[0]
     for _ in range(warmup):
         reset()
         step()
     barrier()
-    total, wrong = 0.0, 0
-    for _ in range(iters):
-        reset()
+    total, wrong, done = 0.0, 0, 0
+    while done < iters:
+        batch = cases[: iters - done]
+        for reset, _, _ in batch:
+            reset()
         start = time.perf_counter()
-        step()
+        for _, step, _ in batch:
+            step()
         total += time.perf_counter() - start
-        wrong += check()
+        for _, _, check in batch:
+            wrong += check()
+        done += len(batch)
     barrier()
     return total / max(iters, 1), wrong
 

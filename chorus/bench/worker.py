@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from chorus.bench.ops import WARMUP_OPS, make_case, op_label, time_case
+from chorus.bench.ops import WARMUP_OPS, batch_size, make_cases, op_label, time_case
 from chorus.bench.report import Row
 from chorus.bench.turns import Turns
 
@@ -54,7 +54,7 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
     turns.wait(0)
     for library, api in list(apis.items()):  # warm every library up before the first size
         try:
-            reset, step, _ = make_case(api, library, collective, 256, dtype, rank, world, op)
+            [(reset, step, _)] = make_cases(api, library, collective, 256, dtype, rank, world, op)
             for _ in range(WARMUP_OPS):
                 reset()
                 step()
@@ -65,8 +65,9 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
         turns.wait(index)
         for library, api in list(apis.items()):
             try:
-                case = make_case(api, library, collective, count, dtype, rank, world, op)
-                seconds, wrong = time_case(api.barrier, *case, cfg["iters"], cfg["warmup"])
+                copies = batch_size(collective, count, dtype, world, cfg["iters"])
+                cases = make_cases(api, library, collective, count, dtype, rank, world, op, copies)
+                seconds, wrong = time_case(api.barrier, cases, cfg["iters"], cfg["warmup"])
             except Exception as exc:
                 give_up(library, exc)
                 continue

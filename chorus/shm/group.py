@@ -81,6 +81,19 @@ def backoff_for(ranks_here: int, threads: bool) -> Backoff:
     return Backoff()
 
 
+class OneShot:
+    """What a one-shot all_reduce of one (dtype, shape, op) needs, built once per group:
+    this rank's slot and the (W, *shape) stack of all slots, per parity, and the row
+    reduction."""
+
+    __slots__ = ("mine", "stacks", "reduce")
+
+    def __init__(self, mine: tuple, stacks: tuple, reduce):
+        self.mine = mine
+        self.stacks = stacks
+        self.reduce = reduce
+
+
 class ShmGroup:
     """The window of one group, mapped by this rank (group rank ``rank``)."""
 
@@ -94,9 +107,12 @@ class ShmGroup:
         self.broken: str | None = None
         self.closed = False
         self._lock = threading.Lock()
+        self.plans: dict = {}  # the API layer's cached one-shot plans (chorus.api.collectives)
         # Collectives forced onto a TCP algorithm by CHORUS_ALGO_<NAME> (read once, here:
         # a per-call environment lookup would cost more than the whole one-shot op).
-        self.tcp_only = frozenset(name for name in _OPS if os.environ.get(f"CHORUS_ALGO_{name.upper()}"))
+        # "hierarchical" is no TCP algorithm: inside one host it means shared memory.
+        self.tcp_only = frozenset(name for name in _OPS if os.environ.get(f"CHORUS_ALGO_{name.upper()}", "")
+                                  .strip() not in ("", "hierarchical"))
 
     def __repr__(self) -> str:
         return f"ShmGroup(group={self.group}, world={self.window.world}, slot={self.window.slot})"
@@ -109,17 +125,35 @@ class ShmGroup:
     def run(self, name: str, ctx, buffers: dict, reduce=None, root: int = -1,
             args: dict | None = None) -> None:
         """Run collective ``name`` (a chorus.api collective's name and buffers) for op ``ctx``."""
-        t = self.transport
-        if t._dead or t._broken or t._closed is not None:
-            error = t._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
-            if error is not None:
-                raise error
+        self._run(ctx, _OPS[name], self.window, self.sync, ctx, buffers, reduce, root, args)
+
+    def one_shot_plan(self, dtype, shape: tuple, reduce) -> OneShot | None:
+        """A :class:`OneShot` for all_reduce of arrays of ``dtype`` and ``shape``, or None
+        when they are too large for the one-shot algorithm (chorus.shm.collectives)."""
+        count = 1
+        for n in shape:
+            count *= n
+        if count * dtype.itemsize * (self.window.world - 1) > algo.ONESHOT_BYTES or count > self.window.capacity(dtype):
+            return None
+        mine, stacks = self.window.small(dtype, count)
+        return OneShot(tuple(m.reshape(shape) for m in mine),
+                       tuple(s.reshape((self.window.world, *shape)) for s in stacks), reduce)
+
+    def all_reduce_one_shot(self, ctx, plan: OneShot, data) -> None:
+        """all_reduce of ``data`` (C-contiguous, writable, the plan's dtype and shape): the
+        latency path of small messages, with nothing built per call (see ``_one_shot``)."""
+        self._run(ctx, _one_shot, self.sync, ctx, plan, data)
+
+    def _run(self, ctx, op, *args) -> None:
+        """``op(*args)`` as op ``ctx`` of this group: one op at a time; an op that fails
+        half-way leaves the group unusable (and tells the others)."""
+        self._check_transport(ctx)
         with self._lock:  # two threads issuing ops on one group at once: one after the other
             if self.broken is not None:
                 raise AbortedError(f"{ctx.describe()}: {self.broken}")
             try:
                 self.sync.begin(ctx.seq, ctx.fingerprint)
-                _OPS[name](self.window, self.sync, ctx, buffers, reduce, root, args)
+                op(*args)
             except algo.CountsDisagree:
                 raise  # raised by every rank at the same sync: still in step
             except BaseException as exc:
@@ -131,7 +165,14 @@ class ShmGroup:
                                "unusable: create a new group")
                 self.sync.abandon(ctx.seq)
                 raise
-        t.finished(self.group, ctx.seq)
+        self.transport.finished(self.group, ctx.seq)
+
+    def _check_transport(self, ctx) -> None:
+        t = self.transport
+        if t._dead or t._broken or t._closed is not None:
+            error = t._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
+            if error is not None:
+                raise error
 
     def close(self) -> None:
         """Stop using the window (destroy_process_group) and unmap it once no view of it is
@@ -140,6 +181,19 @@ class ShmGroup:
         self.broken = "the group was destroyed"
         self.window.release()
         self.segment.close()
+
+
+def _one_shot(sync: Sync, ctx, plan: OneShot, data) -> None:
+    """Same algorithm and results as chorus.shm.collectives.all_reduce's one-shot branch::
+
+        rank r:      slot[r] <- data                      (parity p)
+        sync         (checks every rank called the same op)
+        every rank:  data <- reduce(slot[0], ..., slot[W-1])
+    """
+    p = sync.count & 1
+    plan.mine[p][...] = data
+    sync.sync(ctx, True)
+    plan.reduce(plan.stacks[p], data)
 
 
 _OPS = {
