@@ -48,6 +48,7 @@ class ProcessGroup:
         self._worker: threading.Thread | None = None
         self.workspace = Workspace()  # ops of a group never run concurrently: one suffices
         self.shm = None  # a chorus.shm.group.ShmGroup when every member shares this host
+        self.hierarchy = None  # a chorus.api.hierarchy.Hierarchy when members span hosts
         transport.register_group(group_id, self.members)
 
     def __repr__(self) -> str:
@@ -100,8 +101,9 @@ class ProcessGroup:
     def next_context(self, name: str, fingerprint: int, timeout: float | None = None) -> OpContext:
         """Take the next sequence number for a collective issued now."""
         seq = self._seq
-        self._seq += 1
-        return OpContext(name, self.id, seq, fingerprint, self.members, self.deadline(timeout))
+        self._seq = seq + 1
+        return OpContext(name, self.id, seq, fingerprint, self.members,
+                         time.monotonic() + (self.timeout if timeout is None else timeout))
 
     def run_schedule(self, schedule: Schedule, buffers: dict, ctx: OpContext, dtype: int = 0,
                      combine: Combine | None = None) -> None:

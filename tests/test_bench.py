@@ -383,3 +383,13 @@ def test_batches_give_every_op_its_own_buffers_and_check_each_one():
     seconds, wrong = time_case(lambda: None, cases, 8, 0)
     assert wrong == 1 and len(ran) == 8 and seconds >= 0
     assert ran[:3] == ran[3:6] == [id(b.inp) for b in batch]
+
+
+def test_scaled_iterations_above_one_mib():
+    from chorus.bench.ops import iterations
+
+    cfg = {"iters": 200, "warmup": 20, "scale_iters": True}
+    assert iterations(cfg, "all_reduce", 1 << 18, "float32", 4) == (200, 20)  # 1 MiB
+    assert iterations(cfg, "all_reduce", 1 << 22, "float32", 4) == (12, 1)  # 16 MiB
+    assert iterations(cfg, "all_gather", 1 << 26, "float32", 4) == (5, 1)  # 256 MiB output
+    assert iterations({**cfg, "scale_iters": False}, "all_reduce", 1 << 26, "float32", 4) == (200, 20)

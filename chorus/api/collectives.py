@@ -72,38 +72,38 @@ def _all_reduce_one_shot(pg, arr: np.ndarray, op) -> bool:
     read-only, PREMUL_SUM, bad arguments) returns False and takes the general path, which
     gives the same result or the same error."""
     shm = pg.shm
-    key = (arr.dtype, arr.shape, op.name)
-    plan = shm.plans.get(key)
+    plan = shm.plans.get((arr.dtype, arr.shape, op.name))
     if plan is None:
         plan = _one_shot_plan(pg, arr, op)
-        if len(shm.plans) >= 256:
-            shm.plans.clear()
-        shm.plans[key] = plan
     if not plan or pg._queue or engine.recorder is not None:
         return False
     flags = arr.flags
     if not (flags.c_contiguous and flags.writeable):
         return False
-    one_shot, fp, avg = plan
-    shm.all_reduce_one_shot(pg.next_context("all_reduce", fp), one_shot, arr)
-    if avg:
+    shm.all_reduce_one_shot(pg.next_context("all_reduce", plan.fingerprint), plan, arr)
+    if plan.average:
         divide(arr, arr.dtype.name, pg.size())
     return True
 
 
-def _one_shot_plan(pg, arr: np.ndarray, op) -> tuple | bool:
-    """(OneShot, fingerprint, is AVG) for ``arr``'s dtype and shape, or False."""
-    if "all_reduce" in pg.shm.tcp_only or op.name == "PREMUL_SUM":
+def _one_shot_plan(pg, arr: np.ndarray, op):
+    """The group's cached OneShot for ``arr``'s dtype and shape and ``op``, or False."""
+    shm = pg.shm
+    if len(shm.plans) >= 256:
+        shm.plans.clear()
+    key = (arr.dtype, arr.shape, op.name)
+    shm.plans[key] = False
+    if "all_reduce" in shm.tcp_only or op.name == "PREMUL_SUM":
         return False
     try:
         buf = as_buffer(arr, op="all_reduce")
         check_op(op, buf.dtype, "all_reduce")
     except (InvalidArgumentError, InvalidTensorError):
         return False  # the general path raises it
-    one_shot = pg.shm.one_shot_plan(arr.dtype, arr.shape, row_reducer(op.name, buf.dtype))
-    if one_shot is None:
-        return False
-    return one_shot, fingerprint("all_reduce", buf.dtype, buf.numel, -1, op.name), op.name == "AVG"
+    plan = shm.one_shot_plan(arr.dtype, arr.shape, row_reducer(op.name, buf.dtype),
+                             fingerprint("all_reduce", buf.dtype, buf.numel, -1, op.name), op.name == "AVG")
+    shm.plans[key] = plan or False
+    return shm.plans[key]
 
 
 def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,

@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this each step")
     p.add_argument("-n", "--iters", type=_positive, default=20, help="timed iterations per size")
     p.add_argument("-w", "--warmup", type=_non_negative, default=5, help="untimed iterations per size")
+    p.add_argument("--scale-iters", action="store_true",
+                   help="above 1 MiB, run -n x 1 MiB / size iterations (at least 5) and -w likewise "
+                        "(at least 1): long sweeps to 256 MiB in seconds")
     p.add_argument("--collective", default="all_reduce", choices=COLLECTIVES)
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--op", default="sum", choices=list(OPS),
@@ -210,8 +213,10 @@ def run(args: argparse.Namespace) -> int:
     op = op_label(args.collective, args.op)
     print(f"# chorus bench: {args.collective}{'' if op == 'none' else ' ' + op}, {args.world} ranks, "
           f"dtype {args.dtype}, transport {transport}; baselines: {described}; "
-          f"{args.iters} iterations (+{args.warmup} warm-up) per size", flush=True)
+          f"{args.iters} iterations (+{args.warmup} warm-up) per size"
+          f"{', scaled down above 1 MiB' if args.scale_iters else ''}", flush=True)
     cfg = {"world": args.world, "counts": counts, "iters": args.iters, "warmup": args.warmup,
+           "scale_iters": args.scale_iters,
            "collective": args.collective, "dtype": args.dtype, "op": args.op,
            "transport": transport, "baselines": [b for b in baselines if b != "mpi"]}
     notes = [f"{name} skipped: {why}" for name, why in skipped.items()]
@@ -236,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
             baseline_info["mpi"] = {**info, "mpiexec": mpiexec}
             notes.append(f"mpi: {info['library']} through mpi4py {info['mpi4py']}, launched by "
                          f"{mpiexec}; its own job, taking turns with chorus size by size")
-    print("# mean time per op on rank 0 (us), ops back to back in batches of up to 32 MiB of "
+    print("# mean time per op on rank 0 (us), ops back to back in batches of up to 1 MiB of "
           "buffers, each op on its own buffers, reset before and checked after its batch, "
           "untimed; algbw, busbw in GB/s; #wrong: wrong elements over all ranks and iterations; "
           "x vs B: B's time / chorus's time")
@@ -249,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"# FAILED: wrong results from {', '.join(wrong)}", file=sys.stderr)
     meta = {
         "collective": args.collective, "op": op, "dtype": args.dtype, "world": args.world,
-        "transport": transport, "iters": args.iters, "warmup": args.warmup,
+        "transport": transport, "iters": args.iters, "warmup": args.warmup, "scale_iters": args.scale_iters,
         "sizes": [c * itemsize for c in counts],
         "baseline": args.baseline, "baselines": baselines, "baselines_skipped": skipped,
         "baseline_info": baseline_info, "notes": notes,

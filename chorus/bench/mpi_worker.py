@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from chorus.bench.ops import WARMUP_OPS, batch_size, make_batch, op_label, time_case
+from chorus.bench.ops import WARMUP_OPS, batch_size, iterations, make_batch, op_label, time_case
 from chorus.bench.report import Row
 from chorus.bench.turns import Turns
 
@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         turns.wait(index)
         if runnable:
             try:
-                copies = 1 if index == 0 else batch_size(collective, count, dtype, world, cfg["iters"])
+                iters, warmup = iterations(cfg, collective, count, dtype, world)
+                copies = 1 if index == 0 else batch_size(collective, count, dtype, world, iters)
                 cases = [(b.reset, _step(comm, MPI, collective, b.inp, b.out, mop, rank, world), b.check)
                          for b in make_batch(collective, count, dtype, rank, world, op, copies)]
                 if index == 0:  # before the first timed size, as worker.py does
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                         reset()
                         step()
                 else:
-                    seconds, wrong = time_case(comm.Barrier, cases, cfg["iters"], cfg["warmup"])
+                    seconds, wrong = time_case(comm.Barrier, cases, iters, warmup)
                     rows.append(Row("mpi", collective, count * itemsize, count, dtype,
                                     op_label(collective, op), seconds, wrong, world))
             except (KeyError, ValueError, TypeError, NotImplementedError, MPI.Exception) as exc:

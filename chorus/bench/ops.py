@@ -15,7 +15,8 @@ one collective (timed), ``check`` counts wrong elements (untimed).
 Timing (:func:`time_case`): the ops of one size run back to back in batches, as OSU and
 nccl-tests time them, yet every op is still checked: each op of a batch has buffers of
 its own, reset before the batch and checked after it.  A batch's buffers stay within
-``BATCH_BYTES``, so large sizes get batches of one op (timed alone, reset and checked
+``BATCH_BYTES`` (about an L2 cache: sizes that fit a cache stay cached, as with one reused
+buffer), so sizes from 512 KiB get batches of one op (timed alone, reset and checked
 between ops).  Back to back matters for small messages: timing ops one at a time would
 charge each op with the other ranks' late arrival from their untimed reset and check.
 """
@@ -41,8 +42,9 @@ INT_OPS = ("sum", "prod", "min", "max", "band", "bor", "bxor")
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64")
 #: Untimed ops per library (256 elements) before the first timed size.
 WARMUP_OPS = 50
-#: A batch of back-to-back ops keeps its buffers within this many bytes per rank.
-BATCH_BYTES = 32 << 20
+#: A batch of back-to-back ops keeps its buffers within this many bytes per rank: about
+#: what L2 holds, so that sizes that fit a cache stay cached as with one reused buffer.
+BATCH_BYTES = 1 << 20
 #: Each collective divides its buffer into this many blocks (count rounded down to a multiple).
 _BLOCKED = ("all_gather", "reduce_scatter", "all_to_all")
 
@@ -220,6 +222,20 @@ def make_case(api: Any, lib: str, collective: str, bufs: Buffers, rank: int, wor
         "sendrecv": lambda: [w.wait() for w in (api.irecv(out, src=prv), api.isend(inp, dst=nxt))],
     }
     return bufs.reset, steps[collective], bufs.check
+
+
+def scaled(n: int, nbytes: int, floor: int) -> int:
+    """``n`` iterations up to 1 MiB; above, ``n`` x 1 MiB / size (at least ``floor``), so a
+    sweep to 256 MiB takes seconds, not minutes (``--scale-iters``)."""
+    return n if nbytes <= 1 << 20 else max(floor, n * (1 << 20) // nbytes)
+
+
+def iterations(cfg: dict, collective: str, count: int, dtype: str, world: int) -> tuple[int, int]:
+    """(timed, warm-up) iterations for one size of a sweep configured by ``cfg``."""
+    if not cfg.get("scale_iters"):
+        return cfg["iters"], cfg["warmup"]
+    nbytes = max(counts(collective, count, world)) * np.dtype(dtype).itemsize
+    return scaled(cfg["iters"], nbytes, 5), scaled(cfg["warmup"], nbytes, min(1, cfg["warmup"]))
 
 
 def time_case(barrier: Callable[[], Any], cases: list[Case], iters: int, warmup: int) -> tuple[float, int]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from chorus.bench.ops import WARMUP_OPS, batch_size, make_cases, op_label, time_case
+from chorus.bench.ops import WARMUP_OPS, batch_size, iterations, make_cases, op_label, time_case
 from chorus.bench.report import Row
 from chorus.bench.turns import Turns
 
@@ -65,9 +65,10 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
         turns.wait(index)
         for library, api in list(apis.items()):
             try:
-                copies = batch_size(collective, count, dtype, world, cfg["iters"])
+                iters, warmup = iterations(cfg, collective, count, dtype, world)
+                copies = batch_size(collective, count, dtype, world, iters)
                 cases = make_cases(api, library, collective, count, dtype, rank, world, op, copies)
-                seconds, wrong = time_case(api.barrier, cases, cfg["iters"], cfg["warmup"])
+                seconds, wrong = time_case(api.barrier, cases, iters, warmup)
             except Exception as exc:
                 give_up(library, exc)
                 continue

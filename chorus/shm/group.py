@@ -83,15 +83,17 @@ def backoff_for(ranks_here: int, threads: bool) -> Backoff:
 
 class OneShot:
     """What a one-shot all_reduce of one (dtype, shape, op) needs, built once per group:
-    this rank's slot and the (W, *shape) stack of all slots, per parity, and the row
-    reduction."""
+    this rank's slot and the (W, *shape) stack of all slots, per parity, the row
+    reduction, the op's fingerprint, and whether the result is then divided by W (AVG)."""
 
-    __slots__ = ("mine", "stacks", "reduce")
+    __slots__ = ("mine", "stacks", "reduce", "fingerprint", "average")
 
-    def __init__(self, mine: tuple, stacks: tuple, reduce):
+    def __init__(self, mine: tuple, stacks: tuple, reduce, fingerprint: int, average: bool):
         self.mine = mine
         self.stacks = stacks
         self.reduce = reduce
+        self.fingerprint = fingerprint
+        self.average = average
 
 
 class ShmGroup:
@@ -125,9 +127,9 @@ class ShmGroup:
     def run(self, name: str, ctx, buffers: dict, reduce=None, root: int = -1,
             args: dict | None = None) -> None:
         """Run collective ``name`` (a chorus.api collective's name and buffers) for op ``ctx``."""
-        self._run(ctx, _OPS[name], self.window, self.sync, ctx, buffers, reduce, root, args)
+        self._run(ctx, _OPS[name], ctx, buffers, reduce, root, args, self.window)
 
-    def one_shot_plan(self, dtype, shape: tuple, reduce) -> OneShot | None:
+    def one_shot_plan(self, dtype, shape: tuple, reduce, fingerprint: int, average: bool) -> OneShot | None:
         """A :class:`OneShot` for all_reduce of arrays of ``dtype`` and ``shape``, or None
         when they are too large for the one-shot algorithm (chorus.shm.collectives)."""
         count = 1
@@ -137,23 +139,27 @@ class ShmGroup:
             return None
         mine, stacks = self.window.small(dtype, count)
         return OneShot(tuple(m.reshape(shape) for m in mine),
-                       tuple(s.reshape((self.window.world, *shape)) for s in stacks), reduce)
+                       tuple(s.reshape((self.window.world, *shape)) for s in stacks), reduce,
+                       fingerprint, average)
 
     def all_reduce_one_shot(self, ctx, plan: OneShot, data) -> None:
         """all_reduce of ``data`` (C-contiguous, writable, the plan's dtype and shape): the
         latency path of small messages, with nothing built per call (see ``_one_shot``)."""
-        self._run(ctx, _one_shot, self.sync, ctx, plan, data)
+        self._run(ctx, _one_shot, ctx, plan, data)
 
     def _run(self, ctx, op, *args) -> None:
-        """``op(*args)`` as op ``ctx`` of this group: one op at a time; an op that fails
-        half-way leaves the group unusable (and tells the others)."""
-        self._check_transport(ctx)
+        """``op(sync, *args)`` as op ``ctx`` of this group: one op at a time; an op that
+        fails half-way leaves the group unusable (and tells the others)."""
+        t = self.transport
+        if t._dead or t._broken or t._closed is not None:
+            self._check_transport(ctx)
         with self._lock:  # two threads issuing ops on one group at once: one after the other
             if self.broken is not None:
                 raise AbortedError(f"{ctx.describe()}: {self.broken}")
+            sync = self.sync
             try:
-                self.sync.begin(ctx.seq, ctx.fingerprint)
-                op(*args)
+                sync.begin(ctx.seq, ctx.fingerprint)
+                op(sync, *args)
             except algo.CountsDisagree:
                 raise  # raised by every rank at the same sync: still in step
             except BaseException as exc:
@@ -163,16 +169,14 @@ class ShmGroup:
                 self.broken = (f"an earlier op (seq {ctx.seq}) failed half-way ({type(exc).__name__}); "
                                "the group's shared-memory window is out of step and the group is "
                                "unusable: create a new group")
-                self.sync.abandon(ctx.seq)
+                sync.abandon(ctx.seq)
                 raise
-        self.transport.finished(self.group, ctx.seq)
+        t._finished[self.group] = ctx.seq  # t.finished(), inlined
 
     def _check_transport(self, ctx) -> None:
-        t = self.transport
-        if t._dead or t._broken or t._closed is not None:
-            error = t._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
-            if error is not None:
-                raise error
+        error = self.transport._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         """Stop using the window (destroy_process_group) and unmap it once no view of it is
@@ -183,7 +187,7 @@ class ShmGroup:
         self.segment.close()
 
 
-def _one_shot(sync: Sync, ctx, plan: OneShot, data) -> None:
+def _one_shot(sync: Sync, ctx, plan: OneShot, data) -> None:  # called as op(self.sync, ...)
     """Same algorithm and results as chorus.shm.collectives.all_reduce's one-shot branch::
 
         rank r:      slot[r] <- data                      (parity p)
@@ -197,15 +201,15 @@ def _one_shot(sync: Sync, ctx, plan: OneShot, data) -> None:
 
 
 _OPS = {
-    "barrier": lambda w, s, ctx, b, red, root, a: algo.barrier(w, s, ctx),
-    "all_reduce": lambda w, s, ctx, b, red, root, a: algo.all_reduce(w, s, ctx, b["data"], red),
-    "reduce": lambda w, s, ctx, b, red, root, a: algo.all_reduce(w, s, ctx, b["data"], red, root),
-    "broadcast": lambda w, s, ctx, b, red, root, a: algo.broadcast(w, s, ctx, b["data"], root),
-    "all_gather": lambda w, s, ctx, b, red, root, a: algo.all_gather(w, s, ctx, b["input"], b["output"]),
-    "gather": lambda w, s, ctx, b, red, root, a: algo.all_gather(w, s, ctx, b["input"], b.get("output")),
-    "scatter": lambda w, s, ctx, b, red, root, a: algo.scatter(w, s, ctx, b.get("input"), b["output"], root),
-    "reduce_scatter": lambda w, s, ctx, b, red, root, a: algo.reduce_scatter(
+    "barrier": lambda s, ctx, b, red, root, a, w: algo.barrier(w, s, ctx),
+    "all_reduce": lambda s, ctx, b, red, root, a, w: algo.all_reduce(w, s, ctx, b["data"], red),
+    "reduce": lambda s, ctx, b, red, root, a, w: algo.all_reduce(w, s, ctx, b["data"], red, root),
+    "broadcast": lambda s, ctx, b, red, root, a, w: algo.broadcast(w, s, ctx, b["data"], root),
+    "all_gather": lambda s, ctx, b, red, root, a, w: algo.all_gather(w, s, ctx, b["input"], b["output"]),
+    "gather": lambda s, ctx, b, red, root, a, w: algo.all_gather(w, s, ctx, b["input"], b.get("output")),
+    "scatter": lambda s, ctx, b, red, root, a, w: algo.scatter(w, s, ctx, b.get("input"), b["output"], root),
+    "reduce_scatter": lambda s, ctx, b, red, root, a, w: algo.reduce_scatter(
         w, s, ctx, b["input"], b["output"], a["counts"], red),
-    "all_to_all": lambda w, s, ctx, b, red, root, a: algo.all_to_all(
+    "all_to_all": lambda s, ctx, b, red, root, a, w: algo.all_to_all(
         w, s, ctx, b["input"], b["output"], a["send_counts"], a["recv_counts"]),
 }
