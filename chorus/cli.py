@@ -12,6 +12,10 @@ def main(argv: list[str] | None = None) -> int:
         from chorus.launch.cli import main as run_main
 
         return run_main(argv[1:])
+    if argv[:1] == ["bench-ddp"] or argv[:2] == ["bench", "--ddp"]:
+        from chorus.bench.ddp import main as ddp_main
+
+        return ddp_main(argv[1 if argv[0] == "bench-ddp" else 2:])
     p = argparse.ArgumentParser(prog="chorus", description="chorus command-line tools")
     sub = p.add_subparsers(dest="command", required=True)
     from chorus.bench import cli as bench
@@ -20,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench", help="time collectives against torch gloo and MPI", description=bench.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter))
     sub.add_parser("run", help="launch ranks (same as chorusrun)")
+    sub.add_parser("bench-ddp", help="time a DDP training step on chorus against gloo (also: bench --ddp)")
     args = p.parse_args(argv)
     return bench.run(args)
 

@@ -342,3 +342,16 @@ def test_small_all_reduce_takes_the_cached_one_shot_plan_and_matches_the_general
         assert all(same)
         assert np.array_equal(strided, 3 * np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2] + 3)
     assert len(calls) == 3 * len(cases)  # the fast ones only: not async, strided, read-only or invalid
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_one_shot_plan_handles_0d_and_nd_arrays(world):
+    def body(rank, w):
+        scalar = np.array(rank + 1.0)  # FSDP2 averages a 0-d loss like this
+        dist.all_reduce(scalar, op=dist.ReduceOp.AVG)
+        cube = np.full((2, 3, 4), rank, np.int64)
+        dist.all_reduce(cube, op=dist.ReduceOp.MAX)
+        return float(scalar), cube
+
+    for scalar, cube in run_threads(body, world):
+        assert scalar == (world + 1) / 2 and np.array_equal(cube, np.full((2, 3, 4), world - 1))

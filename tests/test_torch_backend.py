@@ -121,6 +121,16 @@ def _methods(rank, world, group):
         t = x(me, dtype=dtype)
         tdist.all_reduce(t, group=group)
         ok[f"all_reduce_{dtype}"] = torch.equal(t, sum(x(r) for r in range(n)).to(dtype))
+    # tensors the backend cannot hand chorus as a numpy view: 0-d, strided, requiring grad
+    scalar = torch.tensor(float(me + 1))
+    tdist.all_reduce(scalar, group=group)
+    ok["all_reduce_0d"] = scalar.item() == n * (n + 1) / 2
+    grid = torch.stack([x(me), x(me)], dim=1)
+    tdist.all_reduce(grid[:, 0], group=group)  # a column: a strided view, written back in place
+    ok["all_reduce_strided"] = torch.equal(grid[:, 0], sum(x(r) for r in range(n))) and torch.equal(grid[:, 1], x(me))
+    leaf = x(me).requires_grad_()
+    tdist.all_reduce(leaf, group=group, async_op=True).wait()
+    ok["all_reduce_requires_grad"] = torch.equal(leaf.detach(), sum(x(r) for r in range(n)))
     for op, expect in ((tdist.ReduceOp.MAX, x(n - 1)), (tdist.ReduceOp.MIN, x(0)),
                        (tdist.ReduceOp.AVG, sum(x(r) for r in range(n)) / n),
                        (tdist._make_nccl_premul_sum(2.0), 2 * sum(x(r) for r in range(n)))):

@@ -48,19 +48,21 @@ from chorus.torch.work import TorchWork
 BACKEND_NAME = "chorus"
 
 
-@functools.cache
-def _plain_op(name: str):
-    return getattr(ReduceOp, name)
+_PLAIN_OPS: dict = {}  # torch RedOpType -> chorus ReduceOp (reading an enum's .name costs ~5 us)
 
 
 def chorus_op(op):
     """chorus's ReduceOp for torch's ``ReduceOp`` / ``ReduceOp.RedOpType`` (PREMUL_SUM keeps its factor)."""
     kind = getattr(op, "op", op)
+    plain = _PLAIN_OPS.get(kind)
+    if plain is not None:
+        return plain
     name = kind.name
     if name == "PREMUL_SUM":
         factor = op.factor
         return _make_nccl_premul_sum(float(factor.item() if isinstance(factor, torch.Tensor) else factor))
-    return _plain_op(name)
+    plain = _PLAIN_OPS[kind] = getattr(ReduceOp, name)
+    return plain
 
 
 def _async(opts) -> bool:
@@ -69,7 +71,7 @@ def _async(opts) -> bool:
 
 def _check_cpu(op: str, tensors) -> None:
     for t in tensors:
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             raise InvalidTensorError(
                 f"chorus.torch {op}: got a tensor on {t.device}; the \"chorus\" backend handles CPU "
                 "tensors. For GPU tensors use NCCL alongside it, e.g. "
@@ -144,7 +146,7 @@ class ChorusProcessGroup(dist.ProcessGroup):
     # -- reductions ----------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op = chorus_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
-        calls = [functools.partial(_all_reduce, t, op, self._pg) for t in tensors]
+        calls = [functools.partial(_all_reduce, _array(t), op, self._pg) for t in tensors]
         return self._issue("allreduce", opts, tensors, calls, list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -229,8 +231,7 @@ class ChorusProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         root = _root(opts, "broadcast")
-        calls = [lambda a, t=t: collectives.broadcast(t, group=self._pg, async_op=a, group_src=root)
-                 for t in tensors]
+        calls = [functools.partial(_broadcast, _array(t), root, self._pg) for t in tensors]
         return self._issue("broadcast", opts, tensors, calls, list(tensors))
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -279,8 +280,30 @@ class ChorusProcessGroup(dist.ProcessGroup):
 
 
 # Module-level helpers (partial() of these costs less than a closure per call).
+_NO_NUMPY = frozenset((torch.bfloat16,))
+
+
+def _array(t):
+    """What to hand chorus for tensor ``t``: a numpy view of its memory when ``t`` is a plain
+    contiguous CPU tensor (DDP's buckets, a loss), else ``t`` itself (chorus converts it,
+    copying if non-contiguous).  The view skips ``t.detach()`` — a torch call, which lets
+    go of the GIL: in DDP's autograd hook, with chorus's worker busy on the previous
+    bucket, each such call is a GIL round trip — and it lets a small synchronous
+    all_reduce take chorus's latency path (numpy arrays only)."""
+    if t.requires_grad or t.dtype in _NO_NUMPY or not t.is_cpu or not t.is_contiguous():
+        return t
+    try:
+        return t.numpy()
+    except (RuntimeError, TypeError):  # conjugate/negative views, tensor subclasses: chorus's own path
+        return t
+
+
 def _all_reduce(t, op, pg, async_op):
     return collectives.all_reduce(t, op=op, group=pg, async_op=async_op)
+
+
+def _broadcast(t, root, pg, async_op):
+    return collectives.broadcast(t, group=pg, async_op=async_op, group_src=root)
 
 
 def _unflatten(flat, tensors) -> None:
