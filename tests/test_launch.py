@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -13,6 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_support import is_alive, wait_until
+
+from chorus.launch.supervisor import RankSpec, Supervisor
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "launch_scripts"
@@ -55,15 +59,6 @@ def rank_envs(stdout: str) -> dict[int, dict]:
         (env_line,) = [ln for ln in lines if ln.startswith("ENV ")]
         out[rank] = json.loads(env_line[4:])
     return out
-
-
-def is_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_for_pids(pid_dir: Path, n: int, timeout: float = 20) -> list[int]:
@@ -190,6 +185,20 @@ def test_rank_killed_by_signal_is_reported_by_name(pid_dir):
     assert "rank 1 (local rank 1" in r.stderr
     assert "killed by signal SIGKILL" in r.stderr
     assert not any(is_alive(p) for p in read_pids(pid_dir))
+
+
+def test_of_ranks_found_dead_at_one_look_the_one_killed_by_a_signal_failed_first():
+    # rank 0 exits 3 (as a survivor raising PeerLostError would), rank 1 is SIGKILLed; both are
+    # dead before the supervisor's first look, so only the tie-break can name the crash
+    code = ("import os, signal, sys; os.kill(os.getpid(), signal.SIGKILL) "
+            "if os.environ['RANK'] == '1' else sys.exit(3)")
+    specs = [RankSpec(r, r, [sys.executable, "-c", code], dict(os.environ, RANK=str(r))) for r in range(2)]
+    sup = Supervisor(specs, stdout=io.StringIO(), stderr=io.StringIO())
+    sup.start()
+    assert wait_until(lambda: not any(is_alive(p) for p in sup.pids()), 30)
+    outcome = sup.run()
+    assert (outcome.first_failure.rank, outcome.first_failure.signal_name) == (1, "SIGKILL")
+    assert outcome.exit_code == 128 + signal.SIGKILL
 
 
 def test_sigterm_to_launcher_is_forwarded(pid_dir):

@@ -28,7 +28,6 @@ import multiprocessing
 import os
 import re
 import runpy
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from proc_support import reserved_port
 
 from chorus.launch.supervisor import die_with_parent
 
@@ -173,12 +173,6 @@ SEED_EXAMPLES = [
 
 
 # -- running a script ---------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torch_variant(source: str) -> str:
     """The same script on torch.distributed: only the import lines change."""
     out, n = re.subn(r"^import chorus as dist\b.*$", "import torch.distributed as dist", source, flags=re.M)
@@ -195,9 +189,9 @@ def script_for(ex: Example, variant: str, tmp: Path) -> Path:
     return copy
 
 
-def base_env(ex: Example) -> dict[str, str]:
+def base_env(ex: Example, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and k != "PYTHONUNBUFFERED"}
-    env.update(SEED_PAUSE="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+    env.update(SEED_PAUSE="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.update(ex.env)
     return env
@@ -213,7 +207,12 @@ def run_real(ex: Example, variant: str, tmp: Path) -> tuple[int, str, str]:
     """As a user runs it: ``python script.py``, or 4 ranks under chorusrun (chorus) or
     with torchrun's variables set by hand (torch: chorusrun holds MASTER_PORT, which
     torch's own env:// rendezvous would have to bind)."""
-    script, env = script_for(ex, variant, tmp), base_env(ex)
+    with reserved_port() as port:
+        return _run_real(ex, variant, tmp, port)
+
+
+def _run_real(ex: Example, variant: str, tmp: Path, port: int) -> tuple[int, str, str]:
+    script, env = script_for(ex, variant, tmp), base_env(ex, port)
     if ex.how != "launcher":
         p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
                            timeout=TIMEOUT_S, cwd=ROOT)
@@ -275,13 +274,14 @@ def run_forked(ex: Example, variant: str, tmp: Path) -> tuple[int, str, str]:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD + [__name__])
     out, err = tmp / f"{variant}-{ex.id}.out", tmp / f"{variant}-{ex.id}.err"
-    p = ctx.Process(target=_forked_script,
-                    args=(str(script_for(ex, variant, tmp)), ex.how, base_env(ex), str(out), str(err)))
-    p.start()
-    p.join(TIMEOUT_S)
-    if p.is_alive():
-        p.kill()
-        p.join()
+    with reserved_port() as port:
+        p = ctx.Process(target=_forked_script,
+                        args=(str(script_for(ex, variant, tmp)), ex.how, base_env(ex, port), str(out), str(err)))
+        p.start()
+        p.join(TIMEOUT_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
     return p.exitcode, _read(out), _read(err)
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_support import is_alive
 
 from chorus.launch import (
     ProcessExitedException,
@@ -51,14 +52,6 @@ def kill_self(i: int) -> None:
 
 def sleep_briefly(i: int, seconds: float) -> None:
     time.sleep(seconds)
-
-
-def is_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_results_and_shared_token(tmp_path, monkeypatch):

@@ -48,10 +48,29 @@ def _concat(blobs: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(blobs) if blobs else np.empty(0, np.uint8)
 
 
+def _pickle_each(objects: list) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Each object's pickled size (``int64``: the first message) and its pickle."""
+    blobs = [_pickled(obj) for obj in objects]
+    return np.array([b.size for b in blobs], np.int64), blobs
+
+
+def _unpickle_each(blocks, sizes: np.ndarray) -> list[Any]:
+    """Unpickle ``blocks[i][:sizes[i]]`` for every i: padded rows, or a payload's pieces."""
+    return [_unpickled(block[:size]) for block, size in zip(blocks, sizes, strict=True)]
+
+
 def _split(payload: np.ndarray, sizes: np.ndarray) -> list[Any]:
     """Unpickle the back-to-back objects of ``payload`` whose lengths are ``sizes``."""
-    ends = np.cumsum(sizes)
-    return [_unpickled(payload[end - size:end]) for size, end in zip(sizes, ends, strict=True)]
+    return _unpickle_each((payload[start:] for start in np.cumsum(sizes) - sizes), sizes)
+
+
+def _sizes_and_row(obj: Any, group, world: int) -> tuple[np.ndarray, np.ndarray]:
+    """All-gather every group rank's pickled size (the first message); return the sizes and
+    ``obj`` pickled and zero-padded to the widest (this rank's block of the second)."""
+    blob = _pickled(obj)
+    sizes = np.zeros(world, np.int64)
+    all_gather_into_tensor(sizes, np.array([blob.size], np.int64), group=group)
+    return sizes, _padded([blob], int(sizes.max()))[0]
 
 
 def _padded(blobs: list[np.ndarray], width: int) -> np.ndarray:
@@ -92,8 +111,7 @@ def broadcast_object_list(object_list: list, src: int | None = None, group=None,
     _check_list(object_list, op, "object_list")
     root = root_rank(pg, src, group_src, op, "src")
     if pg.rank() == root:
-        blobs = [_pickled(obj) for obj in object_list]
-        sizes = np.array([b.size for b in blobs], np.int64)
+        sizes, blobs = _pickle_each(object_list)
     else:
         sizes = np.zeros(len(object_list), np.int64)
     try:
@@ -129,13 +147,10 @@ def all_gather_object(object_list: list, obj: Any, group=None) -> None:
         return None
     world = pg.size()
     _check_list(object_list, op, "object_list", world)
-    blob = _pickled(obj)
-    sizes = np.zeros(world, np.int64)
-    all_gather_into_tensor(sizes, np.array([blob.size], np.int64), group=group)
-    width = int(sizes.max())
-    rows = np.empty((world, width), np.uint8)
-    all_gather_into_tensor(rows, _padded([blob], width)[0], group=group)
-    object_list[:] = [_unpickled(row[:size]) for row, size in zip(rows, sizes, strict=True)]
+    sizes, mine = _sizes_and_row(obj, group, world)
+    rows = np.empty((world, mine.size), np.uint8)
+    all_gather_into_tensor(rows, mine, group=group)
+    object_list[:] = _unpickle_each(rows, sizes)
     return None
 
 
@@ -161,17 +176,13 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
         raise InvalidArgumentError(
             f"{op}: object_gather_list must be None on ranks other than dst (group rank {root}); "
             "only dst receives the objects")
-    blob = _pickled(obj)
-    sizes = np.zeros(world, np.int64)  # every rank needs the widest object to pad to it
-    all_gather_into_tensor(sizes, np.array([blob.size], np.int64), group=group)
-    width = int(sizes.max())
-    mine = _padded([blob], width)[0]
+    sizes, mine = _sizes_and_row(obj, group, world)  # every rank pads to the widest object
     if pg.rank() != root:
         gather(mine, None, group=group, group_dst=root)
         return None
-    rows = np.empty((world, width), np.uint8)
+    rows = np.empty((world, mine.size), np.uint8)
     gather(mine, list(rows), group=group, group_dst=root)
-    object_gather_list[:] = [_unpickled(row[:size]) for row, size in zip(rows, sizes, strict=True)]
+    object_gather_list[:] = _unpickle_each(rows, sizes)
     return None
 
 
@@ -196,11 +207,11 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
             f"this rank's object), got {scatter_object_output_list!r}")
     root = root_rank(pg, src, group_src, op, "src")
     world = pg.size()
-    sizes = np.zeros(world, np.int64)
     if pg.rank() == root:
         _check_list(scatter_object_input_list, op, "scatter_object_input_list", world)
-        blobs = [_pickled(obj) for obj in scatter_object_input_list]
-        sizes[:] = [b.size for b in blobs]
+        sizes, blobs = _pickle_each(scatter_object_input_list)
+    else:
+        sizes = np.zeros(world, np.int64)
     broadcast(sizes, group=group, group_src=root)  # everyone learns the block width
     width = int(sizes.max())
     mine = np.empty(width, np.uint8)
@@ -227,8 +238,7 @@ def send_object_list(object_list: list, dst: int | None = None, group=None, devi
     if member_group(group, op) is None:
         return None
     _check_list(object_list, op, "object_list")
-    blobs = [_pickled(obj) for obj in object_list]
-    sizes = np.array([b.size for b in blobs], np.int64)
+    sizes, blobs = _pickle_each(object_list)
     send(sizes, dst=dst, group=group, group_dst=group_dst)
     if blobs:
         send(_concat(blobs), dst=dst, group=group, group_dst=group_dst)

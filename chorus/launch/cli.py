@@ -23,6 +23,8 @@ Decisions (where torchrun has no exact counterpart):
 - Output is always shown on the console (prefixed ``[rankN]:``); ``--log-dir`` also
   keeps each rank's raw output in ``rank{N}.log``.
 - Like torchrun, ``OMP_NUM_THREADS`` defaults to 1 when several ranks share the node.
+- When the job ends, the job's ``/dev/shm`` leftovers are swept; a janitor process
+  (``chorus.launch.janitor``) does it when chorusrun is SIGKILLed (its ranks die with it).
 """
 
 from __future__ import annotations
@@ -242,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 1
         port = server.port
+    janitor = None
     try:
         sup = Supervisor(job.rank_specs(port), log_dir=job.log_dir)
+        janitor = _start_janitor(job.job_id)
         previous = _install_signal_handlers(sup)
         try:
             try:
@@ -251,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as e:
                 print(f"chorusrun: cannot start {job.cmd_prefix[0]!r}: {e}", file=sys.stderr)
                 return 1
+            janitor.watch(sup.pids())
             outcome = sup.run()
         finally:
             for sig, handler in previous.items():
@@ -259,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.close()
         _sweep_shared_memory(getattr(job, "job_id", None))
+        if janitor is not None:
+            janitor.dismiss()
     if outcome.first_failure is not None:
         sys.stderr.write(format_failure(outcome.first_failure, job.world_size))
     elif outcome.received_signal is not None:
@@ -266,6 +273,14 @@ def main(argv: list[str] | None = None) -> int:
               f"the {job.nproc} ranks of this node and stopped them", file=sys.stderr)
     sys.stderr.flush()
     return outcome.exit_code
+
+
+def _start_janitor(job_id: str):
+    """The process that sweeps the job's /dev/shm leftovers if chorusrun is SIGKILLed
+    (chorus.launch.janitor); imported here: chorusrun --help stays fast."""
+    from chorus.launch.janitor import Janitor
+
+    return Janitor(job_id)
 
 
 def _sweep_shared_memory(job_id: str | None) -> None:

@@ -7,10 +7,15 @@ Theory of operation::
              ...                      stderr ─pipe─> reader thread ─> "[rank1]:line" on stderr
                                                                   └─> rank1.log (raw, optional)
 
-The main thread polls the ranks.  The first rank that exits non-zero (or by a signal),
-or a signal received by the launcher, starts the stop sequence: SIGTERM to every
-remaining rank's process group, then SIGKILL to whatever is still alive after
-``grace_s`` seconds.  :meth:`Supervisor.run` returns an :class:`Outcome` that names the
+The main thread waits for a rank to exit (on the ranks' pidfds where Linux has them,
+else polling every ``POLL_INTERVAL_S``) and notes the order in which they end.  The first
+rank that exits non-zero (or by a signal), or a signal received by the launcher, starts
+the stop sequence: SIGTERM to every remaining rank's process group, then SIGKILL to
+whatever is still alive after ``grace_s`` seconds.  "First" is the order of exits, not of
+rank numbers: when rank 2 is killed and ranks 0 and 1 exit with PeerLostError a few
+milliseconds later, rank 2 is reported.  Ranks first seen dead at the same look are
+ordered killed-by-a-signal first (a crash is a cause; an error exit is often a reaction
+to it), then by rank.  :meth:`Supervisor.run` returns an :class:`Outcome` that names the
 first failure; :func:`format_failure` turns it into the report printed to stderr.
 """
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -211,6 +217,7 @@ class Supervisor:
         self._out = _Sink(stdout or sys.stdout)
         self._err = _Sink(stderr or sys.stderr)
         self._ranks: list[_RankProcess] = []
+        self._exits: list[_RankProcess] = []  # in the order they were seen to end
         self._signal: int | None = None
 
     def request_stop(self, signum: int) -> None:
@@ -244,15 +251,27 @@ class Supervisor:
         for r in self._ranks:
             r.start_readers(self._out, self._err)
 
+    def pids(self) -> list[int]:
+        """The process ids of the ranks started so far."""
+        return [r.popen.pid for r in self._ranks]
+
     def run(self) -> Outcome:
         """Start the ranks (if not started) and supervise them until all have exited."""
         if not self._ranks:
             self.start()
+        pidfds = _pidfds(self._ranks)
+        try:
+            return self._supervise(pidfds)
+        finally:
+            for fd in pidfds:
+                os.close(fd)
+
+    def _supervise(self, pidfds: dict[int, _RankProcess]) -> Outcome:
         first: RankFailure | None = None
         stopping_since: float | None = None
         killed = False
         while True:
-            running = [r for r in self._ranks if r.popen.poll() is None]
+            running = self._note_exits()
             if first is None and stopping_since is None:
                 first = self._first_failure()
             if stopping_since is None and (first is not None or self._signal is not None):
@@ -264,7 +283,7 @@ class Supervisor:
                     time.monotonic() - stopping_since >= self.grace_s:
                 self._stop_all(signal.SIGKILL)
                 killed = True
-            time.sleep(POLL_INTERVAL_S)
+            _wait_for_an_exit([fd for fd, r in pidfds.items() if r in running], POLL_INTERVAL_S)
         if stopping_since is not None:
             self._stop_all(signal.SIGKILL)  # leftovers in the ranks' process groups
         for r in self._ranks:
@@ -276,10 +295,23 @@ class Supervisor:
             return Outcome(128 + self._signal, None, self._signal)
         return Outcome(0)
 
-    def _first_failure(self) -> RankFailure | None:
+    def _note_exits(self) -> list[_RankProcess]:
+        """Record the ranks that ended since the last look (see the module docstring for the
+        order); return those still running."""
+        running, ended = [], []
         for r in self._ranks:
+            if r.popen.poll() is None:
+                running.append(r)
+            elif r not in self._exits:
+                ended.append(r)
+        ended.sort(key=lambda r: (r.popen.returncode >= 0, r.spec.rank))
+        self._exits.extend(ended)
+        return running
+
+    def _first_failure(self) -> RankFailure | None:
+        for r in self._exits:
             code = r.popen.returncode
-            if code is not None and code != 0:
+            if code != 0:
                 return RankFailure(r.spec.rank, r.spec.local_rank, r.popen.pid, code)
         return None
 
@@ -289,6 +321,30 @@ class Supervisor:
     def _stop_all(self, signum: int) -> None:
         for r in self._ranks:
             r.signal_group(signum)
+
+
+def _pidfds(ranks: list[_RankProcess]) -> dict[int, _RankProcess]:
+    """A pidfd per rank (readable once it exits), or none where Linux < 5.3 or not Linux."""
+    fds: dict[int, _RankProcess] = {}
+    for r in ranks:
+        try:
+            fds[os.pidfd_open(r.popen.pid)] = r
+        except (AttributeError, OSError):  # no pidfd_open (or already reaped): poll instead
+            for fd in fds:
+                os.close(fd)
+            return {}
+    return fds
+
+
+def _wait_for_an_exit(pidfds: list[int], timeout: float) -> None:
+    """Return when one of ``pidfds`` is readable (its rank exited), or after ``timeout``."""
+    if pidfds:
+        poller = select.poll()  # not select.select: pidfds may exceed FD_SETSIZE with many ranks
+        for fd in pidfds:
+            poller.register(fd, select.POLLIN)
+        poller.poll(timeout * 1000)
+    else:
+        time.sleep(timeout)
 
 
 def format_failure(failure: RankFailure, world_size: int) -> str:

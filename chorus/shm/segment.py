@@ -7,8 +7,9 @@ and disappears with them — after a normal exit, an exception or ``kill -9`` al
 
 The one window where a name exists is between creation and the unlink (the members'
 ``open`` + ``mmap``, milliseconds).  A process killed inside it can leave a file
-behind; files are named ``chorus-<job id>-g<group>-<random>`` so that the launcher (or
-the next job) removes them with :func:`sweep`.
+behind; files are named ``chorus-<job id>-g<group>-<random>`` so that ``chorusrun``
+removes them with :func:`sweep` when the job ends (its janitor, ``chorus.launch.janitor``,
+does it when ``chorusrun`` itself is SIGKILLed).
 
 Why not ``multiprocessing.shared_memory``: before Python 3.13 it registers every
 segment with a resource tracker that unlinks it when the process that *opened* it
