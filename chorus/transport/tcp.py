@@ -18,6 +18,12 @@ the calling thread — no thread hand-off.  Large asynchronous sends go to a per
 sender thread so the caller can post its receives meanwhile.  Sends to one peer leave
 in the order they were posted.
 
+Same host: two ranks that share a host (and /dev/shm) also share a pair of byte rings,
+set up right after the HELLO (``shm_link``).  Payloads of 256 KiB and more then go
+through the ring while their headers still go over the socket — matching, order,
+fingerprints, BYE and failure detection are unchanged; only where the bytes travel
+differs.  ``CHORUS_SHM_P2P=0`` or ``CHORUS_TRANSPORT=tcp`` keep everything on the socket.
+
 Failures: EOF or a reset on a connection whose peer did not say BYE means that peer
 died; this rank fails everything pending in that peer's groups and sends PEER_LOST to
 every other rank, which do the same — so all survivors fail within milliseconds of the
@@ -39,12 +45,15 @@ import numpy as np
 
 from chorus import net
 from chorus.errors import ProtocolError, RendezvousError
+from chorus.shm.ring import RingReader, RingWriter
+from chorus.transport import shm_link
 from chorus.transport.base import Transport, control_header
 from chorus.transport.handles import Handle
-from chorus.transport.tcp_reader import BufferedReader
+from chorus.transport.tcp_reader import BELL, BufferedReader
 from chorus.wire.frames import (
     HEADER_SIZE,
     LOST_REASON_TEXT,
+    MAX_PAYLOAD,
     Header,
     Kind,
     LostReason,
@@ -84,7 +93,7 @@ def local_address_towards(remote: str | None) -> str:
 
 class _Connection:
     __slots__ = ("peer", "sock", "cv", "queue", "sender", "last_sent", "last_heard", "reading",
-                 "bye")
+                 "bye", "reader", "ring_out", "ring_in", "ring_min")
 
     def __init__(self, peer: int, sock: socket.socket):
         self.peer = peer
@@ -95,6 +104,11 @@ class _Connection:
         self.last_sent = self.last_heard = time.monotonic()
         self.reading = False
         self.bye = False
+        self.reader = BufferedReader(sock)
+        # Same-host peers: payloads of >= ring_min bytes go through shared memory (shm_link)
+        self.ring_out: RingWriter | None = None
+        self.ring_in: RingReader | None = None
+        self.ring_min = MAX_PAYLOAD + 1
 
 
 class TcpTransport(Transport):
@@ -131,7 +145,15 @@ class TcpTransport(Transport):
         net.client_handshake(sock, self._token, b"transport", max(1.0, deadline - time.monotonic()))
         sock.sendall(control_header(Kind.HELLO, tag=self.rank, group=self.world_size)
                      + self._session.to_bytes(8, "little"))
-        self._register(peer, sock)
+        sock.settimeout(max(1.0, deadline - time.monotonic()))
+        try:
+            pairing = shm_link.connector_side(sock, self.rank, self.world_size)
+        except (OSError, ConnectionError) as exc:
+            sock.close()
+            raise RendezvousError(
+                f"rank {self.rank}: rank {peer} at {addr} dropped the transport connection during "
+                f"set-up ({exc}). Is it a rank of this job, started with the same store?") from None
+        self._register(peer, sock, pairing)
 
     def _accept_loop(self) -> None:
         while self._closed is None:
@@ -148,7 +170,6 @@ class TcpTransport(Transport):
             sock.settimeout(10.0)
             hello = unpack_header(net.recv_exact(sock, HEADER_SIZE))
             session = int.from_bytes(net.recv_exact(sock, 8), "little")
-            sock.settimeout(None)
             peer = hello.tag
             if hello.kind != Kind.HELLO or hello.group != self.world_size or session != self._session:
                 raise ProtocolError("first frame is not a HELLO of this job")
@@ -157,15 +178,22 @@ class TcpTransport(Transport):
             with self._conns_cv:
                 if peer in self._conns:
                     raise ProtocolError(f"rank {peer} is already connected")
-            self._register(peer, sock)
+            self._register(peer, sock, shm_link.acceptor_side(sock, self.rank, peer, self.world_size))
         except (OSError, ConnectionError, ProtocolError, Exception) as exc:  # noqa: B014
             log.warning("chorus rank %d: rejected a transport connection from %s: %s", self.rank, addr, exc)
             sock.close()
 
-    def _register(self, peer: int, sock: socket.socket) -> None:
+    def _register(self, peer: int, sock: socket.socket, pairing: shm_link.Pairing | None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(None)
         conn = _Connection(peer, sock)
+        if pairing is not None:
+            dead, left = self._dead, self._left  # not self: no reference cycle through the rings
+            conn.ring_out, conn.ring_in = shm_link.ring_ends(
+                pairing, peer=peer, bell=lambda: sock.sendall(BELL), doze=conn.reader.doze,
+                gone=lambda: dead.get(peer) or ("left the job (destroy_process_group)"
+                                                if peer in left else None))
+            conn.ring_min = pairing.min_bytes
         with self._conns_cv:
             self._conns[peer] = conn
             self._conns_cv.notify_all()
@@ -185,7 +213,7 @@ class TcpTransport(Transport):
 
     # -- receiving -----------------------------------------------------------------------
     def _read_loop(self, conn: _Connection) -> None:
-        reader = BufferedReader(conn.sock)
+        reader = conn.reader
         try:
             while True:
                 h = unpack_header(reader.read(HEADER_SIZE))
@@ -213,6 +241,7 @@ class TcpTransport(Transport):
 
     def _read_payload(self, conn: _Connection, reader: BufferedReader, h: Header) -> None:
         wait = POST_GRACE_S if h.nbytes >= POST_GRACE_MIN else 0.0
+        source = conn.ring_in if h.nbytes >= conn.ring_min else reader  # where the payload is
         match = self._matcher.claim(conn.peer, h, wait)
         conn.reading = True
         try:
@@ -220,15 +249,15 @@ class TcpTransport(Transport):
                 match.peer = conn.peer
                 error = self._fits(match, h, conn.peer)
                 if error is not None:
-                    reader.discard(h.nbytes)
+                    source.discard(h.nbytes)
                 elif h.nbytes:
-                    reader.read_into(match.view)
+                    source.read_into(match.view)
                 match.complete(h, error)
                 return
             self.stashed(conn.peer, h)
             data = memoryview(np.empty(h.nbytes, np.uint8)) if h.nbytes else _EMPTY
             if h.nbytes:
-                reader.read_into(data)
+                source.read_into(data)
             claimant = self._matcher.arrival_ready(match, data)
             if claimant is not None:
                 self._fill_from_stash(claimant, match)
@@ -294,7 +323,9 @@ class TcpTransport(Transport):
                 handle.complete()
 
     def _write(self, conn: _Connection, header: bytes, view: memoryview) -> None:
-        if len(view) <= COALESCE_MAX:
+        if len(view) >= conn.ring_min:
+            conn.ring_out.write(view, lambda: conn.sock.sendall(header))
+        elif len(view) <= COALESCE_MAX:
             conn.sock.sendall(header + view if len(view) else header)
         else:
             conn.sock.sendall(header)
@@ -309,6 +340,11 @@ class TcpTransport(Transport):
                     conn.queue.remove(item)
             for _, _, h in doomed:
                 h.complete(error=error_for(h))
+
+    def shm_p2p_stats(self) -> dict[int, tuple[int, int]]:
+        """Same-host peers with rings -> (payload bytes sent, received) through them."""
+        return {peer: (c.ring_out.bytes, c.ring_in.bytes)
+                for peer, c in list(self._conns.items()) if c.ring_out is not None}
 
     # -- failures ------------------------------------------------------------------------
     def _lose(self, peer: int, why: str, reason: int = LostReason.DIED) -> None:

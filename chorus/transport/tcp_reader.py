@@ -4,13 +4,22 @@ Small frames often arrive together (a header and its payload, or several frames)
 reader pulls whatever the kernel has into a buffer and serves headers and small payloads
 from it.  A large payload is copied out of the buffer only for the part already there;
 the rest is received straight into its destination.
+
+A connection whose large payloads come through shared memory (chorus.shm.ring) also
+sleeps here while such a payload is incomplete: :meth:`BufferedReader.doze` waits for the
+socket, where the writer rings its bell (a HEARTBEAT frame) or its death shows as EOF.
 """
 
 from __future__ import annotations
 
+import select
 import socket
 
+from chorus.transport.base import control_header
+from chorus.wire.frames import Kind
+
 BUFFER_BYTES = 256 * 1024
+BELL = control_header(Kind.HEARTBEAT)  # a ring writer's doorbell is a plain heartbeat
 
 
 class BufferedReader:
@@ -20,6 +29,7 @@ class BufferedReader:
         self._view = memoryview(self._buf)
         self._start = 0  # first unread byte
         self._end = 0  # one past the last received byte
+        self._poller: select.poll | None = None
 
     def _fill(self, need: int) -> None:
         """Make at least ``need`` (<= buffer size) unread bytes available."""
@@ -62,3 +72,32 @@ class BufferedReader:
             self.read(chunk)
             n -= chunk
 
+    def doze(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for bytes on the socket and buffer them, dropping bells
+        (HEARTBEAT frames) at the front; True if another frame is waiting.  Raises
+        ConnectionError at EOF (the writer died)."""
+        if self._skip_bells():
+            return True
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self._sock, select.POLLIN)
+        if not self._poller.poll(seconds * 1e3):
+            return False
+        if self._end == len(self._buf):  # make room (less than a frame's header is buffered)
+            pending = self._end - self._start
+            self._view[:pending] = self._view[self._start: self._end]
+            self._start, self._end = 0, pending
+        got = self._sock.recv_into(self._view[self._end:])
+        if not got:
+            raise ConnectionError("connection closed by the peer (EOF) in the middle of a message "
+                                  "coming through shared memory")
+        self._end += got
+        return self._skip_bells()
+
+    def _skip_bells(self) -> bool:
+        n = len(BELL)
+        while self._end - self._start >= n and self._view[self._start: self._start + n] == BELL:
+            self._start += n
+        if self._start == self._end:
+            self._start = self._end = 0
+        return self._end - self._start >= n
