@@ -20,6 +20,14 @@ see docs/benchmarks.md):
     all_to_all      W <= 16: linear (everything in flight at once); else uniform and
                     <= 4 KiB per block: bruck; else pairwise
     barrier         dissemination
+
+A group whose members span hosts, with several members on some host, has a hierarchy
+(chorus.api.hierarchy): its all_reduce, reduce, broadcast, all_gather, reduce_scatter and
+barrier run ``hierarchical`` by default (shared memory inside each host, the rules above
+between one leader per host); naming a TCP algorithm above runs the flat one instead.
+``hierarchical`` on a group with nothing to split (one host, or one rank per host) means
+no preference: the group's default (shared memory on one host, else the environment and
+the rules above).
 """
 
 from __future__ import annotations
@@ -30,6 +38,10 @@ from chorus.errors import InvalidArgumentError
 from chorus.schedules.registry import ALGORITHMS
 
 KIB, MIB = 1 << 10, 1 << 20
+HIERARCHICAL = "hierarchical"
+#: the collectives with a hierarchical algorithm (chorus.api.hierarchy)
+HIERARCHICAL_COLLECTIVES = frozenset({"all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
+                                      "barrier"})
 
 
 def default_algorithm(collective: str, world: int, nbytes: int, uniform: bool = True) -> str:
@@ -57,13 +69,27 @@ def choose(collective: str, world: int, nbytes: int, requested: str | None = Non
            uniform: bool = True) -> str:
     """Resolve the algorithm for one call; InvalidArgumentError lists the valid names."""
     name = requested or os.environ.get(f"CHORUS_ALGO_{collective.upper()}") or None
-    if name is None:
-        return default_algorithm(collective, world, nbytes, uniform)
+    if name is None or (name == HIERARCHICAL and collective in HIERARCHICAL_COLLECTIVES):
+        return default_algorithm(collective, world, nbytes, uniform)  # nothing to split here
     valid = ALGORITHMS[collective]
     if name not in valid:
         source = "algorithm=" if requested else f"CHORUS_ALGO_{collective.upper()}"
         raise InvalidArgumentError(
-            f"{collective}: unknown algorithm {name!r} (from {source}); valid: {', '.join(sorted(valid))}")
+            f"{collective}: unknown algorithm {name!r} (from {source}); valid: {', '.join(valid_names(collective))}")
     if name == "bruck" and collective == "all_to_all" and not uniform:
         raise InvalidArgumentError("all_to_all: algorithm 'bruck' needs equal split sizes; use 'pairwise'")
     return name
+
+
+def valid_names(collective: str) -> list[str]:
+    """Every algorithm name ``collective`` accepts, sorted."""
+    extra = [HIERARCHICAL] if collective in HIERARCHICAL_COLLECTIVES else []
+    return sorted([*ALGORITHMS[collective], *extra])
+
+
+def without_hierarchy(collective: str, requested: str | None) -> str | None:
+    """``requested`` for a group with no hierarchy: ``hierarchical`` becomes None (the
+    group's default, shared memory on one host); anything else is unchanged."""
+    if requested == HIERARCHICAL and collective in HIERARCHICAL_COLLECTIVES:
+        return None
+    return requested

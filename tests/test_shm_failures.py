@@ -134,3 +134,22 @@ def test_no_false_mismatch_while_a_late_rank_moves_from_one_op_to_the_next():
         return True
 
     assert all(run_threads(body, 6))
+
+
+def test_waiters_stop_yielding_when_yields_are_slow(monkeypatch):
+    """Next to a busy task a sched_yield() lasts until the task's time slice ends; three
+    slow yields in a row make waits sleep instead (chorus.shm.sync)."""
+    import time
+
+    import chorus.shm.sync as shm_sync
+
+    monkeypatch.setattr(shm_sync.os, "sched_yield", lambda: time.sleep(2e-4))  # a "slow" yield
+
+    def body(rank, w):
+        if rank == 1:
+            time.sleep(0.05)  # rank 0 waits (and yields) meanwhile
+        dist.all_reduce(np.ones(2))
+        return dist.group.WORLD.shm.sync.sleep_only_until - time.monotonic()
+
+    left = run_threads(body, 2)
+    assert 0 < left[0] <= shm_sync.SLEEP_ONLY_S  # rank 0 sleeps, not yields, from now on

@@ -111,12 +111,18 @@ def install(world: World, transport, backend: str, timeout: float, store=None,
 
 
 def attach_shm(pg: ProcessGroup) -> None:
-    """Give ``pg`` a shared-memory window when every member is on this host (every member
-    calls this when the group is created; see chorus.shm.handshake)."""
+    """Give ``pg`` a shared-memory window when every member is on this host, or a hierarchy
+    when it spans hosts and some host has several members (shared memory inside each host,
+    TCP between them: chorus.api.hierarchy).  Every member calls this when the group is
+    created; see chorus.shm.handshake."""
     if pg.is_member():
         from chorus.shm.handshake import create  # imported here so that `import chorus` stays fast
 
-        pg.shm = create(pg.transport, pg.id, pg.members, pg.rank(), pg.timeout)
+        pg.shm, hosts = create(pg.transport, pg.id, pg.members, pg.rank(), pg.timeout)
+        if pg.shm is None:
+            from chorus.api.hierarchy import build  # imported here: it imports chorus.api.launch
+
+            pg.hierarchy = build(pg, hosts)
 
 
 def destroy_process_group(group=None) -> None:
@@ -146,6 +152,8 @@ def destroy_process_group(group=None) -> None:
 def _close_shm(pg: ProcessGroup | None) -> None:
     if pg is not None and pg.shm is not None:
         pg.shm.close()
+    if pg is not None and pg.hierarchy is not None:
+        pg.hierarchy.close()  # its hidden sub-groups go with it
 
 
 def is_initialized() -> bool:

@@ -17,7 +17,7 @@ from chorus.errors import InvalidArgumentError
 from chorus.process_group import ProcessGroup
 from chorus.reductions import row_reducer
 from chorus.schedules.registry import schedule as build_schedule
-from chorus.selection import choose
+from chorus.selection import choose, without_hierarchy
 from chorus.wire.dtypes import DTYPE_CODES
 from chorus.wire.fingerprint import fingerprint
 from chorus.work import CompletedWork, QueuedWork, Work
@@ -76,6 +76,13 @@ def run(pg: ProcessGroup, name: str, *, dtype: str, count: int, buffers: dict[st
     chorus.shm); its collectives run there unless ``algorithm=`` or ``CHORUS_ALGO_<NAME>``
     asks for a TCP algorithm (``CHORUS_TRANSPORT=tcp`` disables shared memory).
     """
+    hierarchy = pg.hierarchy  # a group spanning hosts: chorus.api.hierarchy
+    if hierarchy is not None and hierarchy.takes(name, algorithm):
+        return hierarchy.run(name, dtype=dtype, count=count, buffers=buffers, async_op=async_op, root=root,
+                             reduce_op=reduce_op, combine=combine, before=before, after=after,
+                             result=result, args=args)
+    if algorithm is not None:
+        algorithm = without_hierarchy(name, algorithm)
     shm = pg.shm
     if shm is not None and algorithm is None and name not in shm.tcp_only:
         return _run_shm(pg, shm, name, dtype, count, buffers, async_op, root, reduce_op, before,

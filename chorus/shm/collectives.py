@@ -18,20 +18,40 @@ The last phase has no sync of its own: it overlaps the next op's first phase (wh
 writes the other parity).  Every op has at least one sync, and its first sync checks
 that every rank began the same call (fingerprint and sequence number).
 
+Single copy.  From ``CMA_BYTES`` (and when the group's members agreed at window
+creation that they can, chorus.shm.cma), the data does not pass through the window: a
+rank reads the peers' buffers straight into its own with ``process_vm_readv`` (and the
+reductions write results straight into the peers' buffers), so every byte is copied once
+instead of twice.  Such an op has two syncs and the window carries only addresses::
+
+    phase 0   rank r:  publish where its buffer starts           (control line, SOURCE)
+    sync      (checks every rank called the same op)
+    phase 1   rank r:  read the others' buffers, write its result (chorus.shm.cma)
+    sync      nobody returns (letting its caller reuse the buffer) while others read or
+              write it
+    phase 2   (empty: the next op's phase 0)
+
+A rank writes SOURCE again only in the next op's phase 0, after the second sync, when
+every rank has read it.  The reads and writes of phase 1 never touch bytes that their
+owner or a third rank changes in the same phase (each op's docstring says why).
+
 Names below: ``W`` ranks, ``me`` this rank's group rank, ``slot[r]`` rank r's data slot of
-the parity at hand, ``result`` the shared result slot.
+the parity at hand, ``result`` the shared result slot; ``rank q's x`` is rank q's own
+buffer ``x``, read or written with chorus.shm.cma.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import accumulate
 
 import numpy as np
 
 from chorus.errors import BufferMismatchError
-from chorus.shm.sync import Sync
+from chorus.shm import cma
+from chorus.shm.sync import SOURCE, Sync
 from chorus.shm.window import Window
 
 Reduce = Callable[[np.ndarray, np.ndarray], None]  # reduce(rows, out): out = op over rows
@@ -43,6 +63,28 @@ Stage = Callable[[int, int], None]  # stage(chunk, parity written in this phase)
 #: chunk).  Measured on a 16-core host: one-shot wins up to 64 KiB at W = 4 and 16 KiB at
 #: W = 8; at W = 2 it wins below 1 MiB and loses above.
 ONESHOT_BYTES = int(os.environ.get("CHORUS_SHM_ONESHOT_BYTES", "").strip() or 256 << 10)
+
+
+def _cma_bytes() -> dict[str, float]:
+    """Per collective, the message size (nccl-tests' size: a rank's larger buffer) from
+    which it copies once, peer to peer (chorus.shm.cma), instead of through the window.
+
+    Measured at W = 2 on a 2-core VM (copy path and single copy alternating op by op in
+    the same processes), whose kernel copies run at a third of memcpy's speed in cache and
+    two thirds from memory: below about 1 MiB single copy mostly lost (a call and page
+    pinning per read, slower copies); from these sizes on it won by 1.1-1.9x, except
+    reduce_scatter (0.9-1.1x up to 256 MiB: at W = 2 it copies as many bytes either way).
+    Hosts with faster kernel copies or more ranks likely gain earlier:
+    ``CHORUS_SHM_CMA_BYTES`` sets one size for every collective (1: always, when the group
+    can; ``CHORUS_SHM_CMA=0``: never).
+    """
+    env = os.environ.get("CHORUS_SHM_CMA_BYTES", "").strip()
+    measured = {"broadcast": 4 << 20, "scatter": 1 << 20, "all_gather": 16 << 20, "all_to_all": 4 << 20,
+                "all_reduce": 8 << 20, "reduce": 8 << 20, "reduce_scatter": float("inf")}
+    return {op: int(env) for op in measured} if env else measured
+
+
+CMA_BYTES = _cma_bytes()
 
 
 def pipeline(sync: Sync, ctx, n: int, stages: Sequence[Stage], start: int = 0) -> None:
@@ -94,7 +136,8 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         phase k+2   rank r:  data[chunk k] <- result             (all W slices)
 
     Every rank computes the same numpy reduction of the same rows, so results are
-    bit-identical on every rank.
+    bit-identical on every rank.  From ``CMA_BYTES``: single copy, see
+    ``_all_reduce_direct``.
     """
     me, dt, count = win.rank, data.dtype, data.size
     readers = root < 0 or me == root
@@ -106,6 +149,9 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         sync.sync(ctx, first=True)
         if readers:
             reduce(stacks[p], data)
+        return
+    if _direct(win, "all_reduce" if root < 0 else "reduce", data.nbytes):
+        _all_reduce_direct(win, sync, ctx, data, reduce, root)
         return
 
     def copy_in(j: int, p: int) -> None:
@@ -130,8 +176,19 @@ def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None
 
         phase k     root:        area <- data[chunk k]
         phase k+1   other ranks: data[chunk k] <- area
+
+    Single copy (from ``CMA_BYTES``)::
+
+        phase 1     other ranks: data <- rank root's data       (one read each)
+        sync        the root returns only when every rank has read its data
     """
     me, dt, count = win.rank, data.dtype, data.size
+    if _direct(win, "broadcast", data.nbytes):
+        sources = _open(win, sync, ctx, data)
+        with _closing(sync, ctx):
+            if me != root:
+                _read(win, ctx, root, data, sources[root])
+        return
     size = win.world * win.capacity(dt)
 
     def copy_in(j: int, p: int) -> None:
@@ -152,10 +209,23 @@ def all_gather(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray | 
 
         phase k     rank r:          slot[r] <- inp[chunk k]
         phase k+1   ranks with out:  out[r][chunk k] <- slot[r]      for every r, one copy
+
+    Single copy (from ``CMA_BYTES`` of output; ``inp`` may be this rank's block of ``out``)::
+
+        phase 1     ranks with out:  out[q] <- rank q's inp          for every q
+        sync        nobody returns while others read its inp
     """
     me, dt, count = win.rank, inp.dtype, inp.size
     size = win.capacity(dt)
     blocks = None if out is None else out.reshape(win.world, count)
+    if _direct(win, "all_gather", win.world * inp.nbytes):
+        sources = _open(win, sync, ctx, inp)
+        with _closing(sync, ctx):
+            if blocks is not None:
+                for q in _others(me, win.world):
+                    _read(win, ctx, q, blocks[q], sources[q])
+                _copy(blocks[me], inp)
+        return
 
     def copy_in(j: int, p: int) -> None:
         lo, hi = _span(j, size, count)
@@ -174,9 +244,22 @@ def scatter(win: Window, sync: Sync, ctx, inp: np.ndarray | None, out: np.ndarra
 
         phase k     root:    slot[r] <- inp[r][chunk k]   for every r, one copy
         phase k+1   rank r:  out[chunk k] <- slot[r]
+
+    Single copy (from ``CMA_BYTES`` of the root's input)::
+
+        phase 1     rank r:  out <- rank root's inp[r]
+        sync        the root returns only when every rank has read its inp
     """
     me, dt, count = win.rank, out.dtype, out.size
     size = win.capacity(dt)
+    if _direct(win, "scatter", win.world * out.nbytes):
+        sources = _open(win, sync, ctx, inp if me == root else None)
+        with _closing(sync, ctx):
+            if me == root:
+                out[...] = inp[me * count: (me + 1) * count]
+            else:
+                _read(win, ctx, root, out, sources[root] + me * out.nbytes)
+        return
 
     def copy_in(j: int, p: int) -> None:
         lo, hi = _span(j, size, count)
@@ -204,9 +287,19 @@ def reduce_scatter(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarra
 
         phase k     rank r:  slot[r].piece[q] <- inp[block q][round k]   for every q
         phase k+1   rank r:  out[round k] <- reduce(slot[0..W-1].piece[r])
+
+    Single copy (from ``CMA_BYTES`` of input), the same rounds, through private
+    scratch instead of the window::
+
+        phase 1     rank r, round k:  rows[q] <- rank q's inp[block r][round k]   for every q
+                                      out[round k] <- reduce(rows)
+        sync        nobody returns while others read its inp
     """
     me, w, dt = win.rank, win.world, out.dtype
     piece = win.capacity(dt) // w
+    if _direct(win, "reduce_scatter", inp.nbytes):
+        _reduce_scatter_direct(win, sync, ctx, inp, out, counts, reduce, piece)
+        return
     uniform = len(set(counts)) <= 1
     starts = None if uniform else _offsets(counts)
     mine = counts[me]
@@ -237,6 +330,18 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
 
         phase k     rank r:  slot[r].piece[q] <- inp[block q][round k]    for every q
         phase k+1   rank q:  out[block r][round k] <- slot[r].piece[q]    for every r
+
+    Single copy, when some rank sends ``CMA_BYTES`` or more (known to all after the
+    first sync, from the counts; a rank that sends less also fills round 0 of the copy
+    path, in case no rank does)::
+
+        phase 0     rank r:  publish inp's address, its counts     (ranks that send little:
+                                                                    also round 0 as above)
+        phase 1     rank q:  out[block r] <- rank r's inp[block q]  for every r
+        sync        nobody returns while others read its inp
+
+    ``inp`` and ``out`` may be one buffer: then ``inp`` is copied first (others read it
+    while this rank writes ``out``).
     """
     me, w, dt = win.rank, win.world, out.dtype
     piece = win.capacity(dt) // w
@@ -267,10 +372,19 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
     send_table, recv_table = win.tables(p)
     send_table[me] = send_counts
     recv_table[me] = recv_counts
-    copy_in(0, p)
+    if win.cma is not None:
+        if np.may_share_memory(inp, out):
+            inp = inp.copy()
+        win.publish(cma.address(inp))
+    if not _direct(win, "all_to_all", sum(send_counts) * dt.itemsize):
+        copy_in(0, p)
     sync.sync(ctx, first=True)
     if not np.array_equal(send_table, recv_table.T):
         _counts_disagree(send_table, recv_table, ctx)
+    if _direct(win, "all_to_all", int(send_table.sum(axis=1).max()) * dt.itemsize):
+        with _closing(sync, ctx):
+            _all_to_all_direct(win, ctx, inp, out, send_table, recv_counts)
+        return
     rounds = _chunks(int(send_table.max()), piece)  # every rank's counts decide, not just mine
     pipeline(sync, ctx, rounds, (copy_in, copy_out), start=1)
 
@@ -285,3 +399,129 @@ def _counts_disagree(send_table: np.ndarray, recv_table: np.ndarray, ctx) -> Non
         f"{ctx.describe()}: group rank {src} sends {int(send_table[src, dst])} elements to group "
         f"rank {dst}, which expects {int(recv_table[dst, src])}. Make every rank's output split "
         "sizes match what the others send it.")
+
+
+# Single copy (chorus.shm.cma): see the module docstring.
+
+
+def _direct(win: Window, op: str, nbytes: int) -> bool:
+    """Whether collective ``op`` of ``nbytes`` (see ``CMA_BYTES``) reads the peers' buffers
+    directly: the same answer on every rank (one verdict per window, the same sizes)."""
+    return win.cma is not None and nbytes >= CMA_BYTES[op]
+
+
+def _open(win: Window, sync: Sync, ctx, source: np.ndarray | None) -> list[int]:
+    """Phase 0 of a single-copy op: publish where ``source`` starts, sync, and return where
+    every rank's starts."""
+    win.publish(cma.address(source))
+    sync.sync(ctx, first=True)
+    return win.words(SOURCE)
+
+
+@contextmanager
+def _closing(sync: Sync, ctx) -> Iterator[None]:
+    """Phase 1 of a single-copy op (the ``with`` body), then the op's closing sync.
+
+    A peer found dead in phase 1 (cma.PeerGone) is reported through that sync, the way
+    every other rank learns of it (the transport saw its connection break): raising at
+    once would mark this rank as having given up, and the others would report that
+    instead of the lost peer.
+    """
+    try:
+        yield
+    except cma.PeerGone as lost:
+        sync.sync(ctx)
+        raise lost from None  # the sync passed: the peer died just after it arrived
+    sync.sync(ctx)
+
+
+def _others(me: int, world: int) -> list[int]:
+    """The other ranks, from ``me + 1`` on (W readers do not all start on the same rank)."""
+    return [(me + k) % world for k in range(1, world)]
+
+
+def _read(win: Window, ctx, q: int, dst: np.ndarray, src: int) -> None:
+    """``dst`` <- ``dst.nbytes`` bytes of rank ``q``'s memory at address ``src``."""
+    win.cma.read(ctx, q, [(cma.address(dst), src, dst.nbytes)])
+
+
+def _copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` unless they are the same memory (in-place all_gather)."""
+    if cma.address(dst) != cma.address(src):
+        dst[...] = src
+
+
+def _reduce_rows(win: Window, ctx, sources: list[int], offset: int, own: np.ndarray,
+                 out: np.ndarray | None, reduce: Reduce, writes: Sequence[int] = ()) -> None:
+    """``out`` <- reduce over ranks of the ``own.size`` elements at byte ``offset`` of every
+    rank's source (``own``: this rank's, here), then the result -> the same place in ranks
+    ``writes``' sources.  ``out`` None: private scratch.  The rows are read into private
+    scratch in rank order, so ``reduce`` sees the rows the copy path sees (same bits)."""
+    w, me, n, peers = win.world, win.rank, own.size, win.cma
+    scratch = peers.scratch((w + 1) * own.nbytes)[: (w + 1) * own.nbytes].view(own.dtype).reshape(w + 1, n)
+    rows = scratch[:w]
+    for q in _others(me, w):
+        _read(win, ctx, q, rows[q], sources[q] + offset)
+    rows[me] = own
+    out = scratch[w] if out is None else out
+    reduce(rows, out)
+    for q in writes:
+        if q != me and not win.gave_up(q, ctx.seq):  # its caller may own the memory again
+            peers.write(ctx, q, [(cma.address(out), sources[q] + offset, out.nbytes)])
+
+
+def _all_reduce_direct(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, root: int) -> None:
+    """all_reduce / reduce with single copy: rank r reduces slice r of each chunk (the copy
+    path's chunks and slices, so the same rows give the same bits) from every rank's
+    ``data`` and writes the result into every rank's ``data`` (reduce: the root's only)::
+
+        phase 0   rank r:           publish &data
+        phase 1   rank r, chunk k:  rows[q] <- rank q's data[chunk k][slice r]   for every q
+                                    rank q's data[chunk k][slice r] <- reduce(rows)
+                                                          for every q (reduce: q = root)
+        sync      nobody returns while others still read or write its data
+
+    Within phase 1 nothing races: slice r of every rank's ``data`` is read, then written,
+    by rank r alone.  Non-roots' ``data`` of reduce is only read.
+    """
+    me, dt, count = win.rank, data.dtype, data.size
+    sources = _open(win, sync, ctx, data)
+    size = win.capacity(dt)
+    writes = range(win.world) if root < 0 else (root,)
+    with _closing(sync, ctx):
+        for j in range(_chunks(count, size)):
+            lo, hi = _span(j, size, count)
+            a, b = _part(hi - lo, me, win.world)
+            own = data[lo + a: lo + b]
+            _reduce_rows(win, ctx, sources, (lo + a) * dt.itemsize, own, own if me in writes else None,
+                         reduce, writes)
+
+
+def _reduce_scatter_direct(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
+                           counts: Sequence[int], reduce: Reduce, piece: int) -> None:
+    """reduce_scatter with single copy, in the copy path's rounds of ``piece`` elements
+    (see reduce_scatter); ``out`` overlapping ``inp``: ``inp`` is copied first."""
+    me, dt = win.rank, out.dtype
+    if np.may_share_memory(inp, out):
+        inp = inp.copy()
+    sources = _open(win, sync, ctx, inp)
+    start = _offsets(counts)[me]
+    with _closing(sync, ctx):
+        for j in range(_chunks(counts[me], piece) if counts[me] else 0):
+            lo, hi = _span(j, piece, counts[me])
+            own = inp[start + lo: start + hi]
+            _reduce_rows(win, ctx, sources, (start + lo) * dt.itemsize, own, out[lo:hi], reduce)
+
+
+def _all_to_all_direct(win: Window, ctx, inp: np.ndarray, out: np.ndarray, send_table: np.ndarray,
+                       recv_counts: Sequence[int]) -> None:
+    """Phase 1 of all_to_all with single copy: block ``me`` of every rank's ``inp``, read
+    into ``out`` (the counts come from the table every rank published)."""
+    me, size = win.rank, out.itemsize
+    sources = win.words(SOURCE)
+    recvs = _offsets(recv_counts)
+    for q in _others(me, win.world):
+        block = out[recvs[q]: recvs[q] + recv_counts[q]]
+        _read(win, ctx, q, block, sources[q] + int(send_table[q, :me].sum()) * size)
+    sends = int(send_table[me, :me].sum())
+    out[recvs[me]: recvs[me] + recv_counts[me]] = inp[sends: sends + recv_counts[me]]

@@ -13,14 +13,27 @@ over the group's transport::
                                                UNLINK the file: every member has mapped
                                                it (or given up); no name is left behind
     <-- verdict: use it / use TCP ----------
+    <-- hosts: every member's host index ---   (only with "use TCP": a group spanning
+                                               hosts runs hierarchically, chorus.api.hierarchy)
+    probe every other member (CMA)             (only with "use it")
+    --- could read and write them or not -->
+    <-- single copy: yes / no --------------
+
+Every member publishes its pid and a probe (8 random bytes) in its control line before
+it acks; once the window is in use, each member reads and writes back every other
+member's probe with process_vm_readv/writev (chorus.shm.cma), and the group reads peers'
+buffers directly for large messages only if every member could (``CHORUS_SHM_CMA=0`` on
+any member: no).
 
 From the unlink on, the window exists only as the members' mappings and vanishes with
 them, whatever way they end (``kill -9`` included).  Only a rank 0 killed between
 creating and unlinking (milliseconds) leaves a file, named after the job for
 ``chorus.shm.segment.sweep``.  A group of one rank creates and unlinks at once.
 
-Shared memory is used only when *every* member is on this host (mixed groups keep TCP
-for now); ``CHORUS_TRANSPORT=tcp`` turns it off, ``=shm`` makes its absence an error.
+Shared memory is used only when *every* member is on this host; a group spanning hosts
+learns which member is on which host, so that it can run shared memory inside each host
+and TCP between them.  ``CHORUS_TRANSPORT=tcp`` turns it off (and with it the hierarchy),
+``=shm`` makes its absence an error.
 """
 
 from __future__ import annotations
@@ -31,21 +44,30 @@ import struct
 import time
 
 from chorus.errors import InvalidArgumentError
+from chorus.shm import cma
 from chorus.shm.group import ShmGroup, backoff_for, platform_ok, slot_bytes, transport_mode
 from chorus.shm.hostid import NO_HOST, host_digest
 from chorus.shm.segment import Segment
-from chorus.shm.window import Layout, check_header, write_header
+from chorus.shm.sync import PID, PROBE, SOURCE
+from chorus.shm.window import Layout, check_header, write_header, write_probe
 from chorus.wire.frames import Kind
 
 log = logging.getLogger("chorus")
 
 TAG = -0x43485348  # "CHSH": the handshake's point-to-point tag (users' tags are other numbers)
 _OFFER = struct.Struct("<QQ16s256s")  # window bytes (0: no window), slot bytes, nonce, path
+_NO_HOST_INDEX = 0xFFFFFFFF  # in the hosts table: a member without usable shared memory
 NO, YES, FORCED_BUT_IMPOSSIBLE = 0, 1, 2
 
 
-def create(transport, group: int, members: tuple[int, ...], rank: int, timeout: float) -> ShmGroup | None:
-    """The group's ShmGroup for this member (group rank ``rank``), or None to use TCP."""
+Hosts = tuple[int | None, ...]  # per group rank: its host, numbered 0.. in order of first appearance
+
+
+def create(transport, group: int, members: tuple[int, ...], rank: int,
+           timeout: float) -> tuple[ShmGroup | None, Hosts]:
+    """(the group's ShmGroup for this member (group rank ``rank``) or None to use TCP, the
+    host of every member): a, a, b, a -> (0, 0, 1, 0); None for a member that cannot use
+    shared memory (no usable /dev/shm, ``CHORUS_TRANSPORT=tcp``)."""
     mode = transport_mode()
     wanted = mode == "shm" or (mode == "auto" and platform_ok())
     digest = host_digest(members[rank]) if wanted else NO_HOST
@@ -55,12 +77,13 @@ def create(transport, group: int, members: tuple[int, ...], rank: int, timeout: 
     return _follow(talk, digest, rank)
 
 
-def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> ShmGroup | None:
+def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tuple[ShmGroup | None, Hosts]:
     world = len(members)
     digests = talk.gather(32)
     why = _refusal([digest, *digests], members)
     layout = Layout(world, slot_bytes(world))
     segment, trouble = None, False  # trouble: shared memory should have worked but did not
+    probe = None  # this member's CMA probe: alive until the group agreed on single copy
     if why is None:
         try:
             segment = Segment.create(layout.size, talk.group)
@@ -74,6 +97,7 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> Sh
         else:
             nonce = secrets.token_bytes(16)
             write_header(segment.buf, layout, nonce)
+            probe = _publish_probe(segment.buf, layout, 0)
             talk.scatter(_OFFER.pack(layout.size, layout.slot, nonce, segment.path.encode()))
             acks = talk.gather(1)
             failed = [members[i + 1] for i, a in enumerate(acks) if a != b"\x01"]
@@ -87,25 +111,32 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> Sh
             segment.unlink()
     talk.scatter(bytes([verdict]))
     if verdict == YES:
-        return ShmGroup(segment, layout, 0, members, talk.transport, talk.group, _backoff(talk, world))
+        shm = ShmGroup(segment, layout, 0, members, talk.transport, talk.group, _backoff(talk, world))
+        _single_copy(talk, shm, probe)
+        return shm, (0,) * world
+    hosts = _host_table([digest, *digests])
+    if verdict == NO:
+        talk.scatter(struct.pack(f"<{world}I", *(_NO_HOST_INDEX if h is None else h for h in hosts)))
     if segment is not None:
         segment.close()
     if why and world > 1:
         (log.warning if trouble else log.info)("chorus: group %d uses TCP, not shared memory: %s",
                                                talk.group, why)
     _raise_if_forced(verdict, talk.group, why)
-    return None
+    return None, hosts
 
 
-def _follow(talk: _Talk, digest: bytes, rank: int) -> ShmGroup | None:
+def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hosts]:
     talk.send_to_lead(digest)
     size, slot, nonce, path = _OFFER.unpack(talk.recv_from_lead(_OFFER.size))
     segment, layout = None, Layout(len(talk.members), slot) if size else None
+    probe = None  # this member's CMA probe: alive until the group agreed on single copy
     if size:
         try:
             segment = Segment.attach(path.rstrip(b"\0").decode(), size)
             if layout.size != size or not check_header(segment.buf, layout, nonce):
                 raise OSError("the file holds another window (a different /dev/shm?)")
+            probe = _publish_probe(segment.buf, layout, rank)
         except (OSError, ValueError) as exc:
             log.warning("chorus: rank %d cannot map group %d's shared-memory window: %s",
                         talk.members[rank], talk.group, exc)
@@ -114,13 +145,57 @@ def _follow(talk: _Talk, digest: bytes, rank: int) -> ShmGroup | None:
             segment = None
     talk.send_to_lead(b"\x01" if segment is not None else b"\x00")
     verdict = talk.recv_from_lead(1)[0]
+    world = len(talk.members)
     if verdict == YES:
-        return ShmGroup(segment, layout, rank, talk.members, talk.transport, talk.group,
-                        _backoff(talk, len(talk.members)))
+        shm = ShmGroup(segment, layout, rank, talk.members, talk.transport, talk.group,
+                       _backoff(talk, world))
+        _single_copy(talk, shm, probe)
+        return shm, (0,) * world
     if segment is not None:
         segment.close()
     _raise_if_forced(verdict, talk.group, "see group rank 0's log")
-    return None
+    table = struct.unpack(f"<{world}I", talk.recv_from_lead(4 * world))
+    return None, tuple(None if h == _NO_HOST_INDEX else h for h in table)
+
+
+def _publish_probe(buf, layout: Layout, rank: int) -> cma.Probe | None:
+    """Write this member's pid and CMA probe into its control line (None: CMA is off here)."""
+    if not cma.enabled() or layout.world == 1:
+        write_probe(buf, layout, rank, 0, 0, 0)
+        return None
+    cma.allow_peers()
+    probe = cma.Probe()
+    write_probe(buf, layout, rank, probe.pid, probe.address, probe.value)
+    return probe
+
+
+def _single_copy(talk: _Talk, shm: ShmGroup, probe: cma.Probe | None) -> None:
+    """Agree whether the group's large collectives read peers' buffers directly: every
+    member probes every other one and votes; group rank 0 sends the (unanimous) verdict.
+    Every member's probe stays alive until the verdict, when all are done probing it."""
+    win = shm.window
+    if win.world == 1:
+        return
+    why = "CHORUS_SHM_CMA=0" if probe is None else cma.probe(
+        win.rank, win.words(PID), win.words(SOURCE), win.words(PROBE))
+    vote = b"\x01" if why is None else b"\x00"
+    if win.rank == 0:
+        agreed = why is None and all(v == b"\x01" for v in talk.gather(1))
+        talk.scatter(b"\x01" if agreed else b"\x00")
+    else:
+        talk.send_to_lead(vote)
+        agreed = talk.recv_from_lead(1) == b"\x01"
+    if why is not None:
+        log.info("chorus: group %d copies large messages through its window (no single copy): %s",
+                 talk.group, why)
+    if agreed:
+        win.cma = cma.Peers(win.words(PID))
+
+
+def _host_table(digests: list[bytes]) -> Hosts:
+    """Each member's host index (0.. in order of first appearance), None for NO_HOST."""
+    index: dict[bytes, int] = {}
+    return tuple(None if d == NO_HOST else index.setdefault(d, len(index)) for d in digests)
 
 
 def _refusal(digests: list[bytes], members: tuple[int, ...]) -> str | None:

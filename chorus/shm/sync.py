@@ -7,6 +7,11 @@ ranks' lines share a cache line) and is the only one that writes it::
     words 1-4   OP         (seq, fingerprint) of the op it began in a phase of parity 0 | 1
     words 5-7   CURRENT    seq + 1, fingerprint and transport of the op it is in now
     word  8     ABANDONED  seq + 1 of an op it left after an error (0 = none)
+    word  9     PID        its process id (written at window creation; chorus.shm.cma)
+    word  10    SOURCE     address of its buffer that peers read (all_reduce: and write) in
+                           the current single-copy op (chorus.shm.collectives); at window
+                           creation: of its CMA probe
+    word  11    PROBE      the 8 random bytes at that probe (window creation only)
 
 A sync is: raise your counter to ``s``, wait until every other counter is >= ``s``.
 Writes are plain aligned 8-byte stores; a rank that sees a counter also sees everything
@@ -15,7 +20,10 @@ enables shared memory only there unless forced).
 
 Waiting backs off so that an oversubscribed host (more ranks than cores) does not
 stall: spin for ``spin_s``, then ``os.sched_yield()`` until ``yield_s``, then sleep 50 µs,
-doubling up to 1 ms.  Every wait has the op's deadline (CommTimeoutError naming the op,
+doubling up to 1 ms.  Three yields in a row that take more than 50 µs each end yielding
+for one second (every wait sleeps instead): the CPU went to a busy task (a compute thread, another job)
+that keeps it until its time slice ends, milliseconds under Linux's EEVDF scheduler,
+whereas a sleeping waiter's timer wake-up preempts it.  Every wait has the op's deadline (CommTimeoutError naming the op,
 its sequence number and the ranks that did not arrive), and every 2 ms a waiter asks
 the group's transport whether a member died, left or called another op — so a dead
 peer becomes PeerLostError in milliseconds, well within 5 s — and reads the missing
@@ -34,9 +42,13 @@ from chorus.wire.fingerprint import describe
 
 WORDS = 16
 ARRIVED, OP, CURRENT, ABANDONED = 0, 1, 5, 8
+PID, SOURCE, PROBE = 9, 10, 11  # single-copy (CMA) words, not used by the sync itself
 SHM, TCP = 1, 2  # CURRENT's transport word
 CHECK_S = 0.002
 NAP_MIN, NAP_MAX = 50e-6, 1e-3
+SLOW_YIELD_S = 50e-6  # a sched_yield() this long means another task held the CPU ...
+SLOW_YIELDS = 3  # ... and after this many in a row ...
+SLEEP_ONLY_S = 1.0  # ... waits skip yielding this long, then try again
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,8 @@ class Sync:
         self.mine = rank * WORDS
         self.others = tuple(q * WORDS for q in range(len(members)) if q != rank)
         self.count = int(control[self.mine + ARRIVED])  # 0 for a fresh window
+        self.sleep_only_until = 0.0  # monotonic time until which waits sleep, not yield
+        self.slow_yields = 0  # slow yields in a row
 
     @property
     def parity(self) -> int:
@@ -141,8 +155,19 @@ class Sync:
             if waited < b.spin_s:
                 continue
             spinning = False
-            if waited < b.yield_s:
+            if waited < b.yield_s and now >= self.sleep_only_until:
                 os.sched_yield()
+                if time.monotonic() - now <= SLOW_YIELD_S:
+                    self.slow_yields = 0
+                else:
+                    # Yields that gave the CPU to a busy neighbour (a compute thread, another
+                    # job) until its time slice ended: milliseconds, which nothing can cut
+                    # short.  After a few in a row, sleep instead for a while: a timer
+                    # wake-up preempts the neighbour.
+                    self.slow_yields += 1
+                    if self.slow_yields >= SLOW_YIELDS:
+                        self.slow_yields = 0
+                        self.sleep_only_until = time.monotonic() + SLEEP_ONLY_S
                 continue
             time.sleep(nap)
             nap = min(2 * nap, NAP_MAX)

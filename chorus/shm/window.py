@@ -15,6 +15,9 @@ phase that ends with sync ``s`` goes into parity ``s % 2`` and is read by the ot
 only in the next phase, before sync ``s + 1``.  A rank writes that parity again only
 after sync ``s + 1``, when every rank has finished reading it.
 
+Each control line also carries the words of single-copy ops (chorus.shm.cma): the rank's
+pid, and the address of the buffer the others read in the current op (``publish``).
+
 The data slots of one parity are contiguous: ``stack(p, dtype, lo, n)`` is a (W, n)
 view of elements ``lo .. lo+n`` of every rank's slot, which a single numpy call can
 reduce or copy.
@@ -26,7 +29,7 @@ import struct
 
 import numpy as np
 
-from chorus.shm.sync import WORDS
+from chorus.shm.sync import ABANDONED, PID, PROBE, SOURCE, WORDS
 
 MAGIC = b"CHSHM001"
 _HEADER = struct.Struct("<8sQQ16s")  # magic, world, slot bytes, nonce
@@ -55,6 +58,14 @@ def write_header(buf, layout: Layout, nonce: bytes) -> None:
     _HEADER.pack_into(buf, 0, MAGIC, layout.world, layout.slot, nonce)
 
 
+def write_probe(buf, layout: Layout, rank: int, pid: int, address: int, value: int) -> None:
+    """Publish ``rank``'s pid and CMA probe (where, and which 8 bytes) in its control line,
+    before the window is in use (chorus.shm.handshake)."""
+    line = CONTROL + rank * LINE
+    for word, v in ((PID, pid), (SOURCE, address), (PROBE, value)):
+        struct.pack_into("<Q", buf, line + 8 * word, v)
+
+
 def check_header(buf, layout: Layout, nonce: bytes) -> bool:
     """True if ``buf`` is the window the creator announced (same file, same /dev/shm)."""
     return _HEADER.unpack_from(buf, 0) == (MAGIC, layout.world, layout.slot, nonce)
@@ -71,6 +82,20 @@ class Window:
         self.slot = layout.slot
         self.control = memoryview(buf)[CONTROL: CONTROL + layout.world * LINE].cast("Q")
         self._cache: dict[tuple, tuple] = {}
+        self.cma = None  # chorus.shm.cma.Peers when the members read each other directly
+
+    def words(self, word: int) -> list[int]:
+        """Control word ``word`` of every rank (e.g. sync.PID, sync.SOURCE)."""
+        c = self.control
+        return [int(c[q * WORDS + word]) for q in range(self.world)]
+
+    def publish(self, address: int) -> None:
+        """Tell the others where this rank's buffer of the current single-copy op starts."""
+        self.control[self.rank * WORDS + SOURCE] = address
+
+    def gave_up(self, rank: int, seq: int) -> bool:
+        """Whether ``rank`` abandoned op ``seq`` (its buffer may be in other hands already)."""
+        return self.control[rank * WORDS + ABANDONED] == seq + 1
 
     def capacity(self, dtype: np.dtype) -> int:
         """Elements of ``dtype`` that fit in one slot."""

@@ -1,0 +1,319 @@
+"""Hierarchical collectives for a group whose members span hosts: shared memory inside each
+host, TCP among one leader per host.
+
+Which groups.  When a group is created its members learn every member's host (the
+shared-memory handshake, chorus.shm.handshake).  A group on more than one host with at
+least two members on some host gets ``pg.hierarchy``, and chorus.api.launch.run hands it
+all_reduce, reduce, broadcast, all_gather (all_gather_into_tensor too), reduce_scatter
+(reduce_scatter_tensor too) and barrier — unless ``algorithm=`` or ``CHORUS_ALGO_<NAME>``
+(read when the group is created) names a flat TCP algorithm.  ``algorithm="hierarchical"``
+asks for it explicitly.  gather, scatter and all_to_all stay flat.  A group without shared
+memory (``CHORUS_TRANSPORT=tcp``, no usable ``/dev/shm`` on some member) has no hierarchy.
+
+Two hidden sub-groups per such group, made by each member when the group is created, with
+ids derived from the parent's (``HIDDEN | parent id << 12 | index``), so user-visible
+group numbering is unchanged and non-members, who never learn the hosts, create nothing::
+
+    hosts a, a, b, b, b (group ranks 0..4); a host's leader is its lowest group rank
+
+    local     host a: [0, 1]   host b: [2, 3, 4]   each with its own shared-memory window
+    leaders   [0, 2]                                TCP; only the leaders hold it
+
+Every algorithm below is three phases — inside each host, among the leaders, inside each
+host again — made of the sub-groups' ordinary collectives (chorus.api.launch.run), so
+their algorithm choice, fingerprints and failure handling apply unchanged.  The whole op
+is one op of the parent: one sequence number, issue order on the parent's queue
+(async_op too), the parent's before/after hooks (PREMUL_SUM's scaling, AVG's division)
+run once around the three phases, and a recorder sees ``transport="hierarchical"``.
+
+Results.  Every rank gets the same bits (leaders all_reduce bit-identically, then
+broadcast).  They equal the flat algorithms' wherever the reduction is exact; with
+rounding the order differs (each host first, then across hosts), as it does between any
+two flat algorithms.
+
+Failures.  The sub-groups are registered with the transport under the *parent's*
+members, so a member dying anywhere fails every phase on every rank (PeerLostError).  A
+collective mismatch is seen in whichever phase meets the differing calls; a rank that
+sees one marks its other sub-groups broken too (the transport tells their members), so
+ranks waiting in another phase raise CollectiveMismatchError instead of waiting for the
+timeout, which applies to each phase.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from chorus import engine
+from chorus.api import launch
+from chorus.api.init import attach_shm
+from chorus.errors import CollectiveMismatchError, PeerLostError
+from chorus.process_group import ProcessGroup
+from chorus.selection import HIERARCHICAL
+from chorus.wire.fingerprint import fingerprint
+from chorus.work import QueuedWork, Work
+
+log = logging.getLogger("chorus")
+
+HIDDEN = 1 << 31  # the hidden sub-groups' ids: HIDDEN | parent id << 12 | (0: leaders, 1 + h: host h)
+_INDEX_BITS = 12
+
+
+def build(pg: ProcessGroup, hosts: tuple[int | None, ...]) -> Hierarchy | None:
+    """``pg``'s Hierarchy (creating its sub-groups), or None when there is nothing to split.
+
+    ``hosts[r]``: group rank r's host, numbered in order of first appearance (None: no
+    shared memory).  Every member calls this, with the same ``hosts``.
+    """
+    if None in hosts or len(set(hosts)) in (1, len(hosts)):
+        return None  # no shared memory somewhere, one host, or one rank per host
+    n_hosts = max(hosts) + 1
+    if pg.id >= 1 << (31 - _INDEX_BITS) or n_hosts >= 1 << _INDEX_BITS:
+        log.info("chorus: group %d (%d hosts) runs flat over TCP: too many groups or hosts for "
+                 "hierarchical sub-group ids", pg.id, n_hosts)
+        return None
+    by_host = tuple(tuple(r for r, h in enumerate(hosts) if h == host) for host in range(n_hosts))
+    host = hosts[pg.rank()]
+    local = _hidden(pg, 1 + host, by_host[host], f"{pg.name}/host{host}")
+    attach_shm(local)
+    if local.shm is not None:
+        local.shm.tcp_only = frozenset()  # CHORUS_ALGO_* picks the parent's path, not this one's
+    leaders = None
+    if by_host[host][0] == pg.rank():
+        leaders = _hidden(pg, 0, tuple(ranks[0] for ranks in by_host), f"{pg.name}/leaders")
+    return Hierarchy(pg, hosts, by_host, local, leaders)
+
+
+def _hidden(pg: ProcessGroup, index: int, ranks: tuple[int, ...], name: str) -> ProcessGroup:
+    """A sub-group of ``pg``'s group ranks ``ranks`` whose ops fail when any member of ``pg`` dies."""
+    me = pg.members[pg.rank()]
+    sub = ProcessGroup(HIDDEN | pg.id << _INDEX_BITS | index, tuple(pg.members[r] for r in ranks), me,
+                       pg.transport, pg.timeout, name=name, backend=pg.backend)
+    pg.transport.register_group(sub.id, pg.members)  # failure scope: the whole parent
+    return sub
+
+
+class Hierarchy:
+    """A group's hosts and hidden sub-groups; runs its hierarchical collectives."""
+
+    def __init__(self, pg: ProcessGroup, hosts: tuple[int, ...], by_host: tuple[tuple[int, ...], ...],
+                 local: ProcessGroup, leaders: ProcessGroup | None):
+        self.pg = pg
+        self.hosts = hosts  # group rank -> host
+        self.by_host = by_host  # host -> its group ranks, leader first
+        self.host = hosts[pg.rank()]
+        self.local = local  # this rank's host
+        self.leaders = leaders  # None unless this rank leads its host
+        self.widest = max(len(ranks) for ranks in by_host)
+        order = tuple(r for ranks in by_host for r in ranks)
+        self.order = None if order == tuple(range(len(hosts))) else order  # host order, if not 0..W-1
+        slots = [self.widest * hosts[r] + by_host[hosts[r]].index(r) for r in range(len(hosts))]
+        plain = slots == list(range(len(hosts))) and len(hosts) == self.widest * len(by_host)
+        self.slots = None if plain else np.array(slots)  # all_gather's block of each rank
+        self.default = frozenset(name for name in OPS if os.environ.get(
+            f"CHORUS_ALGO_{name.upper()}", "").strip() in ("", HIERARCHICAL))
+
+    def __repr__(self) -> str:
+        hosts = [[self.pg.members[r] for r in ranks] for ranks in self.by_host]
+        return f"Hierarchy(group={self.pg.id}, hosts={hosts})"
+
+    def takes(self, name: str, algorithm: str | None) -> bool:
+        """Whether collective ``name`` with ``algorithm=`` runs here rather than flat."""
+        return name in self.default if algorithm is None else algorithm == HIERARCHICAL and name in OPS
+
+    def run(self, name: str, *, dtype: str, count: int, buffers: dict[str, np.ndarray], async_op: bool,
+            root: int, reduce_op: str, combine, before, after, result, args) -> Work | None:
+        """chorus.api.launch.run for a collective this hierarchy takes (same arguments)."""
+        pg = self.pg
+        ctx = pg.next_context(name, fingerprint(name, dtype, count, root, reduce_op))
+        call = Call(self, dtype, buffers, root, reduce_op, combine, args or {})
+
+        def body() -> list | None:
+            if before is not None:
+                before()
+            if engine.recorder is not None:
+                engine.recorder("begin", ctx, {"transport": "hierarchical", "hosts": len(self.by_host)})
+            self._phases(ctx, OPS[name], call)
+            pg.transport.finished(pg.id, ctx.seq)
+            if engine.recorder is not None:
+                engine.recorder("end", ctx, {"transport": "hierarchical"})
+            if after is not None:
+                after()
+            return result
+
+        out = pg.submit(body, async_op)
+        return QueuedWork(out, result) if async_op else None
+
+    def _phases(self, ctx, algorithm: Callable[[Call], None], call: Call) -> None:
+        try:
+            algorithm(call)
+        except CollectiveMismatchError:
+            self._break(ctx)
+            raise
+        except PeerLostError as exc:
+            raise PeerLostError(f"{ctx.describe()} (hierarchical), in {exc}", exc.lost_rank,
+                                exc.reporter) from None
+
+    def _break(self, ctx) -> None:
+        """Mark this rank's sub-groups broken on every member, so that ranks waiting in
+        another phase of this op raise instead of waiting for the timeout."""
+        t = self.pg.transport
+        for sub in (self.local, self.leaders):
+            if sub is not None:
+                t.group_mismatch(sub.id, t.rank, 0, ctx.fingerprint, t.rank)
+
+    def close(self) -> None:
+        """Unmap the host-local window (the parent group is being destroyed)."""
+        if self.local.shm is not None:
+            self.local.shm.close()
+
+
+class Call:
+    """One hierarchical op on this rank: its buffers, and a phase runner for the sub-groups."""
+
+    def __init__(self, h: Hierarchy, dtype: str, buffers: dict, root: int, reduce_op: str, combine,
+                 args: dict):
+        self.h, self.dtype, self.buffers, self.root = h, dtype, buffers, root
+        self.reduce_op, self.combine, self.args = reduce_op, combine, args
+        self.me = h.pg.rank()
+        self.local, self.leaders = h.local, h.leaders
+        self.leader = h.leaders is not None
+
+    def phase(self, group: ProcessGroup, name: str, buffers: dict[str, np.ndarray], args: dict, *,
+              root: int = -1, reduce: bool = False, count: int | None = None, uniform: bool = True) -> None:
+        """Run collective ``name`` on sub-group ``group`` now, with the op's dtype (and its
+        reduction when ``reduce``); ``count`` (default ``args["count"]``) is fingerprinted."""
+        launch.run(group, name, dtype=self.dtype, count=args.get("count", 0) if count is None else count,
+                   buffers=buffers, async_op=False, algorithm=None,
+                   nbytes=next(iter(buffers.values())).nbytes, root=root,
+                   reduce_op=self.reduce_op if reduce else "", combine=self.combine if reduce else None,
+                   uniform=uniform, args=args)
+
+
+def all_reduce(c: Call) -> None:
+    """Hosts a, a, b, b, b; every rank r holds x_r; every rank ends with S = x0 + ... + x4::
+
+        rank (host)          0 (a)    1 (a)    2 (b)       3 (b)    4 (b)
+        1 reduce in host     x0+x1             x2+x3+x4                      shared memory
+        2 all_reduce         S                 S                             TCP, leaders
+        3 broadcast in host  S        S        S           S        S        shared memory
+    """
+    data = c.buffers["data"]
+    n = {"count": data.size}
+    c.phase(c.local, "reduce", {"data": data}, n, root=0, reduce=True)
+    if c.leader:
+        c.phase(c.leaders, "all_reduce", {"data": data}, n, reduce=True)
+    c.phase(c.local, "broadcast", {"data": data}, n, root=0)
+
+
+def reduce(c: Call) -> None:
+    """Hosts a, a, b, b; dst 3; the other ranks keep their input (leaders reduce in a copy)::
+
+        rank (host)                     0 (a)    1 (a)    2 (b)    3 (b)
+        1 reduce in host                x0+x1             x2+x3             shared memory
+        2 reduce to dst's host leader                     S                 TCP, leaders
+        3 broadcast in dst's host                                  S        only if dst leads no host
+    """
+    data, h = c.buffers["data"], c.h
+    n, host = {"count": data.size}, h.hosts[c.root]
+    acc = data.copy() if c.leader and c.me != c.root else data
+    c.phase(c.local, "reduce", {"data": acc}, n, root=0, reduce=True)
+    if c.leader:
+        c.phase(c.leaders, "reduce", {"data": acc}, n, root=host, reduce=True)
+    if h.host == host and h.by_host[host][0] != c.root:
+        sink = acc if c.leader else data if c.me == c.root else np.empty_like(data)
+        c.phase(c.local, "broadcast", {"data": sink}, n, root=0)
+
+
+def broadcast(c: Call) -> None:
+    """Hosts a, a, b, b; src 3 holds x; every rank ends with x::
+
+        rank (host)                            0 (a)   1 (a)   2 (b)   3 (b)
+        1 broadcast in src's host from src                     x       x    if src leads no host
+        2 broadcast from src's host leader     x               x            TCP, leaders
+        3 broadcast in host from the leader    x       x                    hosts phase 1 did not serve
+    """
+    data, h = c.buffers["data"], c.h
+    n, host = {"count": data.size}, h.hosts[c.root]
+    inner = h.by_host[host].index(c.root)  # src's rank in its host
+    if h.host == host and inner != 0:
+        c.phase(c.local, "broadcast", {"data": data}, n, root=inner)
+    if c.leader:
+        c.phase(c.leaders, "broadcast", {"data": data}, n, root=host)
+    if h.host != host or inner == 0:
+        c.phase(c.local, "broadcast", {"data": data}, n, root=0)
+
+
+def all_gather(c: Call) -> None:
+    """Hosts a, b, a (uneven, interleaved); rank r holds x_r; every rank ends with [x0 x1 x2]::
+
+        rank (host)                         0 (a)            1 (b)     2 (a)
+        1 gather in host to the leader      [x0 x2]          [x1 __]             padded to the widest host
+        2 all_gather among leaders          [x0 x2 x1 __]    same                TCP, leaders
+        3 leader reorders; broadcast        [x0 x1 x2]       [x0 x1 x2]  [x0 x1 x2]
+    """
+    src, out, h = c.buffers["input"], c.buffers["output"], c.h
+    n, buffers = src.size, {"input": src}
+    if c.leader:  # the host's blocks, padded to the widest host
+        mine = np.zeros(h.widest * n, src.dtype)
+        buffers["output"] = mine[:c.local.size() * n]
+    c.phase(c.local, "gather", buffers, {"count": n}, root=0)
+    if c.leader:
+        every = out if h.slots is None else np.empty(len(h.by_host) * h.widest * n, src.dtype)
+        c.phase(c.leaders, "all_gather", {"input": mine, "output": every}, {"count": h.widest * n})
+        if h.slots is not None:
+            out.reshape(len(h.hosts), n)[...] = every.reshape(len(h.by_host) * h.widest, n)[h.slots]
+    c.phase(c.local, "broadcast", {"data": out}, {"count": out.size}, root=0)
+
+
+def reduce_scatter(c: Call) -> None:
+    """Hosts a, b, b; ranks hold [A0 A1 A2], [B0 B1 B2], [C0 C1 C2] (blocks may differ in size);
+    rank r ends with block r reduced over all ranks::
+
+        rank (host)                        0 (a)         1 (b)                   2 (b)
+        1 reduce in host to the leader     A             B+C                              shared memory
+        2 reduce_scatter of host blocks    A0+B0+C0      [A1+B1+C1, A2+B2+C2]             TCP, leaders
+        3 scatter in host (all_to_all)     A0+B0+C0      A1+B1+C1                A2+B2+C2 shared memory
+
+    The host blocks are the members' blocks in host order (reordered when hosts interleave).
+    """
+    src, out, h = c.buffers["input"], c.buffers["output"], c.h
+    counts, mine = c.args["counts"], h.by_host[h.host]
+    acc = src.copy() if c.leader else src
+    c.phase(c.local, "reduce", {"data": acc}, {"count": src.size}, root=0, reduce=True)
+    block = np.empty(sum(counts[r] for r in mine) if c.leader else 0, src.dtype)
+    if c.leader:
+        per_host = tuple(sum(counts[r] for r in ranks) for ranks in h.by_host)
+        c.phase(c.leaders, "reduce_scatter", {"input": _host_order(acc, counts, h.order), "output": block},
+                {"counts": per_host}, count=src.size, reduce=True, uniform=len(set(per_host)) == 1)
+    sends = tuple(counts[r] for r in mine) if c.leader else (0,) * len(mine)
+    receives = (counts[c.me],) + (0,) * (len(mine) - 1)
+    c.phase(c.local, "all_to_all", {"input": block, "output": out},
+            {"send_counts": sends, "recv_counts": receives}, uniform=False)
+
+
+def _host_order(flat: np.ndarray, counts: tuple[int, ...], order: tuple[int, ...] | None) -> np.ndarray:
+    """``flat`` (block r for group rank r, ``counts[r]`` long) with its blocks in ``order``."""
+    if order is None:
+        return flat
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    return np.concatenate([flat[starts[r]:starts[r + 1]] for r in order])
+
+
+def barrier(c: Call) -> None:
+    """Every rank of a host arrives (shared memory); the leaders meet (TCP); each leader
+    releases its host (shared memory).  No rank leaves before every rank has arrived."""
+    token = {"token": c.buffers["token"]}
+    c.phase(c.local, "barrier", token, {})
+    if c.leader:
+        c.phase(c.leaders, "barrier", token, {})
+    c.phase(c.local, "barrier", token, {})
+
+
+OPS: dict[str, Callable[[Call], None]] = {
+    "all_reduce": all_reduce, "reduce": reduce, "broadcast": broadcast, "all_gather": all_gather,
+    "reduce_scatter": reduce_scatter, "barrier": barrier,
+}

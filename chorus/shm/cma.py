@@ -1,0 +1,225 @@
+"""Cross Memory Attach (CMA): copy straight between this rank's memory and a peer's.
+
+``process_vm_readv(2)`` copies bytes of another process's address space into this one
+(``process_vm_writev(2)`` the other way) in one kernel call, without shared mappings:
+what MPICH and Open MPI use for large messages inside a host.  A shared-memory
+collective then copies every byte once (peer's buffer -> my buffer) instead of twice
+(peer's buffer -> window -> my buffer); chorus.shm.collectives uses it for large
+messages (its ``CMA_BYTES``).
+
+Who may read whom: the kernel allows it where ``ptrace`` would be allowed — same user,
+both dumpable and, under Yama (``/proc/sys/kernel/yama/ptrace_scope``):
+
+    0   any process of the same user                  (nothing to do)
+    1   only descendants, unless the target process   (every rank calls
+        declares prctl(PR_SET_PTRACER, ANY)             :func:`allow_peers`)
+    2   only processes with CAP_SYS_PTRACE            (probe fails: copy path)
+    3   nobody                                        (probe fails: copy path)
+
+With scope 1, ``PR_SET_PTRACER_ANY`` lets *any* process of the user ptrace the rank, not
+only its peers; ``CHORUS_SHM_CMA=0`` keeps Yama's default (and the copy path).
+Containers with separate pid namespaces, seccomp filters (older Docker profiles) and
+kernels without CMA (``ENOSYS``) all fail the probe that chorus.shm.handshake runs when a
+group's window is created: every member reads 8 random bytes from every other member
+(and writes them back), and the group uses CMA only if every member succeeded.
+
+Ranks that are threads of one process (``chorus.testing.run_threads``) read their own
+process: ``process_vm_readv`` on one's own pid works like any other.
+
+Errors during an op: ``ESRCH`` (the peer's process is gone) becomes :class:`PeerGone`, a
+PeerLostError naming the rank; ``EFAULT`` (its buffer is no longer mapped: it left the
+op) AbortedError; anything else (EPERM after a successful probe, ENOMEM, ...)
+:class:`CmaError`, whose message says to set ``CHORUS_SHM_CMA=0``.
+
+``CHORUS_SHM_CMA=0`` turns single copy off (on any member: for the whole group).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import secrets
+from collections.abc import Sequence
+
+import numpy as np
+
+from chorus.errors import AbortedError, ChorusError, PeerLostError
+
+IOV_MAX = 1024  # iovec entries per call (Linux's UIO_MAXIOV)
+_YAMA = "/proc/sys/kernel/yama/ptrace_scope"
+_PR_SET_PTRACER = 0x59616D61
+_PR_SET_PTRACER_ANY = ctypes.c_ulong(-1).value
+
+
+class CmaError(ChorusError):
+    """A cross-memory read or write failed for a reason other than a lost peer."""
+
+
+class PeerGone(PeerLostError):
+    """The peer's process no longer exists (ESRCH): found before the transport says so."""
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def enabled() -> bool:
+    """False when ``CHORUS_SHM_CMA=0`` (every collective copies through the window)."""
+    return os.environ.get("CHORUS_SHM_CMA", "").strip().lower() not in ("0", "off", "false", "no")
+
+
+_libc = None
+
+
+def _calls():
+    """(process_vm_readv, process_vm_writev) from libc, or None where libc lacks them."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        fns = _libc.process_vm_readv, _libc.process_vm_writev
+    except AttributeError:
+        return None
+    for fn in fns:
+        fn.restype = ctypes.c_ssize_t
+        fn.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                       ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
+    return fns
+
+
+def allow_peers() -> None:
+    """Under Yama ptrace_scope 1, let processes that are not our ancestors (the peers)
+    read and write this process's memory (see the module docstring)."""
+    try:
+        with open(_YAMA) as f:
+            scope = f.read().strip()
+    except OSError:
+        return
+    if scope == "1":
+        _prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY)
+
+
+def _prctl(option: int, arg: int) -> int:
+    return ctypes.CDLL(None, use_errno=True).prctl(option, ctypes.c_ulong(arg), 0, 0, 0)
+
+
+def address(array) -> int:
+    """Where a contiguous numpy array's data starts (0 for None)."""
+    return 0 if array is None else array.__array_interface__["data"][0]
+
+
+class Probe:
+    """8 random bytes that the other members read (and write back) at window creation."""
+
+    def __init__(self):
+        self.value = int.from_bytes(secrets.token_bytes(8), "little") or 1
+        self.cell = ctypes.c_uint64(self.value)
+        self.address = ctypes.addressof(self.cell)
+        self.pid = os.getpid()
+
+
+def probe(me: int, pids: Sequence[int], addresses: Sequence[int], values: Sequence[int]) -> str | None:
+    """Read, then write back, every other member's probe; None if all worked, else why not."""
+    fns = _calls()
+    if fns is None:
+        return "libc has no process_vm_readv"
+    got = ctypes.c_uint64(0)
+    for q, (pid, addr, value) in enumerate(zip(pids, addresses, values, strict=True)):
+        if q == me:
+            continue
+        if value == 0:
+            return f"group rank {q} runs with CHORUS_SHM_CMA=0"
+        for fn, what in ((fns[0], "read"), (fns[1], "write")):
+            n, err = _call(fn, pid, [(ctypes.addressof(got), addr, 8)])
+            if n != 8:
+                return f"cannot {what} group rank {q}'s memory (pid {pid}): {_strerror(err)}"
+            if got.value != value:
+                return (f"group rank {q}'s pid {pid} is another process here (separate pid "
+                        "namespaces?)")
+    return None
+
+
+def _strerror(err: int) -> str:
+    hint = {errno.EPERM: " (Yama ptrace_scope >= 2, a seccomp filter or another user?)",
+            errno.ENOSYS: " (the kernel has no cross-memory attach)"}.get(err, "")
+    return f"{errno.errorcode.get(err, err)} {os.strerror(err)}{hint}"
+
+
+def _call(fn, pid: int, pieces: Sequence[tuple[int, int, int]]) -> tuple[int, int]:
+    """One call for up to IOV_MAX ``(local address, remote address, bytes)`` pieces:
+    (bytes moved, errno)."""
+    n = len(pieces)
+    local, remote = (_Iovec * n)(), (_Iovec * n)()
+    for i, (mine, theirs, size) in enumerate(pieces):
+        local[i].base, local[i].len = mine, size
+        remote[i].base, remote[i].len = theirs, size
+    moved = fn(pid, local, n, remote, n, 0)
+    return moved, (ctypes.get_errno() if moved < 0 else 0)
+
+
+class Peers:
+    """Direct reads and writes of the other members' memory, for one rank of one window.
+
+    ``pids[q]`` is group rank q's process id (published at window creation).  Counts the
+    calls and bytes moved (``calls``, ``nbytes``): tests check the path was taken.
+    """
+
+    def __init__(self, pids: Sequence[int]):
+        self.pids = tuple(pids)
+        self.readv, self.writev = _calls()
+        self.calls = 0
+        self.nbytes = 0
+        self._scratch = None
+
+    def read(self, ctx, q: int, pieces: Sequence[tuple[int, int, int]]) -> None:
+        """Copy rank ``q``'s memory into ours: ``(local address, remote address, bytes)`` each."""
+        self._move(self.readv, "read", ctx, q, pieces)
+
+    def write(self, ctx, q: int, pieces: Sequence[tuple[int, int, int]]) -> None:
+        """Copy our memory into rank ``q``'s: ``(local address, remote address, bytes)`` each."""
+        self._move(self.writev, "write", ctx, q, pieces)
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """A reusable private byte buffer of at least ``nbytes`` (a numpy uint8 array)."""
+        if self._scratch is None or self._scratch.size < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch
+
+    def _move(self, fn, what: str, ctx, q: int, pieces: Sequence[tuple[int, int, int]]) -> None:
+        todo = [p for p in pieces if p[2] > 0]
+        while todo:
+            batch, todo = todo[:IOV_MAX], todo[IOV_MAX:]
+            want = sum(p[2] for p in batch)
+            moved, err = _call(fn, self.pids[q], batch)
+            self.calls += 1
+            if moved < 0 or (moved == 0 and want):
+                raise self._error(what, ctx, q, err or errno.EFAULT)
+            self.nbytes += moved
+            if moved < want:  # a partial transfer: go on after the last byte moved
+                todo = _advance(batch, moved) + todo
+
+    def _error(self, what: str, ctx, q: int, err: int) -> Exception:
+        who, pid = ctx.members[q], self.pids[q]
+        if err == errno.ESRCH:
+            return PeerGone(f"{ctx.describe()}: rank {who} (pid {pid}) is gone: its process "
+                            "ended during the op", lost_rank=who)
+        if err == errno.EFAULT:
+            return AbortedError(
+                f"{ctx.describe()}: rank {who}'s buffer is no longer mapped in its process (pid {pid}): "
+                "it left the op early (see its output); the group is unusable")
+        return CmaError(
+            f"{ctx.describe()}: cannot {what} rank {who}'s memory (pid {pid}) with process_vm_"
+            f"{what}v: {_strerror(err)}. It worked when the group was created; set CHORUS_SHM_CMA=0 "
+            "to copy through the shared window instead.")
+
+
+def _advance(pieces: list[tuple[int, int, int]], done: int) -> list[tuple[int, int, int]]:
+    """``pieces`` without their first ``done`` bytes."""
+    rest = []
+    for mine, theirs, size in pieces:
+        skip = min(done, size)
+        done -= skip
+        if size > skip:
+            rest.append((mine + skip, theirs + skip, size - skip))
+    return rest

@@ -1,0 +1,338 @@
+"""Hierarchical collectives (chorus.api.hierarchy) on simulated hosts (``CHORUS_HOST_ID``):
+every collective, dtype and reduce op gives the flat TCP algorithms' result bit for bit
+(inputs are small integers, so every reduction order is exact), on 2+2, 3+2, 1+3 and
+interleaved hosts, every root, sub-groups, async ops, algorithm forcing; a mismatch and
+a killed rank (real processes) fail fast on every host."""
+
+import collections
+import glob
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import chorus as dist
+from chorus import engine
+from chorus.api.hierarchy import HIDDEN
+from chorus.testing import run_threads
+
+torch = pytest.importorskip("torch")
+
+LAYOUTS = {"2+2": "a,a,b,b", "3+2": "a,a,a,b,b", "1+3": "a,b,b,b", "interleaved": "a,b,a,b,b"}
+FLAT = {"all_reduce": "ring", "reduce": "binomial", "broadcast": "binomial", "all_gather": "ring",
+        "reduce_scatter": "pairwise", "barrier": "dissemination"}
+DTYPES = ["float32", "float64", "int64", "bfloat16"]
+FLOAT_OPS = ["SUM", "MAX", "PRODUCT", "AVG", "PREMUL_SUM"]
+INT_OPS = ["SUM", "MAX", "PRODUCT"]
+
+
+@pytest.fixture(autouse=True)
+def _job(monkeypatch):
+    """A job id of its own, and no shared-memory file left behind."""
+    job = "hier" + secrets.token_hex(6)
+    monkeypatch.setenv("CHORUS_JOB_ID", job)
+    yield
+    assert not glob.glob(f"/dev/shm/chorus-{job}-*")
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """What engine.recorder saw: (event, op name, group id, transport) per op."""
+    seen = []
+    monkeypatch.setattr(engine, "recorder",
+                        lambda event, ctx, info: seen.append((event, ctx.name, ctx.group, info.get("transport"))))
+    return seen
+
+
+def values(rank, n, dtype, salt=0):
+    """Small integers in -2..2: sums and products over 5 ranks are exact in every dtype."""
+    v = (rank * 7 + np.arange(n) * 3 + salt) % 5 - 2
+    return torch.tensor(v, dtype=torch.bfloat16) if dtype == "bfloat16" else v.astype(dtype)
+
+
+def zeros(n, dtype):
+    return torch.zeros(n, dtype=torch.bfloat16) if dtype == "bfloat16" else np.zeros(n, dtype)
+
+
+def bits(t):
+    """The raw bytes of a tensor, to compare bit for bit."""
+    return t.view(torch.int16).numpy().copy() if isinstance(t, torch.Tensor) else t.view(np.uint8).copy()
+
+
+def reduce_op(op):
+    return dist._make_nccl_premul_sum(0.5) if op == "PREMUL_SUM" else getattr(dist.ReduceOp, op)
+
+
+class Compare:
+    """Runs a call once by default (hierarchical) and once with the flat algorithm, and
+    collects the calls whose tensors differ; counts the default calls per collective."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.wrong = []
+        self.calls = collections.Counter()
+
+    def __call__(self, what, collective, call):
+        hier = [bits(t) for t in call(None)]
+        flat = [bits(t) for t in call(FLAT[collective])]
+        self.calls[collective] += 1
+        if len(hier) != len(flat) or any(not np.array_equal(a, b) for a, b in zip(hier, flat, strict=True)):
+            self.wrong.append((what, hier, flat))
+
+
+def reductions(cmp, rank, w, dtype, op, roots, n=5):
+    """all_reduce, reduce (each root), reduce_scatter_tensor and uneven reduce_scatter."""
+    g, rop = cmp.group, reduce_op(op)
+
+    def all_reduce(algo):
+        t = values(rank, n, dtype)
+        dist.all_reduce(t, op=rop, group=g, algorithm=algo)
+        return [t]
+
+    def reduce(root):
+        def call(algo):
+            t = values(rank, n, dtype)
+            dist.reduce(t, group_dst=root, op=rop, group=g, algorithm=algo)
+            return [t]  # non-roots must keep their input
+        return call
+
+    def reduce_scatter_tensor(algo):
+        src = torch.cat([values(rank, n, dtype, q) for q in range(w)]) if dtype == "bfloat16" else \
+            np.concatenate([values(rank, n, dtype, q) for q in range(w)])
+        out = zeros(n, dtype)
+        dist.reduce_scatter_tensor(out, src, op=rop, group=g, algorithm=algo)
+        return [out, src]
+
+    def reduce_scatter(algo):  # uneven: rank q gets q + 1 elements
+        me = dist.get_rank(g)
+        out = zeros(me + 1, dtype)
+        dist.reduce_scatter(out, [values(rank, q + 1, dtype, q) for q in range(w)], op=rop, group=g,
+                            algorithm=algo)
+        return [out]
+
+    cmp(f"all_reduce {dtype} {op}", "all_reduce", all_reduce)
+    for root in roots:
+        cmp(f"reduce {dtype} {op} dst={root}", "reduce", reduce(root))
+    cmp(f"reduce_scatter_tensor {dtype} {op}", "reduce_scatter", reduce_scatter_tensor)
+    cmp(f"reduce_scatter {dtype} {op}", "reduce_scatter", reduce_scatter)
+
+
+def movements(cmp, rank, w, dtype, roots, n=5):
+    """broadcast (each root), all_gather, all_gather_into_tensor, barrier."""
+    g = cmp.group
+
+    def broadcast(root):
+        def call(algo):
+            t = values(rank, n, dtype)
+            dist.broadcast(t, group_src=root, group=g, algorithm=algo)
+            return [t]
+        return call
+
+    def all_gather(algo):
+        outs = [zeros(n, dtype) for _ in range(w)]
+        dist.all_gather(outs, values(rank, n, dtype), group=g, algorithm=algo)
+        return outs
+
+    def all_gather_into_tensor(algo):
+        out = zeros(w * n, dtype)
+        dist.all_gather_into_tensor(out, values(rank, n, dtype), group=g, algorithm=algo)
+        return [out]
+
+    def barrier(algo):
+        dist.barrier(group=g, algorithm=algo)
+        return []
+
+    for root in roots:
+        cmp(f"broadcast {dtype} src={root}", "broadcast", broadcast(root))
+    cmp(f"all_gather {dtype}", "all_gather", all_gather)
+    cmp(f"all_gather_into_tensor {dtype}", "all_gather", all_gather_into_tensor)
+    cmp("barrier", "barrier", barrier)
+
+
+def everything(cmp, rank, w):
+    """Every collective x dtype x op; every root for SUM, the last rank for the other ops."""
+    for dtype in DTYPES:
+        movements(cmp, rank, w, dtype, range(w))
+        for op in INT_OPS if dtype == "int64" else FLOAT_OPS:
+            reductions(cmp, rank, w, dtype, op, range(w) if op == "SUM" else [w - 1])
+
+
+def hierarchical_begins(seen, group=0):
+    return collections.Counter(name for event, name, g, how in seen
+                               if event == "begin" and g == group and how == "hierarchical")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_collective_dtype_and_op_matches_the_flat_path_bit_for_bit(layout, monkeypatch, recorded):
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS[layout])
+    w = len(LAYOUTS[layout].split(","))
+
+    def body(rank, world):
+        assert dist.group.WORLD.hierarchy is not None and dist.group.WORLD.shm is None
+        cmp = Compare()
+        everything(cmp, rank, world)
+        return cmp.wrong, cmp.calls
+
+    results = run_threads(body, w)
+    for rank, (wrong, _) in enumerate(results):
+        assert not wrong, (layout, rank, wrong[:2])
+    calls = results[0][1]
+    assert set(calls) == set(FLAT)
+    begins = hierarchical_begins(recorded)
+    # all_gather_into_tensor runs as all_gather; every default call was hierarchical on every rank
+    assert begins == {name: count * w for name, count in calls.items()}, begins
+    shm_groups = {g for event, _, g, how in recorded if how == "shm"}
+    assert shm_groups and all(g & HIDDEN for g in shm_groups)  # the intra-host phases
+    assert not any(g == 0 and how == "shm" for _, _, g, how in recorded)
+
+
+def test_sub_groups_that_span_hosts_are_hierarchical_and_destroyed_with_their_parent(monkeypatch, recorded):
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["3+2"])  # ranks 0, 1, 2 on a; 3, 4 on b
+
+    def body(rank, w):
+        spans = dist.new_group([1, 2, 4])  # a, a, b: hierarchical
+        one_each = dist.new_group([0, 3])  # a, b: nothing to split, flat TCP
+        same_host = dist.new_group([3, 4])  # b, b: shared memory
+        out = {}
+        if rank in (1, 2, 4):
+            cmp = Compare(spans)
+            for dtype in ("float32", "int64"):
+                movements(cmp, rank, 3, dtype, range(3))
+                reductions(cmp, rank, 3, dtype, "SUM", range(3))
+            out["wrong"], out["calls"], out["id"] = cmp.wrong, cmp.calls, spans.id
+            local = spans.hierarchy.local
+            dist.destroy_process_group(spans)
+            out["closed"] = local.shm.closed
+        if rank in (0, 3):
+            out["one_each"] = (one_each.hierarchy, one_each.shm)
+        if rank in (3, 4):
+            out["same_host"] = (same_host.hierarchy, same_host.shm is not None)
+        x = np.full(2, rank, np.int64)
+        dist.all_reduce(x)  # the world is unaffected by its sub-groups
+        out["world"] = int(x[0])
+        return out
+
+    results = run_threads(body, 5)
+    assert all(r["world"] == 10 for r in results)
+    for rank in (1, 2, 4):
+        assert not results[rank]["wrong"], results[rank]["wrong"][:2]
+        assert results[rank]["closed"]
+    assert results[0]["one_each"] == (None, None) and results[3]["one_each"] == (None, None)
+    assert results[3]["same_host"] == (None, True)
+    begins = hierarchical_begins(recorded, results[1]["id"])
+    assert begins == {name: n * 3 for name, n in results[1]["calls"].items()}
+
+
+def test_async_ops_keep_issue_order_and_results(monkeypatch, recorded):
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["3+2"])
+
+    def body(rank, w):
+        xs = [np.full(10 * (i + 1), rank + i, np.int64) for i in range(8)]
+        works = [dist.all_reduce(x, async_op=True) for x in xs]
+        flat = np.full(3, rank, np.int64)
+        dist.all_reduce(flat, algorithm="ring", async_op=True)  # flat, queued in between
+        b = np.full(4, rank, np.int64)
+        dist.broadcast(b, src=4)  # synchronous, queued behind the async ones
+        outs = [np.zeros(2, np.int64) for _ in range(w)]
+        gathered = dist.all_gather(outs, np.full(2, rank, np.int64), async_op=True)
+        barrier = dist.barrier(async_op=True)
+        assert gathered.wait() and barrier.wait() and gathered.is_success()
+        for work in works:
+            work.wait()
+        total = dist.all_reduce(np.ones(2), async_op=True).get_future().wait()[0]
+        return [int(x[0]) for x in xs], int(flat[0]), int(b[0]), [int(o[0]) for o in outs], total.tolist()
+
+    for xs, flat, b, gathered, total in run_threads(body, 5):
+        assert xs == [10 + 5 * i for i in range(8)] and flat == 10 and b == 4
+        assert gathered == list(range(5)) and total == [5.0, 5.0]
+    assert hierarchical_begins(recorded) == {"all_reduce": 45, "broadcast": 5, "all_gather": 5, "barrier": 5}
+
+
+def test_algorithm_and_environment_choose_flat_or_hierarchical(monkeypatch, recorded):
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["2+2"])
+    monkeypatch.setenv("CHORUS_ALGO_ALL_REDUCE", "ring")  # read when groups are created
+    monkeypatch.setenv("CHORUS_ALGO_BROADCAST", "hierarchical")
+
+    def body(rank, w):
+        x = np.full(3, rank, np.int64)
+        dist.all_reduce(x)  # the environment says ring: flat
+        dist.all_reduce(x, algorithm="hierarchical")  # the argument wins
+        dist.broadcast(x, src=1)
+        pair = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]  # one host each
+        start = pair.shm.sync.count
+        y = np.full(2, rank, np.int64)
+        dist.broadcast(y, src=pair.members[1], group=pair)  # hierarchical on one host: shared memory
+        outs = [np.zeros(2, np.int64) for _ in range(2)]
+        dist.all_gather(outs, y, group=pair, algorithm="hierarchical")
+        with pytest.raises(dist.InvalidArgumentError, match="unknown algorithm 'hierarchical'"):
+            dist.all_to_all_single(np.zeros(2), np.zeros(2), group=pair, algorithm="hierarchical")
+        return x.tolist(), y.tolist(), pair.shm.sync.count - start
+
+    results = run_threads(body, 4)
+    assert [r[0] for r in results] == [[24] * 3] * 4  # 0+1+2+3, twice
+    assert [r[1] for r in results] == [[1, 1], [1, 1], [3, 3], [3, 3]]
+    assert all(r[2] >= 2 for r in results)
+    assert hierarchical_begins(recorded) == {"all_reduce": 4, "broadcast": 4}
+
+
+def test_a_mismatch_in_one_host_fails_every_rank_quickly(monkeypatch):
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["2+2"])
+
+    def body(rank, w):
+        dist.barrier()
+        started = time.monotonic()
+        with pytest.raises(dist.CollectiveMismatchError) as info:
+            dist.all_reduce(np.ones(9 if rank == 3 else 8, np.float32))
+        return time.monotonic() - started, str(info.value)
+
+    results = run_threads(body, 4, op_timeout=20.0)
+    for rank, (elapsed, message) in enumerate(results):
+        assert elapsed < 2.0 and "collective mismatch" in message, (rank, elapsed, message)
+
+
+_KILL_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time, numpy as np, chorus as dist
+    rank, victim, tmp = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rdzv", rank=rank, world_size=4, timeout=30)
+    assert dist.group.WORLD.hierarchy is not None
+    for _ in range(5):
+        dist.all_reduce(np.ones(1000))
+    dist.barrier()
+    if rank == victim:
+        time.sleep(0.5)  # the others wait in the next all_reduce, in every phase
+        open(f"{tmp}/killed", "w").write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(np.ones(1000))
+    except dist.PeerLostError as exc:
+        open(f"{tmp}/rank{rank}", "w").write(repr(time.time()) + "\\n" + str(exc))
+        sys.exit(3)
+""")
+
+
+@pytest.mark.parametrize("victim", [3, 0])  # a non-leader on host b; the leader of host a
+def test_a_killed_rank_makes_survivors_on_both_hosts_raise_peer_lost_within_5s(victim, tmp_path):
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_SCRIPT)
+    env = dict(os.environ, CHORUS_HOST_ID=LAYOUTS["2+2"], CHORUS_TOKEN="hier-kill-test",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(victim), str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for rank in range(4)]
+    try:
+        outs = {rank: p.communicate(timeout=60) for rank, p in enumerate(procs) if rank != victim}
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    killed_at = float((tmp_path / "killed").read_text())
+    for rank, (_, err) in outs.items():
+        assert procs[rank].returncode == 3, (rank, err[-2000:])
+        when, message = (tmp_path / f"rank{rank}").read_text().split("\n", 1)
+        assert float(when) - killed_at < 5.0, (rank, message)
+        assert f"rank {victim}" in message and "hierarchical" in message, (rank, message)

@@ -1,0 +1,370 @@
+"""Single copy through Cross Memory Attach (chorus.shm.cma): every collective with a
+single-copy path, in real processes, with CMA on and off around the threshold (uneven
+all_to_all, every root, several dtypes), bit-identical to the copy path and checked to
+have really read peers' memory; the window-creation probe and its unanimous verdict;
+CHORUS_SHM_CMA=0; a peer killed in the middle of a single-copy op; the binding's errors."""
+
+import ctypes
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import chorus as dist
+import chorus.shm.collectives as shm_algo
+from chorus.shm import cma
+from chorus.testing import run_processes, run_threads
+
+THRESHOLD = 16 << 10  # CHORUS_SHM_CMA_BYTES in these tests
+SLOT = 64 << 10  # CHORUS_SHM_SLOT_BYTES: large messages take several chunks
+SIZES = (4095, 4096, 50_000)  # elements: around the threshold (float32: just below, at) and above
+DTYPES = ("float32", "float16", "int32", "complex64")
+
+
+@pytest.fixture
+def small_thresholds(monkeypatch):
+    """Single copy from 16 KiB, 64 KiB slots, no one-shot all_reduce: in the environment
+    (spawned ranks read it at import) and in this process's module (thread ranks)."""
+    monkeypatch.setenv("CHORUS_SHM_CMA_BYTES", str(THRESHOLD))
+    monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(SLOT))
+    monkeypatch.setenv("CHORUS_SHM_ONESHOT_BYTES", "0")
+    monkeypatch.delenv("CHORUS_SHM_CMA", raising=False)
+    monkeypatch.setattr(shm_algo, "CMA_BYTES", dict.fromkeys(shm_algo.CMA_BYTES, THRESHOLD))
+    monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)
+
+
+def values(seed, n, dtype):
+    """Random numbers (floats with all their bits in use, so summation order shows)."""
+    rng = np.random.default_rng(seed)
+    if dtype == "int32":
+        return rng.integers(-1000, 1000, n).astype(np.int32)
+    v = rng.standard_normal(n) * 100
+    if dtype == "complex64":
+        return (v + 1j * rng.standard_normal(n)).astype(np.complex64)
+    return v.astype(dtype)
+
+
+def uneven(world, n):
+    """all_to_all split sizes: rank r sends (r + q) % 3 * n // 2 + q elements to rank q (some
+    ranks send above the threshold, some below, one block is empty)."""
+    return [[(r + q) % 3 * n // 2 + q for q in range(world)] for r in range(world)]
+
+
+def run_case(case, rank, world, seed):
+    """Run one collective; return (everything it wrote or left, its size as the single-copy
+    decision counts it: the larger buffer, the largest sender's input for all_to_all)."""
+    op, dtype, n, root = case
+    mine = values(seed * 100 + rank, n, dtype)
+    size = np.dtype(dtype).itemsize
+    if op in ("all_reduce", "all_reduce_max", "reduce"):
+        x = mine.copy()
+        if op == "reduce":
+            dist.reduce(x, dst=root)
+        else:
+            dist.all_reduce(x, op=dist.ReduceOp.MAX if op == "all_reduce_max" else dist.ReduceOp.SUM)
+        return [x], n * size
+    if op == "broadcast":
+        x = mine.copy()
+        dist.broadcast(x, src=root)
+        return [x], n * size
+    if op == "all_gather":
+        out = np.zeros(world * n, dtype)
+        dist.all_gather_into_tensor(out, mine)
+        return [out], world * n * size
+    if op == "all_gather_in_place":  # FSDP's way: the input is this rank's block of the output
+        out = np.zeros(world * n, dtype)
+        out[rank * n:(rank + 1) * n] = mine
+        dist.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
+        return [out], world * n * size
+    if op == "gather":
+        outs = [np.zeros(n, dtype) for _ in range(world)] if rank == root else None
+        dist.gather(mine, outs, dst=root)
+        return outs or [], world * n * size
+    if op == "scatter":
+        out = np.zeros(n, dtype)
+        dist.scatter(out, [values(seed * 100 + 50 + q, n, dtype) for q in range(world)] if rank == root else None,
+                     src=root)
+        return [out], world * n * size
+    if op == "reduce_scatter":
+        out = np.zeros(n, dtype)
+        dist.reduce_scatter_tensor(out, np.concatenate([mine] * world))
+        return [out], world * n * size
+    if op == "reduce_scatter_uneven":
+        counts = [n // 2 + 7 * q for q in range(world)]
+        out = np.zeros(counts[rank], dtype)
+        dist.reduce_scatter(out, [values(seed * 100 + rank * 10 + q, c, dtype) for q, c in enumerate(counts)])
+        return [out], sum(counts) * size
+    if op == "all_to_all":
+        out = np.zeros(world * n, dtype)
+        dist.all_to_all_single(out, np.concatenate([mine] * world) + np.arange(world * n).astype(dtype))
+        return [out], world * n * size
+    if op == "all_to_all_uneven":
+        table = uneven(world, n)
+        send, recv = table[rank], [table[r][rank] for r in range(world)]
+        out = np.zeros(sum(recv), dtype)
+        dist.all_to_all_single(out, values(seed * 100 + rank, sum(send), dtype),
+                               output_split_sizes=recv, input_split_sizes=send)
+        return [out], max(sum(row) for row in table) * size
+    raise AssertionError(op)
+
+
+OPS = ("all_reduce", "all_reduce_max", "reduce", "broadcast", "all_gather", "all_gather_in_place",
+       "gather", "scatter", "reduce_scatter", "reduce_scatter_uneven", "all_to_all", "all_to_all_uneven")
+ROOTED = ("reduce", "broadcast", "gather", "scatter")
+
+
+def cases(world):
+    for op in OPS:
+        for dtype in DTYPES:
+            if op == "all_reduce_max" and dtype == "complex64":
+                continue
+            for n in SIZES:
+                for root in ({0, world - 1} if op in ROOTED else {0}):
+                    yield op, dtype, n, root
+
+
+def _copy_vs_single_copy(rank, world):
+    """Every case twice, on the copy path (``window.cma`` off) and on single copy, in
+    lockstep on every rank: the bytes they leave, and what single copy read."""
+    shm = dist.group.WORLD.shm
+    peers = shm.window.cma
+    assert peers is not None, "the window creation probe failed in these processes"
+    report = []
+    for seed, case in enumerate(cases(world)):
+        shm.window.cma = None
+        copied, criterion = run_case(case, rank, world, seed)
+        shm.window.cma = peers
+        before, syncs = peers.nbytes, shm.sync.count
+        direct, _ = run_case(case, rank, world, seed)
+        same = len(copied) == len(direct) and all(
+            a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(copied, direct, strict=True))
+        report.append((case, criterion, same, peers.nbytes - before, shm.sync.count - syncs))
+    return report, peers.calls
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_single_copy_collective_matches_the_copy_path_bit_for_bit(world, small_thresholds):
+    results = run_processes(_copy_vs_single_copy, world)
+    reports = [r for r, _ in results]
+    assert all(calls > 0 for _, calls in results)
+    sides = {criterion >= THRESHOLD for _, criterion, *_ in reports[0]}
+    assert sides == {True, False}  # both sides of the threshold were run
+    for i, (case, criterion, *_) in enumerate(reports[0]):
+        same = [r[i][2] for r in reports]
+        moved = sum(r[i][3] for r in reports)
+        syncs = {r[i][4] for r in reports}
+        assert all(same), (case, same)
+        if criterion >= THRESHOLD:
+            assert moved > 0 and syncs == {2}, (case, criterion, moved, syncs)  # the single-copy path
+        else:
+            assert moved == 0, (case, criterion, moved)
+
+
+def _reference_values(rank, world):
+    """Single copy against numpy, for exact int32 data (several chunks)."""
+    n = 50_000
+    every = np.stack([values(r, n, "int32") for r in range(world)])
+    x = every[rank].copy()
+    dist.all_reduce(x)
+    ok = [np.array_equal(x, every.sum(axis=0, dtype=np.int32))]
+    out = np.zeros(world * n, np.int32)
+    dist.all_gather_into_tensor(out, every[rank])
+    ok.append(np.array_equal(out, every.reshape(-1)))
+    out = np.zeros(n, np.int32)
+    dist.reduce_scatter_tensor(out, np.tile(every[rank], world))
+    ok.append(np.array_equal(out, every.sum(axis=0, dtype=np.int32)))
+    x = every[rank].copy()
+    dist.reduce(x, dst=1)
+    ok.append(np.array_equal(x, every.sum(axis=0, dtype=np.int32) if rank == 1 else every[rank]))
+    table = uneven(world, n)
+    send = table[rank]
+    inp = np.concatenate([np.full(c, rank * 100 + q, np.int32) for q, c in enumerate(send)])
+    out = np.full(sum(table[r][rank] for r in range(world)), -1, np.int32)
+    dist.all_to_all_single(out, inp, output_split_sizes=[table[r][rank] for r in range(world)],
+                           input_split_sizes=send)
+    ok.append(np.array_equal(out, np.concatenate([np.full(table[r][rank], r * 100 + rank, np.int32)
+                                                  for r in range(world)])))
+    return ok, dist.group.WORLD.shm.window.cma.nbytes
+
+
+def test_single_copy_results_are_right_and_every_rank_read_its_peers(small_thresholds):
+    for ok, moved in run_processes(_reference_values, 3):
+        assert all(ok) and moved > 0, (ok, moved)
+
+
+def _with_cma_off_on_rank(rank, world, off):
+    """A new group created while rank ``off`` runs with CHORUS_SHM_CMA=0."""
+    if rank == off:
+        os.environ["CHORUS_SHM_CMA"] = "0"
+    group = dist.new_group(list(range(world)))
+    x = np.arange(100_000, dtype=np.float64) + rank
+    dist.all_reduce(x, group=group)
+    right = np.array_equal(x, np.arange(100_000, dtype=np.float64) * world + sum(range(world)))
+    return dist.group.WORLD.shm.window.cma is not None, group.shm.window.cma is None, right
+
+
+def test_one_member_with_cma_off_keeps_the_whole_group_on_the_copy_path(small_thresholds):
+    for world_has_it, group_lacks_it, right in run_processes(_with_cma_off_on_rank, 3, 1):
+        assert world_has_it and group_lacks_it and right
+
+
+def test_chorus_shm_cma_0_gives_the_copy_path(small_thresholds, monkeypatch):
+    monkeypatch.setenv("CHORUS_SHM_CMA", "0")
+
+    def body(rank, world):
+        x = np.ones(100_000, np.float32)
+        dist.all_reduce(x)
+        out = np.zeros(world * 100_000, np.float32)
+        dist.all_gather_into_tensor(out, x)
+        return dist.group.WORLD.shm.window.cma, bool((x == world).all() and (out == world).all())
+
+    assert run_threads(body, 2) == [(None, True), (None, True)]
+
+
+def test_ranks_as_threads_read_their_own_process(small_thresholds):
+    def body(rank, world):
+        peers = dist.group.WORLD.shm.window.cma
+        x = np.full(100_000, rank + 1, np.float32)
+        dist.all_reduce(x)
+        out = np.zeros(world * 100_000, np.float32)
+        dist.all_gather_into_tensor(out, np.full(100_000, rank, np.float32))
+        right = (x == sum(range(1, world + 1))).all() and (out == np.repeat(np.arange(world), 100_000)).all()
+        return peers is not None and peers.nbytes > 0, bool(right)
+
+    assert run_threads(body, 3) == [(True, True)] * 3
+
+
+# -- a peer killed in the middle of a single-copy op -----------------------------------------------
+
+_KILL_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time, numpy as np, chorus as dist
+    import chorus.shm.collectives as algo
+    victim, outdir, op = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    assert dist.group.WORLD.shm.window.cma is not None
+    n = 1 << 20
+    x, out = np.ones(n, np.float32), np.zeros(3 * n, np.float32)
+    if rank == victim:
+        opened = algo._open
+        def die_after_publishing(*args):  # the others are about to read (or write) its buffer
+            sources = opened(*args)
+            open(f"{outdir}/killed", "w").write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        algo._open = die_after_publishing
+    try:
+        for _ in range(3):
+            dist.all_reduce(x) if op == "all_reduce" else dist.all_gather_into_tensor(out, x)
+        sys.exit(4)
+    except dist.PeerLostError as exc:
+        open(f"{outdir}/rank{rank}", "w").write(repr(time.time()) + "\\n" + str(exc))
+        sys.exit(3)
+""")
+
+
+@pytest.mark.parametrize("op", ["all_gather", "all_reduce"])
+def test_a_peer_killed_mid_single_copy_op_gives_peer_lost_within_5s(op, tmp_path):
+    world, victim = 3, 1
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_SHM")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)  # the chorus under test, installed or not
+    procs = [subprocess.Popen([sys.executable, str(script), str(victim), str(tmp_path), op],
+                              env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                                       WORLD_SIZE=str(world), CHORUS_SHM_CMA_BYTES="4096"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    try:
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[victim].returncode == -signal.SIGKILL, outs[victim][1]
+    killed_at = float((tmp_path / "killed").read_text())
+    for rank in set(range(world)) - {victim}:
+        assert procs[rank].returncode == 3, outs[rank][1]
+        when, message = (tmp_path / f"rank{rank}").read_text().split("\n", 1)
+        assert float(when) - killed_at < 5.0 and f"rank {victim}" in message, message
+
+
+# -- the binding ------------------------------------------------------------------------------------
+
+class Ctx:
+    members = (10, 11)
+
+    @staticmethod
+    def describe():
+        return "all_gather (seq 7) on group 0"
+
+
+def test_probe_reads_and_writes_back_and_explains_failures():
+    p = cma.Probe()
+    me = os.getpid()
+    assert cma.probe(0, [me, me], [0, p.address], [0, p.value]) is None
+    assert p.cell.value == p.value  # written back unchanged
+    assert "CHORUS_SHM_CMA=0" in cma.probe(0, [me, me], [0, 0], [0, 0])
+    assert "another process" in cma.probe(0, [me, me], [0, p.address], [0, p.value + 1])
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert "ESRCH" in cma.probe(1, [child.pid, me], [p.address, 0], [p.value, 0])
+
+
+def test_reads_in_batches_of_iov_max_and_after_partial_transfers(monkeypatch):
+    src = np.arange(5000, dtype=np.int64)
+    dst = np.zeros_like(src)
+    peers = cma.Peers([os.getpid()] * 2)
+    pieces = [(cma.address(dst) + 8 * i, cma.address(src) + 8 * i, 8) for i in range(5000)]
+    peers.read(Ctx, 1, pieces)
+    assert np.array_equal(dst, src) and peers.calls == 5 and peers.nbytes == src.nbytes
+    real = peers.readv
+
+    def half(pid, local, n, remote, m, flags):  # the kernel may stop early; the rest follows
+        local[0].len = remote[0].len = max(1, local[0].len // 2)
+        return real(pid, local, 1, remote, 1, flags)
+
+    dst[:] = 0
+    peers.readv = half
+    peers.read(Ctx, 1, [(cma.address(dst), cma.address(src), src.nbytes)])
+    assert np.array_equal(dst, src)
+
+
+def test_errors_name_the_op_and_rank_and_say_what_to_do():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    buf = np.zeros(4, np.int64)
+    peers = cma.Peers([os.getpid(), child.pid])
+    with pytest.raises(dist.PeerLostError, match="rank 11") as info:
+        peers.read(Ctx, 1, [(cma.address(buf), cma.address(buf), 8)])
+    assert info.value.lost_rank == 11
+    peers = cma.Peers([child.pid, os.getpid()])
+    with pytest.raises(dist.AbortedError, match="rank 11's buffer is no longer mapped"):
+        peers.read(Ctx, 1, [(cma.address(buf), 8, 8)])  # address 8: never mapped
+
+    def denied(*args):
+        ctypes.set_errno(errno.EPERM)
+        return -1
+
+    peers.writev = denied
+    with pytest.raises(cma.CmaError, match="CHORUS_SHM_CMA=0"):
+        peers.write(Ctx, 1, [(cma.address(buf), cma.address(buf), 8)])
+
+
+def test_yama_scope_1_lets_peers_read(monkeypatch, tmp_path):
+    calls = []
+    scope = tmp_path / "ptrace_scope"
+    monkeypatch.setattr(cma, "_YAMA", str(scope))
+    monkeypatch.setattr(cma, "_prctl", lambda option, arg: calls.append((option, arg)))
+    cma.allow_peers()  # no Yama: nothing to do
+    for text in ("0\n", "2\n", "1\n"):  # only scope 1 is relaxed by the tracee
+        scope.write_text(text)
+        cma.allow_peers()
+    assert calls == [(0x59616D61, 2**64 - 1)]  # PR_SET_PTRACER, PR_SET_PTRACER_ANY
