@@ -11,6 +11,8 @@ import socket
 import subprocess
 import time
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def is_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
@@ -46,8 +48,10 @@ def reserved_port():
 def run_ranks(argv: list[str], world: int, env: dict | None = None, timeout: float = 60.0):
     """Run ``argv`` as ``world`` ranks with torchrun's variables (rank 0 hosts the store on a
     reserved port) until all exit; return the Popens and their (stdout, stderr)."""
+    env = dict(env or os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))  # chorus under test
     with reserved_port() as port:
-        procs = [subprocess.Popen(argv, env=dict(env or os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        procs = [subprocess.Popen(argv, env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                                                  RANK=str(r), WORLD_SIZE=str(world)),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for r in range(world)]

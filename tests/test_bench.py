@@ -341,7 +341,7 @@ def test_turns_hand_out_one_job_at_a_time(tmp_path):
         th.start()
     for index in range(3):
         for job in ("a", "b"):
-            turns.give_turn(str(tmp_path), job, index)
+            turns.give_turn(str(tmp_path), job, index, 2)
             assert turns.wait_done(str(tmp_path), job, index, 2, lambda: True)
     for th in threads:
         th.join(5)

@@ -155,7 +155,7 @@ def _run_jobs(cfg: dict, workdir: str, mpiexec: str | None) -> tuple[
             jobs = ["chorus"] + (["mpi"] if mpi_proc is not None else [])
             for index in range(len(cfg["counts"]) + 1):
                 for job in list(jobs):
-                    turns.give_turn(workdir, job, index)
+                    turns.give_turn(workdir, job, index, cfg["world"])
                     if turns.wait_done(workdir, job, index, cfg["world"], running[job]):
                         continue
                     if job == "chorus":  # exited early: join raises the ranks' error

@@ -2,22 +2,24 @@
 alternately, size by size, on the same machine state, although MPI runs in its own
 ``mpiexec`` job.
 
-The parent hands out turns (``give_turn``: job name and size index, written atomically to
-``<workdir>/turn``) and waits until every rank of that job has written
-``done-<job>-<index>-<rank>`` (``wait_done``).  A rank whose job is not on turn sleeps
-(backing off to 2 ms), outside any library call, so it takes no CPU from the timed job
-(MPICH, for one, busy-polls inside its calls).  Index 0 is the untimed warm-up (and, for
-MPI, start-up); index i >= 1 is the i-th size.
+The parent hands out turns (``give_turn``: one record per rank of the job into the job's
+FIFO ``<workdir>/turn-<job>``) and waits until every rank of that job has written its
+record into ``<workdir>/done-<job>`` (``wait_done``).  A rank whose job is not on turn
+blocks reading its job's FIFO, outside any library call, so it takes no CPU from the
+timed job and does not wake up (MPICH busy-polls inside its calls; chorus's waiters yield
+or sleep, and periodic wake-ups of idle processes beside them on a 2-core machine cost
+them a time slice).  Index 0 is the untimed warm-up (and, for MPI, start-up); index
+i >= 1 is the i-th size.  Records are 16 bytes, written and read whole.
 """
 
 from __future__ import annotations
 
 import os
-import time
+import select
 from collections.abc import Callable
 
-_MAX_SLEEP_S = 0.002
-#: How often a waiting rank checks that the bench process is still there.
+_RECORD = 16
+#: How often a waiting side checks that the other side is still there.
 _PARENT_CHECK_S = 1.0
 
 
@@ -25,58 +27,79 @@ class ParentGone(RuntimeError):
     """The ``chorus bench`` process that hands out turns has exited."""
 
 
+def _fifo(workdir: str, name: str) -> int:
+    """A read-write descriptor of FIFO ``workdir/name`` (made if missing): opening it
+    never blocks, and a reader never sees end-of-file."""
+    path = os.path.join(workdir, name)
+    try:
+        os.mkfifo(path)
+    except FileExistsError:
+        pass
+    return os.open(path, os.O_RDWR)
+
+
+def _record(text: str) -> bytes:
+    return text.encode().ljust(_RECORD - 1)[: _RECORD - 1] + b"\n"
+
+
+def _read_record(fd: int, timeout: float) -> str | None:
+    """The next record from ``fd``, or None after ``timeout`` seconds without one."""
+    if not select.select([fd], [], [], timeout)[0]:
+        return None
+    return os.read(fd, _RECORD).decode().strip()
+
+
 class Turns:
     """A rank's side.  ``workdir`` None: no other job, every turn is ours at once."""
 
     def __init__(self, workdir: str | None, job: str, rank: int, parent_pid: int | None = None):
         self.workdir, self.job, self.rank, self.parent_pid = workdir, job, rank, parent_pid
+        self._turns = self._done = None
 
     def wait(self, index: int) -> None:
         if self.workdir is None:
             return
-        path, want = os.path.join(self.workdir, "turn"), f"{self.job} {index}"
-        sleep, next_check = 50e-6, time.monotonic() + _PARENT_CHECK_S
-        while True:
-            try:
-                with open(path) as f:
-                    if f.read() == want:
-                        return
-            except FileNotFoundError:
-                pass
-            time.sleep(sleep)
-            sleep = min(sleep * 2, _MAX_SLEEP_S)
-            if self.parent_pid and time.monotonic() > next_check:
-                next_check = time.monotonic() + _PARENT_CHECK_S
-                if not _alive(self.parent_pid):
-                    raise ParentGone(f"chorus bench (pid {self.parent_pid}) has exited")
+        if self._turns is None:
+            self._turns = _fifo(self.workdir, f"turn-{self.job}")
+        while _read_record(self._turns, _PARENT_CHECK_S) != str(index):
+            if self.parent_pid and not _alive(self.parent_pid):
+                raise ParentGone(f"chorus bench (pid {self.parent_pid}) has exited")
 
     def done(self, index: int) -> None:
         if self.workdir is None:
             return
-        open(os.path.join(self.workdir, f"done-{self.job}-{index}-{self.rank}"), "w").close()
+        if self._done is None:
+            self._done = _fifo(self.workdir, f"done-{self.job}")
+        os.write(self._done, _record(f"{index} {self.rank}"))
 
 
-def give_turn(workdir: str, job: str, index: int) -> None:
-    tmp = os.path.join(workdir, "turn.tmp")
-    with open(tmp, "w") as f:
-        f.write(f"{job} {index}")
-    os.replace(tmp, os.path.join(workdir, "turn"))
+_parent_fds: dict[tuple[str, str], int] = {}
+
+
+def _parent_fifo(workdir: str, name: str) -> int:
+    key = (workdir, name)
+    if key not in _parent_fds:
+        _parent_fds[key] = _fifo(workdir, name)
+    return _parent_fds[key]
+
+
+def give_turn(workdir: str, job: str, index: int, ranks: int = 1) -> None:
+    """Hand turn ``index`` to the ``ranks`` ranks of ``job``."""
+    os.write(_parent_fifo(workdir, f"turn-{job}"), _record(str(index)) * ranks)
 
 
 def wait_done(workdir: str, job: str, index: int, world: int, still_running: Callable[[], bool],
               ) -> bool:
     """Wait until every rank of ``job`` is done with ``index``.  ``still_running()`` is
-    called while waiting (it may raise); False from it ends the wait early (returns False)."""
-    pending = [os.path.join(workdir, f"done-{job}-{index}-{rank}") for rank in range(world)]
-    sleep = 50e-6
+    called while waiting (it may raise); False from it ends the wait (returns False)."""
+    fd = _parent_fifo(workdir, f"done-{job}")
+    pending = {f"{index} {rank}" for rank in range(world)}
     while pending:
-        pending = [p for p in pending if not os.path.exists(p)]
-        if not pending:
-            break
-        if not still_running():  # it may have finished its last turn and exited since
-            return not [p for p in pending if not os.path.exists(p)]
-        time.sleep(sleep)
-        sleep = min(sleep * 2, _MAX_SLEEP_S)
+        record = _read_record(fd, 0.2)
+        if record is not None:
+            pending.discard(record)
+        elif not still_running():
+            return False
     return True
 
 

@@ -21,7 +21,7 @@ enables shared memory only there unless forced).
 Waiting backs off so that an oversubscribed host (more ranks than cores) does not
 stall: spin for ``spin_s``, then ``os.sched_yield()`` until ``yield_s``, then sleep 50 µs,
 doubling up to 1 ms.  Three yields in a row that take more than 50 µs each end yielding
-for one second (every wait sleeps instead): the CPU went to a busy task (a compute thread, another job)
+for one second (every wait polls for 20 µs, then sleeps): the CPU went to a busy task (a compute thread, another job)
 that keeps it until its time slice ends, milliseconds under Linux's EEVDF scheduler,
 whereas a sleeping waiter's timer wake-up preempts it.  Every wait has the op's deadline (CommTimeoutError naming the op,
 its sequence number and the ranks that did not arrive), and every 2 ms a waiter asks
@@ -48,7 +48,8 @@ CHECK_S = 0.002
 NAP_MIN, NAP_MAX = 50e-6, 1e-3
 SLOW_YIELD_S = 50e-6  # a sched_yield() this long means another task held the CPU ...
 SLOW_YIELDS = 3  # ... and after this many in a row ...
-SLEEP_ONLY_S = 1.0  # ... waits skip yielding this long, then try again
+SLEEP_ONLY_S = 1.0  # ... waits skip yielding this long (polling 20 µs, then sleeping), then try again
+SLEEPER_SPIN_S = 20e-6
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,10 @@ class Sync:
             if waited < b.spin_s:
                 continue
             spinning = False
-            if waited < b.yield_s and now >= self.sleep_only_until:
+            if now < self.sleep_only_until:
+                if waited < SLEEPER_SPIN_S:
+                    continue  # a sleeper polls briefly first: most waits end within µs
+            elif waited < b.yield_s:
                 os.sched_yield()
                 if time.monotonic() - now <= SLOW_YIELD_S:
                     self.slow_yields = 0
