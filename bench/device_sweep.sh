@@ -19,4 +19,16 @@ w8)  # every collective vs gloo (and MPI), W = 8
     b --collective $c -b 4 -e 256M -f 4 -n 200 -w 20 --scale-iters --world 8 --transport shm \
       --baseline all --json "$out/$c-w8.json" | tail -n +3
   done ;;
+w24)  # every collective vs gloo and MPI, W = 2 and 4, every 16x in size
+  for w in 2 4; do
+    for c in all_reduce all_gather reduce_scatter broadcast all_to_all reduce barrier sendrecv; do
+      b --collective $c -b 4 -e 256M -f 16 -n 200 -w 20 --scale-iters --world $w --transport shm \
+        --baseline all --json "$out/$c-w$w.json" | tail -n +3
+    done
+  done ;;
+ddp)  # issue 5: a DDP step of a 25M-parameter MLP, W = 8, chorus vs gloo in one run
+  python3 -m chorus.cli bench-ddp --world 8 --batch 8 --steps 30 --json "$out/ddp-w8-b8.json"
+  MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=17179869184 \
+    python3 -m chorus.cli bench-ddp --world 8 --batch 8 --steps 30 --grad-as-bucket-view \
+    --json "$out/ddp-w8-b8-tuned.json" ;;
 esac

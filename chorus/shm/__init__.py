@@ -7,6 +7,8 @@
     sync.py        generation counters, back-off, deadlines, failure checks
     collectives.py the algorithms (one-shot, reduce-scatter + all-gather, ...)
     group.py       ShmGroup: what chorus.api.launch.run hands a group's collectives to
+    cma.py         Cross Memory Attach: reading and writing peers' buffers directly (single copy)
+    ring.py        single-producer/single-consumer byte rings for point-to-point payloads
 """
 
 from chorus.shm.segment import sweep
