@@ -368,3 +368,43 @@ def test_yama_scope_1_lets_peers_read(monkeypatch, tmp_path):
         scope.write_text(text)
         cma.allow_peers()
     assert calls == [(0x59616D61, 2**64 - 1)]  # PR_SET_PTRACER, PR_SET_PTRACER_ANY
+
+
+def test_a_rank_failing_mid_single_copy_returns_only_after_its_peers_stopped(small_thresholds):
+    """Rank 1 fails while reading; the others are still working on its buffer.  Rank 1
+    must not get its buffer back before every other rank has finished with it (arrived
+    at the closing sync or given up)."""
+    import time
+
+    from chorus.shm.sync import ABANDONED, ARRIVED, WORDS
+
+    def body(rank, w):
+        shm = dist.group.WORLD.shm
+        if shm.window.cma is None:
+            return "no single copy here"
+        plain, calls = shm.window.cma.read, []
+
+        def slow_or_failing(*args, **kwargs):
+            if rank == 1:
+                raise RuntimeError("boom")
+            if not calls:
+                time.sleep(0.3)  # still reading when rank 1 fails
+            calls.append(1)
+            return plain(*args, **kwargs)
+
+        shm.window.cma.read = slow_or_failing
+        x = np.ones(50_000, np.float32)
+        try:
+            dist.all_reduce(x)
+        except Exception as exc:  # noqa: BLE001
+            c, seq = shm.sync.control, shm.sync.count + 1
+            done = [c[q * WORDS + ARRIVED] >= seq or c[q * WORDS + ABANDONED] > 0 for q in range(w)]
+            return type(exc).__name__, done
+        return "no error", []
+
+    results = run_threads(body, 3)
+    if results[0] == "no single copy here":
+        pytest.skip("process_vm_readv is not usable here")
+    name, done = results[1]
+    assert name == "RuntimeError" and all(done), results
+    assert {r[0] for r in results[::2]} == {"AbortedError"}, results

@@ -85,6 +85,9 @@ def _cma_bytes() -> dict[str, float]:
 
 
 CMA_BYTES = _cma_bytes()
+#: How long a rank that fails in the middle of a single-copy op waits for its peers to
+#: stop using its buffers (``_closing``).
+DRAIN_S = 2.0
 
 
 def pipeline(sync: Sync, ctx, n: int, stages: Sequence[Stage], start: int = 0) -> None:
@@ -422,6 +425,10 @@ def _open(win: Window, sync: Sync, ctx, source: np.ndarray | None) -> list[int]:
 def _closing(sync: Sync, ctx) -> Iterator[None]:
     """Phase 1 of a single-copy op (the ``with`` body), then the op's closing sync.
 
+    A rank that fails in phase 1 marks the op abandoned and waits (at most ``DRAIN_S``)
+    until every live peer has arrived at the closing sync or given up, so that nobody
+    still reads or writes its buffers when the caller gets them back.
+
     A peer found dead in phase 1 (cma.PeerGone) is reported through that sync, the way
     every other rank learns of it (the transport saw its connection break): raising at
     once would mark this rank as having given up, and the others would report that
@@ -432,6 +439,13 @@ def _closing(sync: Sync, ctx) -> Iterator[None]:
     except cma.PeerGone as lost:
         sync.sync(ctx)
         raise lost from None  # the sync passed: the peer died just after it arrived
+    except BaseException:
+        # Leaving half-way: tell the others (their writers stop before the next write into
+        # this rank's buffers) and give them a moment to stop before the caller gets the
+        # buffers back.
+        sync.abandon(ctx.seq)
+        sync.drain(ctx, DRAIN_S)
+        raise
     sync.sync(ctx)
 
 

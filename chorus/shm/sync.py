@@ -106,6 +106,19 @@ class Sync:
         """Tell the others this rank left op ``seq`` half-way (they stop waiting for it)."""
         self.control[self.mine + ABANDONED] = seq + 1
 
+    def drain(self, ctx, seconds: float) -> None:
+        """After abandoning op ``ctx`` half-way, wait at most ``seconds`` until every other
+        rank has arrived at this rank's next sync or abandoned the op too (a dead rank is
+        not waited for): until then a single-copy peer may still read or write this rank's
+        buffers, which the caller is about to get back."""
+        c, target, end = self.control, self.count + 1, time.monotonic() + seconds
+        dead = self.transport._dead
+        busy = [i for i in self.others if self.members[i // WORDS] not in dead]
+        while busy and time.monotonic() < end:
+            busy = [i for i in busy if c[i + ARRIVED] < target and c[i + ABANDONED] <= ctx.seq]
+            if busy:
+                time.sleep(NAP_MIN)
+
     def sync(self, ctx, first: bool = False) -> None:
         """Arrive at the next sync and wait for every other rank to arrive.
 
