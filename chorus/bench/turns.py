@@ -2,8 +2,8 @@
 alternately, size by size, on the same machine state, although MPI runs in its own
 ``mpiexec`` job.
 
-The parent hands out turns (``give_turn``: one record per rank of the job into the job's
-FIFO ``<workdir>/turn-<job>``) and waits until every rank of that job has written its
+The parent hands out turns (``give_turn``: a record into each rank's FIFO
+``<workdir>/turn-<job>-<rank>``) and waits until every rank of that job has written its
 record into ``<workdir>/done-<job>`` (``wait_done``).  A rank whose job is not on turn
 blocks reading its job's FIFO, outside any library call, so it takes no CPU from the
 timed job and does not wake up (MPICH busy-polls inside its calls; chorus's waiters yield
@@ -60,7 +60,7 @@ class Turns:
         if self.workdir is None:
             return
         if self._turns is None:
-            self._turns = _fifo(self.workdir, f"turn-{self.job}")
+            self._turns = _fifo(self.workdir, f"turn-{self.job}-{self.rank}")
         while _read_record(self._turns, _PARENT_CHECK_S) != str(index):
             if self.parent_pid and not _alive(self.parent_pid):
                 raise ParentGone(f"chorus bench (pid {self.parent_pid}) has exited")
@@ -84,8 +84,10 @@ def _parent_fifo(workdir: str, name: str) -> int:
 
 
 def give_turn(workdir: str, job: str, index: int, ranks: int = 1) -> None:
-    """Hand turn ``index`` to the ``ranks`` ranks of ``job``."""
-    os.write(_parent_fifo(workdir, f"turn-{job}"), _record(str(index)) * ranks)
+    """Hand turn ``index`` to the ``ranks`` ranks of ``job`` (a FIFO each: a rank that
+    shared one with others could read their record as well as its own)."""
+    for rank in range(ranks):
+        os.write(_parent_fifo(workdir, f"turn-{job}-{rank}"), _record(str(index)))
 
 
 def wait_done(workdir: str, job: str, index: int, world: int, still_running: Callable[[], bool],
