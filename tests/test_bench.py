@@ -336,7 +336,7 @@ def test_turns_hand_out_one_job_at_a_time(tmp_path):
             log.append(f"{job}{index}")
             t.done(index)
 
-    threads = [threading.Thread(target=rank, args=(job, r)) for job in ("a", "b") for r in range(2)]
+    threads = [threading.Thread(target=rank, args=(job, r), daemon=True) for job in ("a", "b") for r in range(2)]
     for th in threads:
         th.start()
     for index in range(3):
@@ -345,6 +345,7 @@ def test_turns_hand_out_one_job_at_a_time(tmp_path):
             assert turns.wait_done(str(tmp_path), job, index, 2, lambda: True)
     for th in threads:
         th.join(5)
+    assert not any(th.is_alive() for th in threads)
     assert log == [f"{job}{i}" for i in range(3) for job in ("a", "b") for _ in range(2)]
     assert turns.wait_done(str(tmp_path), "c", 0, 1, lambda: False) is False  # job gone
     turns.Turns(None, "x", 0).wait(7)  # no other job: never waits

@@ -144,6 +144,7 @@ def test_waiters_stop_yielding_when_yields_are_slow(monkeypatch):
     import chorus.shm.sync as shm_sync
 
     monkeypatch.setattr(shm_sync.os, "sched_yield", lambda: time.sleep(2e-4))  # a "slow" yield
+    monkeypatch.setattr(shm_sync, "SLEEP_ONLY_S", 30.0)  # still sleeping when the test looks
 
     def body(rank, w):
         if rank == 1:
