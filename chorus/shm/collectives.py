@@ -49,7 +49,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from chorus.errors import BufferMismatchError
+from chorus.errors import AbortedError, BufferMismatchError, PeerLostError
 from chorus.shm import cma
 from chorus.shm.sync import SOURCE, Sync
 from chorus.shm.window import Window
@@ -429,6 +429,10 @@ def _closing(sync: Sync, ctx) -> Iterator[None]:
     until every live peer has arrived at the closing sync or given up, so that nobody
     still reads or writes its buffers when the caller gets them back.
 
+    A peer whose buffer vanished (AbortedError: it left the op, usually because it learnt
+    first that another member died) is reported as that death when the transport knows of
+    one, so every survivor raises PeerLostError for the rank that died.
+
     A peer found dead in phase 1 (cma.PeerGone) is reported through that sync, the way
     every other rank learns of it (the transport saw its connection break): raising at
     once would mark this rank as having given up, and the others would report that
@@ -439,14 +443,26 @@ def _closing(sync: Sync, ctx) -> Iterator[None]:
     except cma.PeerGone as lost:
         sync.sync(ctx)
         raise lost from None  # the sync passed: the peer died just after it arrived
+    except AbortedError as exc:
+        # A peer's buffer went away: it left the op, most often because it learnt first
+        # that another member died.  Report that root cause when the transport knows it.
+        _leave(sync, ctx)
+        cause = sync.transport_error(ctx)
+        if isinstance(cause, PeerLostError):
+            raise cause from exc
+        raise
     except BaseException:
-        # Leaving half-way: tell the others (their writers stop before the next write into
-        # this rank's buffers) and give them a moment to stop before the caller gets the
-        # buffers back.
-        sync.abandon(ctx.seq)
-        sync.drain(ctx, DRAIN_S)
+        _leave(sync, ctx)
         raise
     sync.sync(ctx)
+
+
+def _leave(sync: Sync, ctx) -> None:
+    """Leaving a single-copy op half-way: tell the others (their writers stop before the
+    next write into this rank's buffers) and give them a moment to stop before the caller
+    gets the buffers back."""
+    sync.abandon(ctx.seq)
+    sync.drain(ctx, DRAIN_S)
 
 
 def _others(me: int, world: int) -> list[int]:

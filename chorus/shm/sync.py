@@ -207,10 +207,8 @@ class Sync:
                 seq, fp, path = current
                 if seq > ctx.seq or (seq == ctx.seq and (fp != ctx.fingerprint or path != SHM)):
                     raise self._mismatch(q, seq, fp, ctx, path)
-        error = t._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
+        error = self.transport_error(ctx)
         if error is not None:
-            if isinstance(error, PeerLostError):
-                raise PeerLostError(f"{ctx.describe()}: {error}", error.lost_rank, error.reporter)
             raise error
         for q in self._pending(target):
             who = self.members[q]
@@ -218,6 +216,14 @@ class Sync:
                 raise PeerLostError(
                     f"{ctx.describe()}: rank {who} left the job (destroy_process_group) without "
                     f"joining this op; every rank of the group must call it", lost_rank=who)
+
+    def transport_error(self, ctx) -> Exception | None:
+        """What the group's transport knows went wrong (a dead or departed member, a
+        mismatch told by a peer), as the error op ``ctx`` raises; None if nothing."""
+        error = self.transport._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
+        if isinstance(error, PeerLostError):
+            return PeerLostError(f"{ctx.describe()}: {error}", error.lost_rank, error.reporter)
+        return error
 
     def _current(self, base: int) -> tuple[int, int, int] | None:
         """(seq, fingerprint, transport) of the op a rank announced, or None while it is
