@@ -47,14 +47,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from chorus import engine
 from chorus.api import launch
 from chorus.api.init import attach_shm
 from chorus.errors import CollectiveMismatchError, PeerLostError
 from chorus.process_group import ProcessGroup
 from chorus.selection import HIERARCHICAL
 from chorus.wire.fingerprint import fingerprint
-from chorus.work import QueuedWork, Work
+from chorus.work import Work
 
 log = logging.getLogger("chorus")
 
@@ -131,21 +130,12 @@ class Hierarchy:
         ctx = pg.next_context(name, fingerprint(name, dtype, count, root, reduce_op))
         call = Call(self, dtype, buffers, root, reduce_op, combine, args or {})
 
-        def body() -> list | None:
-            if before is not None:
-                before()
-            if engine.recorder is not None:
-                engine.recorder("begin", ctx, {"transport": "hierarchical", "hosts": len(self.by_host)})
+        def op() -> None:
             self._phases(ctx, OPS[name], call)
             pg.transport.finished(pg.id, ctx.seq)
-            if engine.recorder is not None:
-                engine.recorder("end", ctx, {"transport": "hierarchical"})
-            if after is not None:
-                after()
-            return result
 
-        out = pg.submit(body, async_op)
-        return QueuedWork(out, result) if async_op else None
+        return launch.issue(pg, ctx, {"transport": "hierarchical", "hosts": len(self.by_host)}, op,
+                            before, after, result, async_op)
 
     def _phases(self, ctx, algorithm: Callable[[Call], None], call: Call) -> None:
         try:

@@ -119,15 +119,24 @@ def _run_shm(pg: ProcessGroup, shm, name: str, dtype: str, count: int, buffers: 
     fingerprints and Work as the TCP path; no algorithm to choose, no schedule to build."""
     ctx = pg.next_context(name, fingerprint(name, dtype, count, root, reduce_op))
     reduce = row_reducer(reduce_op, dtype) if reduce_op else None
+    return issue(pg, ctx, {"transport": "shm"}, lambda: shm.run(name, ctx, buffers, reduce, root, args),
+                 before, after, result, async_op)
+
+
+def issue(pg: ProcessGroup, ctx, detail: dict, op: Callable[[], None], before, after, result: list | None,
+          async_op: bool) -> Work | None:
+    """Run ``op`` (the transfers of collective ``ctx``) in issue order between the
+    collective's ``before``/``after`` hooks, telling the recorder (with ``detail``) when it
+    begins and ends: inline, or on the group's worker for ``async_op``."""
 
     def body() -> list | None:
         if before is not None:
             before()
         if engine.recorder is not None:
-            engine.recorder("begin", ctx, {"transport": "shm"})
-        shm.run(name, ctx, buffers, reduce, root, args)
+            engine.recorder("begin", ctx, detail)
+        op()
         if engine.recorder is not None:
-            engine.recorder("end", ctx, {"transport": "shm"})
+            engine.recorder("end", ctx, {"transport": detail["transport"]})
         if after is not None:
             after()
         return result
