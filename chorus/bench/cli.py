@@ -182,11 +182,19 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def chosen_transport(flag: str | None) -> tuple[str, str | None]:
+    """(transport, None) from ``--transport`` or CHORUS_TRANSPORT, or (name, why it is wrong)."""
+    transport = flag or os.environ.get("CHORUS_TRANSPORT") or "auto"
+    if transport not in TRANSPORTS:
+        return transport, f"CHORUS_TRANSPORT={transport!r}: use one of {', '.join(TRANSPORTS)}"
+    return transport, None
+
+
 def run(args: argparse.Namespace) -> int:
 
-    transport = args.transport or os.environ.get("CHORUS_TRANSPORT") or "auto"
-    if transport not in TRANSPORTS:
-        return _fail(f"CHORUS_TRANSPORT={transport!r}: use one of {', '.join(TRANSPORTS)}")
+    transport, problem = chosen_transport(args.transport)
+    if problem:
+        return _fail(problem)
     problem = check_op(args.collective, args.op, args.dtype)
     if problem:
         return _fail(problem)

@@ -39,8 +39,9 @@ import sys
 import tempfile
 import time
 
+from chorus.bench.cli import TRANSPORTS, chosen_transport
+
 VARIANTS = ("compute", "ddp no_sync", "ddp gloo", "ddp chorus", "all_reduce gloo", "all_reduce chorus")
-TRANSPORTS = ("auto", "shm", "tcp")
 #: Losses of the two DDP models may differ by the summation order of the two libraries.
 LOSS_RTOL = 1e-4
 
@@ -285,9 +286,9 @@ def _fail(msg: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from chorus.launch import spawn
 
-    transport = args.transport or os.environ.get("CHORUS_TRANSPORT") or "auto"
-    if transport not in TRANSPORTS:
-        return _fail(f"CHORUS_TRANSPORT={transport!r}: use one of {', '.join(TRANSPORTS)}")
+    transport, problem = chosen_transport(args.transport)
+    if problem:
+        return _fail(problem)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
