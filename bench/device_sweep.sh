@@ -7,8 +7,9 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 b() { python3 -m chorus.cli bench "$@"; }
 case $part in
 variants)  # chorus only: copy path (skew 0 / 2048) vs single copy, large sizes
+  # (the 2026-11-26 run also had "CHORUS_SHM_CMA=0 CHORUS_SHM_SKEW=0", an override since removed)
   for c in all_reduce all_gather broadcast all_to_all reduce_scatter; do
-    for v in "CHORUS_SHM_CMA=0 CHORUS_SHM_SKEW=0" "CHORUS_SHM_CMA=0" "CHORUS_SHM_CMA_BYTES=1"; do
+    for v in "CHORUS_SHM_CMA=0" "CHORUS_SHM_CMA_BYTES=1"; do
       echo "== $c $v"
       env $v python3 -m chorus.cli bench --collective $c -b 64K -e 256M -f 4 -n 50 -w 5 --scale-iters \
         --world 8 --transport shm --baseline none --json "$out/var-$c-$(echo $v | tr ' =' '_-').json" | tail -n +4

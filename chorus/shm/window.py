@@ -25,7 +25,6 @@ reduce or copy.
 
 from __future__ import annotations
 
-import os
 import struct
 
 import numpy as np
@@ -43,7 +42,10 @@ LINE = WORDS * 8
 #: tenth of its speed on some x86 CPUs when the destination is a few bytes ahead of the
 #: source modulo 4 KiB, which a page-aligned slot copied into a large numpy array (16
 #: bytes into its page) always is; half a page apart avoids it in both directions.
-SKEW = int(os.environ.get("CHORUS_SHM_SKEW", "2048"))
+#: A constant, not a setting: every member must compute the same layout (the header
+#: check at attach covers world and slot size only).  The 2026-11-26 comparison with 0
+#: used a temporary environment override.
+SKEW = 2048
 
 
 def _up(n: int, to: int = PAGE) -> int:
