@@ -1,6 +1,8 @@
 import logging
+import secrets
 
 import pytest
+from proc_support import leftovers
 from store_support import TOKEN
 
 from chorus.store import TCPStoreServer
@@ -10,6 +12,16 @@ from chorus.store import TCPStoreServer
 def _quiet_chorus_logs(caplog):
     caplog.set_level(logging.ERROR, logger="chorus")
     yield
+
+
+@pytest.fixture
+def job(monkeypatch):
+    """A fresh CHORUS_JOB_ID (segments of other jobs on this machine don't count); no
+    shared-memory file of it may be left when the test ends."""
+    job = "test" + secrets.token_hex(6)
+    monkeypatch.setenv("CHORUS_JOB_ID", job)
+    yield job
+    assert not leftovers(job)
 
 
 @pytest.fixture

@@ -5,9 +5,7 @@ interleaved hosts, every root, sub-groups, async ops, algorithm forcing; a misma
 a killed rank (real processes) fail fast on every host."""
 
 import collections
-import glob
 import os
-import secrets
 import subprocess
 import sys
 import textwrap
@@ -31,13 +29,7 @@ FLOAT_OPS = ["SUM", "MAX", "PRODUCT", "AVG", "PREMUL_SUM"]
 INT_OPS = ["SUM", "MAX", "PRODUCT"]
 
 
-@pytest.fixture(autouse=True)
-def _job(monkeypatch):
-    """A job id of its own, and no shared-memory file left behind."""
-    job = "hier" + secrets.token_hex(6)
-    monkeypatch.setenv("CHORUS_JOB_ID", job)
-    yield
-    assert not glob.glob(f"/dev/shm/chorus-{job}-*")
+pytestmark = pytest.mark.usefixtures("job")  # a job id of its own, no shared-memory file left
 
 
 @pytest.fixture

@@ -1,8 +1,6 @@
 """Failures on the shared-memory path, ranks as threads: mismatched calls, a rank that
 took the TCP path, a dead rank, a hung rank (timeout), a rank that gave up half-way."""
 
-import glob
-import secrets
 import time
 
 import numpy as np
@@ -12,13 +10,7 @@ import chorus as dist
 from chorus.testing import run_threads
 from chorus.transport.loopback import LoopbackFabric
 
-
-@pytest.fixture(autouse=True)
-def _no_segment_left(monkeypatch):
-    job = "fail" + secrets.token_hex(6)
-    monkeypatch.setenv("CHORUS_JOB_ID", job)
-    yield
-    assert not glob.glob(f"/dev/shm/chorus-{job}-*")
+pytestmark = pytest.mark.usefixtures("job")  # a job id of its own, no shared-memory file left
 
 
 def _raises_within(fn, exc, seconds):

@@ -5,7 +5,6 @@ processes: a rank SIGKILLed mid-collective (ranks started by hand, and under cho
 chorusrun itself SIGKILLed mid-job, an oversubscribed host, no growth over 100,000 ops."""
 
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -22,15 +21,6 @@ from chorus.shm.segment import Segment
 from chorus.testing import run_processes, run_threads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def job(monkeypatch):
-    """A fresh CHORUS_JOB_ID, so that segments of other jobs on this machine don't count."""
-    job = "test" + secrets.token_hex(6)
-    monkeypatch.setenv("CHORUS_JOB_ID", job)
-    yield job
-    assert not leftovers(job)
 
 
 # -- pieces -----------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import ast
 import glob
 import mmap
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -19,6 +18,7 @@ import time
 
 import numpy as np
 import pytest
+from proc_support import leftovers
 
 import chorus as dist
 from chorus.shm.ring import ALIGN, ALIGN_AT, RingReader, RingWriter, ring_size
@@ -27,20 +27,13 @@ from chorus.testing import run_processes
 MIB = 1 << 20
 
 
-def leftovers(job):
-    return glob.glob(f"/dev/shm/chorus-{job}-*")
-
-
 @pytest.fixture
-def job(monkeypatch):
-    """A fresh CHORUS_JOB_ID (segments of other jobs on this machine don't count); rings on."""
-    job = "p2p" + secrets.token_hex(6)
-    monkeypatch.setenv("CHORUS_JOB_ID", job)
+def job(job, monkeypatch):
+    """conftest's fresh CHORUS_JOB_ID (nothing of it left at the end), with rings on."""
     for name in ("CHORUS_SHM_P2P", "CHORUS_SHM_P2P_BYTES", "CHORUS_SHM_P2P_MIN", "CHORUS_TRANSPORT",
                  "CHORUS_HOST_ID"):
         monkeypatch.delenv(name, raising=False)
-    yield job
-    assert not leftovers(job)
+    return job
 
 
 def _stats():
