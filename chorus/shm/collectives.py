@@ -108,6 +108,16 @@ def _chunks(count: int, size: int) -> int:
     return max(1, -(-count // size))
 
 
+def _to_my_slot(win: Window, src: np.ndarray, size: int) -> Stage:
+    """The stage that copies chunk j (``size`` elements) of ``src`` into this rank's slot."""
+
+    def copy_in(j: int, p: int) -> None:
+        lo, hi = _span(j, size, src.size)
+        win.slot_of(p, win.rank, src.dtype, 0, hi - lo)[...] = src[lo:hi]
+
+    return copy_in
+
+
 def _span(j: int, size: int, count: int) -> tuple[int, int]:
     """Chunk ``j``'s element range [lo, hi) (empty past the end)."""
     lo = min(j * size, count)
@@ -157,9 +167,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         _all_reduce_direct(win, sync, ctx, data, reduce, root)
         return
 
-    def copy_in(j: int, p: int) -> None:
-        lo, hi = _span(j, size, count)
-        win.slot_of(p, me, dt, 0, hi - lo)[...] = data[lo:hi]
+    copy_in = _to_my_slot(win, data, size)
 
     def reduce_slice(j: int, p: int) -> None:
         lo, hi = _span(j, size, count)
@@ -230,9 +238,7 @@ def all_gather(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray | 
                 _copy(blocks[me], inp)
         return
 
-    def copy_in(j: int, p: int) -> None:
-        lo, hi = _span(j, size, count)
-        win.slot_of(p, me, dt, 0, hi - lo)[...] = inp[lo:hi]
+    copy_in = _to_my_slot(win, inp, size)
 
     def copy_out(j: int, p: int) -> None:
         lo, hi = _span(j, size, count)
