@@ -349,6 +349,8 @@ def test_turns_hand_out_one_job_at_a_time(tmp_path):
     assert log == [f"{job}{i}" for i in range(3) for job in ("a", "b") for _ in range(2)]
     assert turns.wait_done(str(tmp_path), "c", 0, 1, lambda: False) is False  # job gone
     turns.Turns(None, "x", 0).wait(7)  # no other job: never waits
+    turns.forget(str(tmp_path))
+    assert not [k for k in turns._parent_fds if k[0] == str(tmp_path)]
 
 
 def test_failing_mpi_job_is_reported(tmp_path, monkeypatch, capsys):

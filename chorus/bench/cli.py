@@ -171,6 +171,7 @@ def _run_jobs(cfg: dict, workdir: str, mpiexec: str | None) -> tuple[
             except mpi_worker.MPIRunError as exc:
                 mpi_result = exc
     finally:
+        turns.forget(workdir)
         if mpi_proc is not None:
             mpi_worker.stop(mpi_proc)
     per_rank, notes = _load_ranks(workdir, cfg["world"])

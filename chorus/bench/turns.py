@@ -83,6 +83,12 @@ def _parent_fifo(workdir: str, name: str) -> int:
     return _parent_fds[key]
 
 
+def forget(workdir: str) -> None:
+    """Close the parent's FIFO descriptors of ``workdir`` (the sweep is over)."""
+    for key in [k for k in _parent_fds if k[0] == workdir]:
+        os.close(_parent_fds.pop(key))
+
+
 def give_turn(workdir: str, job: str, index: int, ranks: int = 1) -> None:
     """Hand turn ``index`` to the ``ranks`` ranks of ``job`` (a FIFO each: a rank that
     shared one with others could read their record as well as its own)."""
