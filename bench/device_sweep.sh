@@ -15,10 +15,15 @@ variants)  # chorus only: copy path (skew 0 / 2048) vs single copy, large sizes
         --world 8 --transport shm --baseline none --json "$out/var-$c-$(echo $v | tr ' =' '_-').json" | tail -n +4
     done
   done ;;
-w8)  # every collective vs gloo (and MPI), W = 8
+w8)  # every collective (or those named in $3) vs gloo and MPI ($BASELINE: all), W = 8
   for c in ${3:-all_reduce all_gather reduce_scatter broadcast all_to_all reduce barrier sendrecv}; do
-    b --collective $c -b 4 -e 256M -f 4 -n 200 -w 20 --scale-iters --world 8 --transport shm \
-      --baseline all --json "$out/$c-w8.json" | tail -n +3
+    b --collective $c -b 4 -e 256M -f 4 -n 1000 -w 100 --scale-iters --world 8 --transport shm \
+      --baseline ${BASELINE:-all} --json "$out/$c-w8.json" | tail -n +3
+  done ;;
+ab)  # chorus's copy path, single copy and gloo alternating op by op, W = 2, 4, 8 (cma_bytes)
+  for w in 2 4 8; do
+    python3 bench/ab_probe.py $w "$out/ab-w$w" 5 all_reduce,broadcast,all_gather,all_to_all,reduce_scatter \
+      1,4,16,64,256
   done ;;
 w24)  # every collective vs gloo and MPI, W = 2 and 4, every 16x in size
   for w in 2 4; do

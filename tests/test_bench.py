@@ -383,9 +383,11 @@ def test_batches_give_every_op_its_own_buffers_and_check_each_one():
         return step
 
     cases = [(b.reset, step_for(b), b.check) for b in batch]
-    seconds, wrong = time_case(lambda: None, cases, 8, 0)
+    barriers = []
+    seconds, wrong = time_case(lambda: barriers.append(len(ran)), cases, 8, 0)
     assert wrong == 1 and len(ran) == 8 and seconds >= 0
     assert ran[:3] == ran[3:6] == [id(b.inp) for b in batch]
+    assert barriers == [0, 0, 3, 6, 8]  # after warm-up, before each batch, at the end
 
 
 def test_scaled_iterations_above_one_mib():

@@ -35,7 +35,7 @@ def small_thresholds(monkeypatch):
     monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(SLOT))
     monkeypatch.setenv("CHORUS_SHM_ONESHOT_BYTES", "0")
     monkeypatch.delenv("CHORUS_SHM_CMA", raising=False)
-    monkeypatch.setattr(shm_algo, "CMA_BYTES", dict.fromkeys(shm_algo.CMA_BYTES, THRESHOLD))
+    monkeypatch.setattr(shm_algo, "CMA_BYTES", dict.fromkeys(shm_algo.MEASURED, THRESHOLD))
     monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)
 
 

@@ -14,7 +14,11 @@ one collective (timed), ``check`` counts wrong elements (untimed).
 
 Timing (:func:`time_case`): the ops of one size run back to back in batches, as OSU and
 nccl-tests time them, yet every op is still checked: each op of a batch has buffers of
-its own, reset before the batch and checked after it.  A batch's buffers stay within
+its own, reset before the batch and checked after it, and every batch starts from a
+barrier (as OSU's benchmarks time each iteration), so that an op's time never includes
+another rank's untimed reset and check: without it, a 256 MiB op on rank 0 was charged
+with the slowest rank's check of the op before, and the same case varied up to 4x from
+run to run.  A batch's buffers stay within
 ``BATCH_BYTES`` (about an L2 cache: sizes that fit a cache stay cached, as with one reused
 buffer), so sizes from 512 KiB get batches of one op (timed alone, reset and checked
 between ops).  Back to back matters for small messages: timing ops one at a time would
@@ -45,6 +49,8 @@ WARMUP_OPS = 50
 #: A batch of back-to-back ops keeps its buffers within this many bytes per rank: about
 #: what L2 holds, so that sizes that fit a cache stay cached as with one reused buffer.
 BATCH_BYTES = 1 << 20
+#: Results are checked this many elements at a time.
+_CHECK_ELEMS = 1 << 18
 #: Each collective divides its buffer into this many blocks (count rounded down to a multiple).
 _BLOCKED = ("all_gather", "reduce_scatter", "all_to_all")
 
@@ -160,12 +166,15 @@ class Buffers:
         """The number of wrong elements in the checked buffer."""
         if self.expect is None:
             return 0
-        got = self.checked
-        if self.rtol == 0.0:
-            return int(np.count_nonzero(got != self.expect.astype(got.dtype)))
-        ok = np.isclose(got.astype(np.float64), self.expect, rtol=self.rtol, atol=0.0,
-                        equal_nan=True)
-        return int(got.size - np.count_nonzero(ok))
+        got, wrong = self.checked, 0
+        for lo in range(0, got.size, _CHECK_ELEMS):  # in pieces: no temporaries of 256 MiB
+            part, want = got[lo: lo + _CHECK_ELEMS], self.expect[lo: lo + _CHECK_ELEMS]
+            if self.rtol == 0.0:
+                wrong += int(np.count_nonzero(part != want.astype(part.dtype)))
+            else:
+                ok = np.isclose(part.astype(np.float64), want, rtol=self.rtol, atol=0.0, equal_nan=True)
+                wrong += int(part.size - np.count_nonzero(ok))
+        return wrong
 
 
 def make_buffers(collective: str, size_elems: int, dtype: str, rank: int, world: int,
@@ -240,8 +249,10 @@ def iterations(cfg: dict, collective: str, count: int, dtype: str, world: int) -
 
 def time_case(barrier: Callable[[], Any], cases: list[Case], iters: int, warmup: int) -> tuple[float, int]:
     """Mean seconds per op over ``iters`` ops run back to back in batches of ``len(cases)``
-    (each op on its own buffers: reset before its batch, checked after it, both untimed),
-    and the total number of wrong elements on this rank."""
+    (each op on its own buffers: reset before its batch, checked after it, both untimed;
+    a barrier between the resets and the timed ops, so that no rank's time includes
+    waiting for another rank's reset or check), and the total number of wrong elements
+    on this rank."""
     reset, step, _ = cases[0]
     for _ in range(warmup):
         reset()
@@ -252,6 +263,7 @@ def time_case(barrier: Callable[[], Any], cases: list[Case], iters: int, warmup:
         batch = cases[: iters - done]
         for reset, _, _ in batch:
             reset()
+        barrier()  # every rank starts the batch together, its reset and the last check done
         start = time.perf_counter()
         for _, step, _ in batch:
             step()

@@ -5,7 +5,7 @@
 what MPICH and Open MPI use for large messages inside a host.  A shared-memory
 collective then copies every byte once (peer's buffer -> my buffer) instead of twice
 (peer's buffer -> window -> my buffer); chorus.shm.collectives uses it for large
-messages (its ``CMA_BYTES``).
+messages (its ``cma_bytes``).
 
 Who may read whom: the kernel allows it where ``ptrace`` would be allowed — same user,
 both dumpable and, under Yama (``/proc/sys/kernel/yama/ptrace_scope``):

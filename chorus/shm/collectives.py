@@ -18,7 +18,7 @@ The last phase has no sync of its own: it overlaps the next op's first phase (wh
 writes the other parity).  Every op has at least one sync, and its first sync checks
 that every rank began the same call (fingerprint and sequence number).
 
-Single copy.  From ``CMA_BYTES`` (and when the group's members agreed at window
+Single copy.  From ``cma_bytes`` (and when the group's members agreed at window
 creation that they can, chorus.shm.cma), the data does not pass through the window: a
 rank reads the peers' buffers straight into its own with ``process_vm_readv`` (and the
 reductions write results straight into the peers' buffers), so every byte is copied once
@@ -65,26 +65,54 @@ Stage = Callable[[int, int], None]  # stage(chunk, parity written in this phase)
 ONESHOT_BYTES = int(os.environ.get("CHORUS_SHM_ONESHOT_BYTES", "").strip() or 256 << 10)
 
 
-def _cma_bytes() -> dict[str, float]:
-    """Per collective, the message size (nccl-tests' size: a rank's larger buffer) from
-    which it copies once, peer to peer (chorus.shm.cma), instead of through the window.
+_NEVER = float("inf")
+#: Per collective, ``((largest W, bytes), ...)``: in a group of W ranks, the message size
+#: (nccl-tests' size: a rank's larger buffer) from which the collective copies once, peer
+#: to peer (chorus.shm.cma), instead of through the window (the first entry whose largest
+#: W is at least W applies).
+#:
+#: Measured on the 16-core host (2026-11-26, W = 2, 4, 8; copy path, single copy and gloo
+#: alternating op by op in the same processes, medians of 5-7 ops from 1 to 256 MiB;
+#: docs/benchmarks.md):
+#:
+#: - all_reduce / reduce: single copy won from 4 MiB at W = 2 (1.2-1.5x) and W = 4
+#:   (1.05-1.1x) but lost at W = 8 (the copy path 1.15-1.25x faster): there every rank's
+#:   chunk is pinned by 7 readers at once, while the window's 18 MiB stay in cache.
+#: - broadcast: the copy path won or tied at every W and size (single copy: 7 readers pin
+#:   the root's pages at once).
+#: - all_gather: single copy won from 1 MiB at W = 2; at W = 4 and 8 only from 16 MiB.
+#: - all_to_all: single copy won from 4 MiB at every W (1.2-1.5x), lost at 1 MiB.
+#: - reduce_scatter: within 10% either way: the copy path.
+#: - scatter (not measured there): from 1 MiB, as measured on a 2-core VM at W = 2.
+#:
+#: ``CHORUS_SHM_CMA_BYTES`` sets one size for every collective and W (1: always, when the
+#: group can; ``CHORUS_SHM_CMA=0``: never).
+MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
+    "all_reduce": ((4, 4 << 20), (_NEVER, _NEVER)),
+    "reduce": ((4, 4 << 20), (_NEVER, _NEVER)),
+    "broadcast": ((_NEVER, _NEVER),),
+    "all_gather": ((2, 1 << 20), (_NEVER, 16 << 20)),
+    "all_to_all": ((_NEVER, 4 << 20),),
+    "scatter": ((_NEVER, 1 << 20),),
+    "reduce_scatter": ((_NEVER, _NEVER),),
+}
 
-    Measured at W = 2 on a 2-core VM (copy path and single copy alternating op by op in
-    the same processes), whose kernel copies run at a third of memcpy's speed in cache and
-    two thirds from memory: below about 1 MiB single copy mostly lost (a call and page
-    pinning per read, slower copies); from these sizes on it won by 1.1-1.9x, except
-    reduce_scatter (0.9-1.1x up to 256 MiB: at W = 2 it copies as many bytes either way).
-    Hosts with faster kernel copies or more ranks likely gain earlier:
-    ``CHORUS_SHM_CMA_BYTES`` sets one size for every collective (1: always, when the group
-    can; ``CHORUS_SHM_CMA=0``: never).
-    """
+
+def _cma_override() -> dict[str, float] | None:
+    """``CHORUS_SHM_CMA_BYTES`` for every collective, or None (``MEASURED`` applies)."""
     env = os.environ.get("CHORUS_SHM_CMA_BYTES", "").strip()
-    measured = {"broadcast": 4 << 20, "scatter": 1 << 20, "all_gather": 16 << 20, "all_to_all": 4 << 20,
-                "all_reduce": 8 << 20, "reduce": 8 << 20, "reduce_scatter": float("inf")}
-    return {op: int(env) for op in measured} if env else measured
+    return dict.fromkeys(MEASURED, int(env)) if env else None
 
 
-CMA_BYTES = _cma_bytes()
+#: Per collective, the size from which it copies once, whatever W (None: ``MEASURED``).
+CMA_BYTES = _cma_override()
+
+
+def cma_bytes(op: str, world: int) -> float:
+    """The size from which collective ``op`` copies once in a group of ``world`` ranks."""
+    if CMA_BYTES is not None:
+        return CMA_BYTES[op]
+    return next(nbytes for most, nbytes in MEASURED[op] if world <= most)
 #: How long a rank that fails in the middle of a single-copy op waits for its peers to
 #: stop using its buffers (``_closing``).
 DRAIN_S = 2.0
@@ -149,7 +177,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         phase k+2   rank r:  data[chunk k] <- result             (all W slices)
 
     Every rank computes the same numpy reduction of the same rows, so results are
-    bit-identical on every rank.  From ``CMA_BYTES``: single copy, see
+    bit-identical on every rank.  From ``cma_bytes``: single copy, see
     ``_all_reduce_direct``.
     """
     me, dt, count = win.rank, data.dtype, data.size
@@ -188,7 +216,7 @@ def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None
         phase k     root:        area <- data[chunk k]
         phase k+1   other ranks: data[chunk k] <- area
 
-    Single copy (from ``CMA_BYTES``)::
+    Single copy (from ``cma_bytes``)::
 
         phase 1     other ranks: data <- rank root's data       (one read each)
         sync        the root returns only when every rank has read its data
@@ -221,7 +249,7 @@ def all_gather(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray | 
         phase k     rank r:          slot[r] <- inp[chunk k]
         phase k+1   ranks with out:  out[r][chunk k] <- slot[r]      for every r, one copy
 
-    Single copy (from ``CMA_BYTES`` of output; ``inp`` may be this rank's block of ``out``)::
+    Single copy (from ``cma_bytes`` of output; ``inp`` may be this rank's block of ``out``)::
 
         phase 1     ranks with out:  out[q] <- rank q's inp          for every q
         sync        nobody returns while others read its inp
@@ -254,7 +282,7 @@ def scatter(win: Window, sync: Sync, ctx, inp: np.ndarray | None, out: np.ndarra
         phase k     root:    slot[r] <- inp[r][chunk k]   for every r, one copy
         phase k+1   rank r:  out[chunk k] <- slot[r]
 
-    Single copy (from ``CMA_BYTES`` of the root's input)::
+    Single copy (from ``cma_bytes`` of the root's input)::
 
         phase 1     rank r:  out <- rank root's inp[r]
         sync        the root returns only when every rank has read its inp
@@ -297,7 +325,7 @@ def reduce_scatter(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarra
         phase k     rank r:  slot[r].piece[q] <- inp[block q][round k]   for every q
         phase k+1   rank r:  out[round k] <- reduce(slot[0..W-1].piece[r])
 
-    Single copy (from ``CMA_BYTES`` of input), the same rounds, through private
+    Single copy (from ``cma_bytes`` of input), the same rounds, through private
     scratch instead of the window::
 
         phase 1     rank r, round k:  rows[q] <- rank q's inp[block r][round k]   for every q
@@ -340,7 +368,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         phase k     rank r:  slot[r].piece[q] <- inp[block q][round k]    for every q
         phase k+1   rank q:  out[block r][round k] <- slot[r].piece[q]    for every r
 
-    Single copy, when some rank sends ``CMA_BYTES`` or more (known to all after the
+    Single copy, when some rank sends ``cma_bytes`` or more (known to all after the
     first sync, from the counts; a rank that sends less also fills round 0 of the copy
     path, in case no rank does)::
 
@@ -414,9 +442,9 @@ def _counts_disagree(send_table: np.ndarray, recv_table: np.ndarray, ctx) -> Non
 
 
 def _direct(win: Window, op: str, nbytes: int) -> bool:
-    """Whether collective ``op`` of ``nbytes`` (see ``CMA_BYTES``) reads the peers' buffers
+    """Whether collective ``op`` of ``nbytes`` (see ``cma_bytes``) reads the peers' buffers
     directly: the same answer on every rank (one verdict per window, the same sizes)."""
-    return win.cma is not None and nbytes >= CMA_BYTES[op]
+    return win.cma is not None and nbytes >= cma_bytes(op, win.world)
 
 
 def _open(win: Window, sync: Sync, ctx, source: np.ndarray | None) -> list[int]:

@@ -4,8 +4,10 @@ Each rank owns one control line of the window (16 x uint64 = 128 bytes, so no tw
 ranks' lines share a cache line) and is the only one that writes it::
 
     word  0     ARRIVED    syncs this rank has reached: its generation counter
-    words 1-4   OP         (seq, fingerprint) of the op it began in a phase of parity 0 | 1
-    words 5-7   CURRENT    seq + 1, fingerprint and transport of the op it is in now
+    words 1-4   OP         (seq + 1, fingerprint) of the shared-memory op it began in a phase
+                           of parity 0 | 1 (0: none yet)
+    words 5-7   CURRENT    seq + 1, fingerprint and transport (TCP) of the last op it ran
+                           over TCP instead (group.ShmGroup.announce_tcp)
     word  8     ABANDONED  seq + 1 of an op it left after an error (0 = none)
     word  9     PID        its process id (written at window creation; chorus.shm.cma)
     word  10    SOURCE     address of its buffer that peers read (all_reduce: and write) in
@@ -87,8 +89,8 @@ class Sync:
         return self.count & 1
 
     def announce(self, seq: int, fingerprint: int, transport: int) -> None:
-        """Publish the op this rank is in now (read by waiters to name a rank that went
-        elsewhere).  The seq word goes to 0 while the others change (see ``_current``)."""
+        """Publish that this rank runs op ``seq`` elsewhere (TCP), for waiters to name it.
+        The seq word goes to 0 while the others change (see ``_current``)."""
         c, m = self.control, self.mine + CURRENT
         c[m] = 0
         c[m + 1] = fingerprint
@@ -96,11 +98,13 @@ class Sync:
         c[m] = seq + 1
 
     def begin(self, seq: int, fingerprint: int) -> None:
-        """Start an op on the shared-memory path: publish its call for the first sync."""
-        self.announce(seq, fingerprint, SHM)
+        """Start an op on the shared-memory path: publish its call, for the first sync's
+        check and for waiters (``_latest``).  The fingerprint is stored before the seq word,
+        so a reader that sees the new seq also sees its fingerprint; the words of this
+        parity were last written two ops ago, which every reader has seen complete."""
         c, m = self.control, self.mine + OP + 2 * (self.count & 1)
-        c[m] = seq
         c[m + 1] = fingerprint
+        c[m] = seq + 1
 
     def abandon(self, seq: int) -> None:
         """Tell the others this rank left op ``seq`` half-way (they stop waiting for it)."""
@@ -134,10 +138,10 @@ class Sync:
                 break
         if first:
             o = OP + 2 * ((target - 1) & 1)
-            seq, fp = ctx.seq, ctx.fingerprint
+            seq, fp = ctx.seq + 1, ctx.fingerprint
             for i in self.others:
                 if c[i + o] != seq or c[i + o + 1] != fp:
-                    raise self._mismatch(i // WORDS, c[i + o], c[i + o + 1], ctx)
+                    raise self._mismatch(i // WORDS, c[i + o] - 1, c[i + o + 1], ctx)
 
     def _pending(self, target: int) -> list[int]:
         c = self.control
@@ -195,7 +199,7 @@ class Sync:
         c, t = self.control, self.transport
         for q in self._pending(target):  # first what the missing ranks say about themselves
             base = q * WORDS
-            gave_up, current = c[base + ABANDONED], self._current(base)
+            gave_up, current = c[base + ABANDONED], self._latest(base)
             if c[base + ARRIVED] >= target:
                 continue  # it arrived since (and may be in its next op already)
             if gave_up and gave_up - 1 <= ctx.seq:
@@ -224,6 +228,16 @@ class Sync:
         if isinstance(error, PeerLostError):
             return PeerLostError(f"{ctx.describe()}: {error}", error.lost_rank, error.reporter)
         return error
+
+    def _latest(self, base: int) -> tuple[int, int, int] | None:
+        """(seq, fingerprint, transport) of the latest op a rank began (its OP words, SHM)
+        or announced (CURRENT, TCP), or None if it began none yet."""
+        c, found = self.control, self._current(base)
+        for o in (base + OP, base + OP + 2):
+            seq = c[o]
+            if seq and (found is None or seq - 1 > found[0]):
+                found = (seq - 1, c[o + 1], SHM)
+        return found
 
     def _current(self, base: int) -> tuple[int, int, int] | None:
         """(seq, fingerprint, transport) of the op a rank announced, or None while it is

@@ -1,0 +1,115 @@
+"""Paired comparison behind chorus.shm.collectives.MEASURED: for each collective and size,
+chorus's copy path, chorus's single copy (CMA) and torch gloo run op by op in turn, in
+the same W processes, each op after its library's barrier; rank 0 prints the median and
+minimum time per variant (ms) and gloo's median over each chorus variant's.
+
+usage: python3 bench/ab_probe.py W OUTDIR ROUNDS COLLECTIVES SIZES_MIB
+  e.g. python3 bench/ab_probe.py 8 /tmp/ab 5 all_reduce,broadcast 1,4,16,64,256
+
+Needs torch.  Writes OUTDIR/ab.json.  Results are not checked here (chorus bench checks
+every op); this only times.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+INF = float("inf")
+
+
+def _step(api, collective: str, data, out, block, small):
+    """One collective through ``api`` (chorus or torch.distributed)."""
+    if collective == "all_reduce":
+        api.all_reduce(data)
+    elif collective == "broadcast":
+        api.broadcast(data, src=0)
+    elif collective == "all_gather":
+        api.all_gather_into_tensor(out, small)
+    elif collective == "all_to_all":
+        api.all_to_all_single(out, data)
+    elif collective == "reduce_scatter":
+        api.reduce_scatter_tensor(out[:block], data)
+    else:
+        raise SystemExit(f"unknown collective {collective!r}")
+
+
+def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], rounds: int, outdir: str) -> None:
+    import warnings
+
+    import torch
+    import torch.distributed as tdist
+
+    import chorus
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13's *_tensor names
+    from chorus.shm import collectives as algo
+
+    chorus.init_process_group("chorus", init_method=f"file://{outdir}/chorus.rdzv", rank=rank, world_size=world)
+    tdist.init_process_group("gloo", init_method=f"file://{outdir}/gloo.rdzv", rank=rank, world_size=world)
+    threshold = {"copy": dict.fromkeys(algo.MEASURED, INF), "cma": dict.fromkeys(algo.MEASURED, 1)}
+    rows = []
+    for collective in collectives:
+        for nbytes in sizes:
+            n = nbytes // 4 // world * world
+            block = n // world
+            data = np.full(n, rank + 1, np.float32)
+            template, out = data.copy(), np.zeros(n, np.float32)
+            numpy_args = (data, out, block, data[:block])
+            torch_args = (torch.from_numpy(data), torch.from_numpy(out), block, torch.from_numpy(data[:block]))
+            times: dict[str, list[float]] = {"copy": [], "cma": [], "gloo": []}
+            for r in range(rounds + 1):  # round 0 warms up
+                for variant in times:
+                    api, args = (tdist, torch_args) if variant == "gloo" else (chorus, numpy_args)
+                    algo.CMA_BYTES = threshold.get(variant)
+                    data[...] = template
+                    api.barrier()
+                    start = time.perf_counter()
+                    _step(api, collective, *args)
+                    if r:
+                        times[variant].append(time.perf_counter() - start)
+            algo.CMA_BYTES = None
+            row = {"collective": collective, "nbytes": nbytes, "world": world,
+                   **{v: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3} for v, t in times.items()}}
+            rows.append(row)
+            if rank == 0:
+                med = {v: row[v]["median_ms"] for v in times}
+                print(f"{collective:15s} {nbytes >> 20:4d}M  "
+                      + "  ".join(f"{v} {med[v]:8.2f} (min {row[v]['min_ms']:8.2f})" for v in times)
+                      + f"  gloo/copy {med['gloo'] / med['copy']:.2f}x  gloo/cma {med['gloo'] / med['cma']:.2f}x",
+                      flush=True)
+    if rank == 0:
+        with open(os.path.join(outdir, "ab.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    chorus.destroy_process_group()
+    tdist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 5:
+        print(__doc__, file=sys.stderr)
+        return 2
+    world, outdir, rounds = int(argv[0]), argv[1], int(argv[2])
+    collectives = argv[3].split(",")
+    sizes = [int(float(x) * (1 << 20)) for x in argv[4].split(",")]
+    os.makedirs(outdir, exist_ok=True)
+    for name in ("chorus.rdzv", "gloo.rdzv"):
+        if os.path.exists(os.path.join(outdir, name)):
+            os.unlink(os.path.join(outdir, name))
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=rank_main, args=(r, world, sizes, collectives, rounds, outdir)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    return max(p.exitcode or 0 for p in procs)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
