@@ -1,7 +1,8 @@
-"""Paired comparison behind chorus.shm.collectives.MEASURED: for each collective and size,
-chorus's copy path, chorus's single copy (CMA) and torch gloo run op by op in turn, in
-the same W processes, each op after its library's barrier; rank 0 prints the median and
-minimum time per variant (ms) and gloo's median over each chorus variant's.
+"""Paired comparison behind chorus.shm.collectives.MEASURED and chorus.shm.crew: for each
+collective and size, chorus's copy path (with and without helper threads: ``copy``,
+``copy1``), chorus's single copy (CMA) and torch gloo run op by op in turn, in the same W
+processes, each op after its library's barrier; rank 0 prints the median and minimum
+time per variant (ms) and gloo's median over each chorus variant's.
 
 usage: python3 bench/ab_probe.py W OUTDIR ROUNDS COLLECTIVES SIZES_MIB
   e.g. python3 bench/ab_probe.py 8 /tmp/ab 5 all_reduce,broadcast 1,4,16,64,256
@@ -50,10 +51,12 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13's *_tensor names
     from chorus.shm import collectives as algo
+    from chorus.shm import crew
 
     chorus.init_process_group("chorus", init_method=f"file://{outdir}/chorus.rdzv", rank=rank, world_size=world)
     tdist.init_process_group("gloo", init_method=f"file://{outdir}/gloo.rdzv", rank=rank, world_size=world)
-    threshold = {"copy": dict.fromkeys(algo.MEASURED, INF), "cma": dict.fromkeys(algo.MEASURED, 1)}
+    threshold = {"copy": dict.fromkeys(algo.MEASURED, INF), "copy1": dict.fromkeys(algo.MEASURED, INF),
+                 "cma": dict.fromkeys(algo.MEASURED, 1)}
     rows = []
     for collective in collectives:
         for nbytes in sizes:
@@ -63,18 +66,19 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
             template, out = data.copy(), np.zeros(n, np.float32)
             numpy_args = (data, out, block, data[:block])
             torch_args = (torch.from_numpy(data), torch.from_numpy(out), block, torch.from_numpy(data[:block]))
-            times: dict[str, list[float]] = {"copy": [], "cma": [], "gloo": []}
+            times: dict[str, list[float]] = {"copy": [], "copy1": [], "cma": [], "gloo": []}
             for r in range(rounds + 1):  # round 0 warms up
                 for variant in times:
                     api, args = (tdist, torch_args) if variant == "gloo" else (chorus, numpy_args)
                     algo.CMA_BYTES = threshold.get(variant)
+                    crew.ENABLED = variant != "copy1"
                     data[...] = template
                     api.barrier()
                     start = time.perf_counter()
                     _step(api, collective, *args)
                     if r:
                         times[variant].append(time.perf_counter() - start)
-            algo.CMA_BYTES = None
+            algo.CMA_BYTES, crew.ENABLED = None, True
             row = {"collective": collective, "nbytes": nbytes, "world": world,
                    **{v: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3} for v, t in times.items()}}
             rows.append(row)
@@ -82,7 +86,7 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
                 med = {v: row[v]["median_ms"] for v in times}
                 print(f"{collective:15s} {nbytes >> 20:4d}M  "
                       + "  ".join(f"{v} {med[v]:8.2f} (min {row[v]['min_ms']:8.2f})" for v in times)
-                      + f"  gloo/copy {med['gloo'] / med['copy']:.2f}x  gloo/cma {med['gloo'] / med['cma']:.2f}x",
+                      + "".join(f"  gloo/{v} {med['gloo'] / med[v]:.2f}x" for v in ("copy", "copy1", "cma")),
                       flush=True)
     if rank == 0:
         with open(os.path.join(outdir, "ab.json"), "w") as f:

@@ -148,8 +148,12 @@ def _copy_vs_single_copy(rank, world):
     return report, peers.calls
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("world", [2, 3])
-def test_every_single_copy_collective_matches_the_copy_path_bit_for_bit(world, small_thresholds):
+def test_every_single_copy_collective_matches_the_copy_path_bit_for_bit(world, threads, small_thresholds,
+                                                                         monkeypatch):
+    monkeypatch.setenv("CHORUS_SHM_THREADS", str(threads))  # helper threads (chorus.shm.crew) ...
+    monkeypatch.setenv("CHORUS_SHM_PART_BYTES", "1024")  # ... from 1 KiB per part and phase
     results = run_processes(_copy_vs_single_copy, world)
     reports = [r for r, _ in results]
     assert all(calls > 0 for _, calls in results)

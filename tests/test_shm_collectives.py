@@ -178,9 +178,11 @@ def _uneven_all_to_all(rank, world, scale):
     return np.array_equal(out, want) and np.array_equal(np.concatenate(outs), want)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("world", [2, 3, 8])
-def test_uneven_all_to_all_small_and_chunked(world, monkeypatch):
+def test_uneven_all_to_all_small_and_chunked(world, threads, monkeypatch):
     monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(64 << 10))  # 8192 int64 per slot
+    _crew(monkeypatch, threads)
 
     def body(rank, w):
         counter = ShmCounter()
@@ -212,10 +214,25 @@ def test_all_to_all_where_one_rank_is_uniform_and_others_need_more_rounds(monkey
     assert results == [(True, 4)] * 3  # ceil(10000 / 2730) = 4 rounds on every rank
 
 
+def _crew(monkeypatch, threads):
+    """``threads`` per rank (chorus.shm.crew), splitting phases from 1 KiB (rows of 256 B)."""
+    monkeypatch.setenv("CHORUS_SHM_THREADS", str(threads))
+    monkeypatch.setattr(shm_algo, "PART_BYTES", 1024)
+    monkeypatch.setattr(shm_algo, "PART_ROW_BYTES", 256)
+
+
+def _handed():
+    """Tasks this rank's default group handed to helper threads so far."""
+    team = dist.api.state.current().default_group.shm.window.crew
+    return 0 if team is None else team.handed
+
+
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("world", [2, 3, 8])
-def test_sizes_across_the_one_shot_threshold_and_the_slot(world, monkeypatch):
+def test_sizes_across_the_one_shot_threshold_and_the_slot(world, threads, monkeypatch):
     monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(64 << 10))  # 16384 float32 per slot
     monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 4096)
+    _crew(monkeypatch, threads)
     cap = 16384
 
     def body(rank, w):
@@ -249,11 +266,12 @@ def test_sizes_across_the_one_shot_threshold_and_the_slot(world, monkeypatch):
             dist.all_to_all_single(out, big)
             want = np.concatenate([rows[r] * (rank + 1) for r in range(w)])
             bad += [("all_to_all", n)] * (not np.array_equal(out, want))
-        return bad, counter.ran()
+        return bad, counter.ran(), _handed()
 
-    for bad, syncs in run_threads(body, world):
+    for bad, syncs, handed in run_threads(body, world):
         assert not bad, bad
         assert syncs > 60
+        assert (handed > 100) == (threads > 1), handed
 
 
 def test_async_ops_keep_issue_order_and_results():

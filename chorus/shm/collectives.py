@@ -50,12 +50,14 @@ from itertools import accumulate
 import numpy as np
 
 from chorus.errors import AbortedError, BufferMismatchError, PeerLostError
-from chorus.shm import cma
+from chorus.shm import cma, crew
 from chorus.shm.sync import SOURCE, Sync
 from chorus.shm.window import Window
 
 Reduce = Callable[[np.ndarray, np.ndarray], None]  # reduce(rows, out): out = op over rows
-Stage = Callable[[int, int], None]  # stage(chunk, parity written in this phase)
+#: stage(chunk, parity written in this phase, part, parts): does part ``part`` of
+#: ``parts`` element ranges of its work on the chunk (chorus.shm.crew runs the parts at once)
+Stage = Callable[[int, int, int, int], None]
 
 #: all_reduce / reduce are one-shot (every rank reduces everything) while each rank reads
 #: at most this many bytes of the others' data (nbytes x (W - 1)) and the message fits a
@@ -118,17 +120,57 @@ def cma_bytes(op: str, world: int) -> float:
 DRAIN_S = 2.0
 
 
-def pipeline(sync: Sync, ctx, n: int, stages: Sequence[Stage], start: int = 0) -> None:
+#: A phase is split into parts (chorus.shm.crew) only if each part moves at least this
+#: many bytes: less work does not pay for waking a helper thread.
+PART_BYTES = int(os.environ.get("CHORUS_SHM_PART_BYTES", "").strip() or 256 << 10)
+#: ... and each part's reduced rows stay at least this long, the length from which
+#: chorus.reductions' row reduction always takes the same method, so that splitting
+#: never changes a result's bits.
+PART_ROW_BYTES = 64 << 10
+
+
+def _parts(win: Window, nbytes: int, row_bytes: int = 0) -> int:
+    """Parts for phases that move ``nbytes`` per rank (and reduce rows of ``row_bytes``)."""
+    team = win.crew
+    if team is None or not crew.ENABLED:
+        return 1
+    parts = min(team.threads, nbytes // PART_BYTES)
+    if row_bytes:
+        parts = min(parts, row_bytes // PART_ROW_BYTES)
+    return max(1, parts)
+
+
+def pipeline(sync: Sync, ctx, n: int, stages: Sequence[Stage], start: int = 0, win: Window | None = None,
+             parts: int = 1) -> None:
     """Run stage ``i`` of chunk ``j`` in phase ``j + i`` for ``n`` chunks, with one sync
-    between phases (none after the last).  ``start``: the first phase to run."""
+    between phases (none after the last).  ``start``: the first phase to run.  ``parts``
+    > 1: each phase's stages run in that many element ranges at once, on ``win``'s crew."""
     last = n + len(stages) - 2
     for k in range(start, last + 1):
         p = sync.parity
-        for i, stage in enumerate(stages):
-            if 0 <= k - i < n:
-                stage(k - i, p)
+        if parts > 1:
+            due = [(stage, k - i) for i, stage in enumerate(stages) if 0 <= k - i < n]
+            win.crew.run([_phase_part(due, p, part, parts) for part in range(parts)])
+        else:
+            for i, stage in enumerate(stages):
+                if 0 <= k - i < n:
+                    stage(k - i, p, 0, 1)
         if k < last:
             sync.sync(ctx, first=k == 0)
+
+
+def _phase_part(due: list, p: int, part: int, parts: int) -> Callable[[], None]:
+    """Part ``part`` of one phase's stages (a crew task)."""
+    def run() -> None:
+        for stage, j in due:
+            stage(j, p, part, parts)
+    return run
+
+
+def _sub(lo: int, hi: int, part: int, parts: int) -> tuple[int, int]:
+    """Part ``part`` of ``parts`` near-equal parts of the range [lo, hi)."""
+    a, b = _part(hi - lo, part, parts)
+    return lo + a, lo + b
 
 
 def _chunks(count: int, size: int) -> int:
@@ -139,9 +181,10 @@ def _chunks(count: int, size: int) -> int:
 def _to_my_slot(win: Window, src: np.ndarray, size: int) -> Stage:
     """The stage that copies chunk j (``size`` elements) of ``src`` into this rank's slot."""
 
-    def copy_in(j: int, p: int) -> None:
+    def copy_in(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = _span(j, size, src.size)
-        win.slot_of(p, win.rank, src.dtype, 0, hi - lo)[...] = src[lo:hi]
+        a, b = _sub(0, hi - lo, part, parts)
+        win.slot_of(p, win.rank, src.dtype, a, b - a)[...] = src[lo + a: lo + b]
 
     return copy_in
 
@@ -197,17 +240,20 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
 
     copy_in = _to_my_slot(win, data, size)
 
-    def reduce_slice(j: int, p: int) -> None:
+    def reduce_slice(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = _span(j, size, count)
-        a, b = _part(hi - lo, me, win.world)
+        a, b = _sub(*_part(hi - lo, me, win.world), part, parts)
         reduce(win.stack(p ^ 1, dt, a, b - a), win.result(p, dt, a, b - a))
 
-    def copy_out(j: int, p: int) -> None:
+    def copy_out(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = _span(j, size, count)
+        a, b = _sub(0, hi - lo, part, parts)
         if readers:
-            data[lo:hi] = win.result(p ^ 1, dt, 0, hi - lo)
+            data[lo + a: lo + b] = win.result(p ^ 1, dt, a, b - a)
 
-    pipeline(sync, ctx, _chunks(count, size), (copy_in, reduce_slice, copy_out))
+    chunk = min(count, size) * dt.itemsize
+    pipeline(sync, ctx, _chunks(count, size), (copy_in, reduce_slice, copy_out), win=win,
+             parts=_parts(win, chunk, chunk // win.world))
 
 
 def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None:
@@ -230,17 +276,20 @@ def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None
         return
     size = win.world * win.capacity(dt)
 
-    def copy_in(j: int, p: int) -> None:
+    def copy_in(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = _span(j, size, count)
+        a, b = _sub(lo, hi, part, parts)
         if me == root:
-            win.region(p, dt, 0, hi - lo)[...] = data[lo:hi]
+            win.region(p, dt, a - lo, b - a)[...] = data[a:b]
 
-    def copy_out(j: int, p: int) -> None:
+    def copy_out(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = _span(j, size, count)
+        a, b = _sub(lo, hi, part, parts)
         if me != root:
-            data[lo:hi] = win.region(p ^ 1, dt, 0, hi - lo)
+            data[a:b] = win.region(p ^ 1, dt, a - lo, b - a)
 
-    pipeline(sync, ctx, _chunks(count, size), (copy_in, copy_out))
+    pipeline(sync, ctx, _chunks(count, size), (copy_in, copy_out), win=win,
+             parts=_parts(win, min(count, size) * dt.itemsize))
 
 
 def all_gather(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray | None) -> None:
@@ -261,19 +310,20 @@ def all_gather(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray | 
         sources = _open(win, sync, ctx, inp)
         with _closing(sync, ctx):
             if blocks is not None:
-                for q in _others(me, win.world):
-                    _read(win, ctx, q, blocks[q], sources[q])
+                _from_peers(win, lambda q: _read(win, ctx, q, blocks[q], sources[q]), win.world * inp.nbytes)
                 _copy(blocks[me], inp)
         return
 
     copy_in = _to_my_slot(win, inp, size)
 
-    def copy_out(j: int, p: int) -> None:
+    def copy_out(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = _span(j, size, count)
+        a, b = _sub(0, hi - lo, part, parts)
         if blocks is not None:
-            blocks[:, lo:hi] = win.stack(p ^ 1, dt, 0, hi - lo)
+            blocks[:, lo + a: lo + b] = win.stack(p ^ 1, dt, a, b - a)
 
-    pipeline(sync, ctx, _chunks(count, size), (copy_in, copy_out))
+    pipeline(sync, ctx, _chunks(count, size), (copy_in, copy_out), win=win,
+             parts=_parts(win, win.world * min(count, size) * dt.itemsize))
 
 
 def scatter(win: Window, sync: Sync, ctx, inp: np.ndarray | None, out: np.ndarray, root: int) -> None:
@@ -298,16 +348,19 @@ def scatter(win: Window, sync: Sync, ctx, inp: np.ndarray | None, out: np.ndarra
                 _read(win, ctx, root, out, sources[root] + me * out.nbytes)
         return
 
-    def copy_in(j: int, p: int) -> None:
+    def copy_in(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = _span(j, size, count)
+        a, b = _sub(0, hi - lo, part, parts)
         if me == root:
-            win.stack(p, dt, 0, hi - lo)[...] = inp.reshape(win.world, count)[:, lo:hi]
+            win.stack(p, dt, a, b - a)[...] = inp.reshape(win.world, count)[:, lo + a: lo + b]
 
-    def copy_out(j: int, p: int) -> None:
+    def copy_out(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = _span(j, size, count)
-        out[lo:hi] = win.slot_of(p ^ 1, me, dt, 0, hi - lo)
+        a, b = _sub(0, hi - lo, part, parts)
+        out[lo + a: lo + b] = win.slot_of(p ^ 1, me, dt, a, b - a)
 
-    pipeline(sync, ctx, _chunks(count, size), (copy_in, copy_out))
+    pipeline(sync, ctx, _chunks(count, size), (copy_in, copy_out), win=win,
+             parts=_parts(win, min(count, size) * dt.itemsize))
 
 
 def _offsets(counts: Sequence[int]) -> list[int]:
@@ -341,20 +394,25 @@ def reduce_scatter(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarra
     starts = None if uniform else _offsets(counts)
     mine = counts[me]
 
-    def copy_in(j: int, p: int) -> None:
+    def copy_in(j: int, p: int, part: int, parts: int) -> None:
         if uniform:
             lo, hi = _span(j, piece, counts[0])
-            win.pieces(p, me, dt, piece, hi - lo)[...] = inp.reshape(w, counts[0])[:, lo:hi]
+            a, b = _sub(0, hi - lo, part, parts)
+            win.pieces(p, me, dt, piece, hi - lo)[:, a:b] = inp.reshape(w, counts[0])[:, lo + a: lo + b]
             return
         for q in range(w):
             lo, hi = _span(j, piece, counts[q])
-            win.slot_of(p, me, dt, q * piece, hi - lo)[...] = inp[starts[q] + lo: starts[q] + hi]
+            a, b = _sub(0, hi - lo, part, parts)
+            win.slot_of(p, me, dt, q * piece + a, b - a)[...] = inp[starts[q] + lo + a: starts[q] + lo + b]
 
-    def reduce_mine(j: int, p: int) -> None:
+    def reduce_mine(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = _span(j, piece, mine)
-        reduce(win.stack(p ^ 1, dt, me * piece, hi - lo), out[lo:hi])
+        a, b = _sub(0, hi - lo, part, parts)
+        reduce(win.stack(p ^ 1, dt, me * piece + a, b - a), out[lo + a: lo + b])
 
-    pipeline(sync, ctx, _chunks(max(counts, default=0), piece), (copy_in, reduce_mine))
+    rows = min(piece, max(counts, default=0))
+    pipeline(sync, ctx, _chunks(max(counts, default=0), piece), (copy_in, reduce_mine), win=win,
+             parts=_parts(win, w * rows * dt.itemsize, min(piece, mine) * dt.itemsize))
 
 
 def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
@@ -387,23 +445,27 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         sends, recvs = _offsets(send_counts), _offsets(recv_counts)
     c = send_counts[0]
 
-    def copy_in(j: int, p: int) -> None:
+    def copy_in(j: int, p: int, part: int, parts: int) -> None:
         if uniform:
             lo, hi = _span(j, piece, c)
-            win.pieces(p, me, dt, piece, hi - lo)[...] = inp.reshape(w, c)[:, lo:hi]
+            a, b = _sub(0, hi - lo, part, parts)
+            win.pieces(p, me, dt, piece, hi - lo)[:, a:b] = inp.reshape(w, c)[:, lo + a: lo + b]
             return
         for q in range(w):
             lo, hi = _span(j, piece, send_counts[q])
-            win.slot_of(p, me, dt, q * piece, hi - lo)[...] = inp[sends[q] + lo: sends[q] + hi]
+            a, b = _sub(0, hi - lo, part, parts)
+            win.slot_of(p, me, dt, q * piece + a, b - a)[...] = inp[sends[q] + lo + a: sends[q] + lo + b]
 
-    def copy_out(j: int, p: int) -> None:
+    def copy_out(j: int, p: int, part: int, parts: int) -> None:
         if uniform:
             lo, hi = _span(j, piece, c)
-            out.reshape(w, c)[:, lo:hi] = win.stack(p ^ 1, dt, me * piece, hi - lo)
+            a, b = _sub(0, hi - lo, part, parts)
+            out.reshape(w, c)[:, lo + a: lo + b] = win.stack(p ^ 1, dt, me * piece + a, b - a)
             return
         for r in range(w):
             lo, hi = _span(j, piece, recv_counts[r])
-            out[recvs[r] + lo: recvs[r] + hi] = win.slot_of(p ^ 1, r, dt, me * piece, hi - lo)
+            a, b = _sub(0, hi - lo, part, parts)
+            out[recvs[r] + lo + a: recvs[r] + lo + b] = win.slot_of(p ^ 1, r, dt, me * piece + a, b - a)
 
     p = sync.parity
     send_table, recv_table = win.tables(p)
@@ -414,7 +476,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
             inp = inp.copy()
         win.publish(cma.address(inp))
     if not _direct(win, "all_to_all", sum(send_counts) * dt.itemsize):
-        copy_in(0, p)
+        copy_in(0, p, 0, 1)
     sync.sync(ctx, first=True)
     if not np.array_equal(send_table, recv_table.T):
         _counts_disagree(send_table, recv_table, ctx)
@@ -422,8 +484,9 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         with _closing(sync, ctx):
             _all_to_all_direct(win, ctx, inp, out, send_table, recv_counts)
         return
-    rounds = _chunks(int(send_table.max()), piece)  # every rank's counts decide, not just mine
-    pipeline(sync, ctx, rounds, (copy_in, copy_out), start=1)
+    most = int(send_table.max())  # every rank's counts decide, not just mine
+    parts = _parts(win, w * min(piece, most) * dt.itemsize)
+    pipeline(sync, ctx, _chunks(most, piece), (copy_in, copy_out), start=1, win=win, parts=parts)
 
 
 class CountsDisagree(BufferMismatchError):
@@ -502,6 +565,22 @@ def _leave(sync: Sync, ctx) -> None:
 def _others(me: int, world: int) -> list[int]:
     """The other ranks, from ``me + 1`` on (W readers do not all start on the same rank)."""
     return [(me + k) % world for k in range(1, world)]
+
+
+def _from_peers(win: Window, read: Callable[[int], None], nbytes: int) -> None:
+    """``read(q)`` for every other rank q, the peers shared among the crew's threads
+    (chorus.shm.crew) when ``nbytes`` is worth it."""
+    peers = _others(win.rank, win.world)
+    parts = min(_parts(win, nbytes), len(peers))
+    if parts <= 1:
+        for q in peers:
+            read(q)
+        return
+
+    def share(mine: list[int]) -> Callable[[], None]:
+        return lambda: [read(q) for q in mine]
+
+    win.crew.run([share(peers[i::parts]) for i in range(parts)])
 
 
 def _read(win: Window, ctx, q: int, dst: np.ndarray, src: int) -> None:
@@ -584,8 +663,11 @@ def _all_to_all_direct(win: Window, ctx, inp: np.ndarray, out: np.ndarray, send_
     me, size = win.rank, out.itemsize
     sources = win.words(SOURCE)
     recvs = _offsets(recv_counts)
-    for q in _others(me, win.world):
+
+    def read(q: int) -> None:
         block = out[recvs[q]: recvs[q] + recv_counts[q]]
         _read(win, ctx, q, block, sources[q] + int(send_table[q, :me].sum()) * size)
+
+    _from_peers(win, read, out.nbytes)
     sends = int(send_table[me, :me].sum())
     out[recvs[me]: recvs[me] + recv_counts[me]] = inp[sends: sends + recv_counts[me]]

@@ -20,6 +20,7 @@ import threading
 
 from chorus.errors import AbortedError
 from chorus.shm import collectives as algo
+from chorus.shm.crew import Crew
 from chorus.shm.segment import Segment
 from chorus.shm.sync import TCP, Backoff, Sync
 from chorus.shm.window import Layout, Window
@@ -100,11 +101,13 @@ class ShmGroup:
     """The window of one group, mapped by this rank (group rank ``rank``)."""
 
     def __init__(self, segment: Segment, layout: Layout, rank: int, members: tuple[int, ...],
-                 transport, group: int, backoff: Backoff):
+                 transport, group: int, backoff: Backoff, threads: int = 1):
         self.segment = segment
         self.transport = transport
         self.group = group
         self.window = Window(segment.buf, layout, rank)
+        if threads > 1:
+            self.window.crew = Crew(threads)
         self.sync = Sync(self.window.control, rank, members, transport, group, backoff)
         self.broken: str | None = None
         self.closed = False
@@ -117,7 +120,8 @@ class ShmGroup:
                                   .strip() not in ("", "hierarchical"))
 
     def __repr__(self) -> str:
-        return f"ShmGroup(group={self.group}, world={self.window.world}, slot={self.window.slot})"
+        return (f"ShmGroup(group={self.group}, world={self.window.world}, slot={self.window.slot}, "
+                f"threads={1 if self.window.crew is None else self.window.crew.threads})")
 
     def announce_tcp(self, ctx) -> None:
         """This rank runs op ``ctx`` over TCP (lets shared-memory waiters name a rank that
@@ -183,6 +187,8 @@ class ShmGroup:
         left (an op still running on another thread fails with AbortedError)."""
         self.closed = True
         self.broken = "the group was destroyed"
+        if self.window.crew is not None:
+            self.window.crew.close()
         self.window.release()
         self.segment.close()
 

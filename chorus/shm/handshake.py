@@ -44,8 +44,15 @@ import struct
 import time
 
 from chorus.errors import InvalidArgumentError
-from chorus.shm import cma
-from chorus.shm.group import ShmGroup, backoff_for, platform_ok, slot_bytes, transport_mode
+from chorus.shm import cma, crew
+from chorus.shm.group import (
+    ShmGroup,
+    backoff_for,
+    platform_ok,
+    slot_bytes,
+    transport_mode,
+    usable_cpus,
+)
 from chorus.shm.hostid import NO_HOST, host_digest
 from chorus.shm.segment import Segment
 from chorus.shm.sync import PID, PROBE, SOURCE
@@ -111,7 +118,8 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
             segment.unlink()
     talk.scatter(bytes([verdict]))
     if verdict == YES:
-        shm = ShmGroup(segment, layout, 0, members, talk.transport, talk.group, _backoff(talk, world))
+        shm = ShmGroup(segment, layout, 0, members, talk.transport, talk.group, _backoff(talk, world),
+                       _threads(talk, world))
         _single_copy(talk, shm, probe)
         return shm, (0,) * world
     hosts = _host_table([digest, *digests])
@@ -148,7 +156,7 @@ def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hos
     world = len(talk.members)
     if verdict == YES:
         shm = ShmGroup(segment, layout, rank, talk.members, talk.transport, talk.group,
-                       _backoff(talk, world))
+                       _backoff(talk, world), _threads(talk, world))
         _single_copy(talk, shm, probe)
         return shm, (0,) * world
     if segment is not None:
@@ -212,6 +220,12 @@ def _refusal(digests: list[bytes], members: tuple[int, ...]) -> str | None:
 def _backoff(talk: _Talk, world: int):
     threads = talk.transport.name == "loopback"  # ranks are threads of this process
     return backoff_for(max(world, talk.transport.world_size), threads)
+
+
+def _threads(talk: _Talk, world: int) -> int:
+    """Threads per rank for large copies (chorus.shm.crew)."""
+    return crew.threads_for(max(world, talk.transport.world_size), usable_cpus(),
+                            talk.transport.name == "loopback")
 
 
 def _raise_if_forced(verdict: int, group: int, why: str | None) -> None:

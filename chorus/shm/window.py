@@ -93,6 +93,7 @@ class Window:
         self.control = memoryview(buf)[CONTROL: CONTROL + layout.world * LINE].cast("Q")
         self._cache: dict[tuple, tuple] = {}
         self.cma = None  # chorus.shm.cma.Peers when the members read each other directly
+        self.crew = None  # chorus.shm.crew.Crew when this rank splits large copies among threads
 
     def words(self, word: int) -> list[int]:
         """Control word ``word`` of every rank (e.g. sync.PID, sync.SOURCE)."""
