@@ -154,6 +154,7 @@ def test_every_single_copy_collective_matches_the_copy_path_bit_for_bit(world, t
                                                                          monkeypatch):
     monkeypatch.setenv("CHORUS_SHM_THREADS", str(threads))  # helper threads (chorus.shm.crew) ...
     monkeypatch.setenv("CHORUS_SHM_PART_BYTES", "1024")  # ... from 1 KiB per part and phase
+    monkeypatch.setenv("CHORUS_SHM_COPY_CREW_BYTES", "0")  # ... of messages of any size
     results = run_processes(_copy_vs_single_copy, world)
     reports = [r for r, _ in results]
     assert all(calls > 0 for _, calls in results)

@@ -215,10 +215,12 @@ def test_all_to_all_where_one_rank_is_uniform_and_others_need_more_rounds(monkey
 
 
 def _crew(monkeypatch, threads):
-    """``threads`` per rank (chorus.shm.crew), splitting phases from 1 KiB (rows of 256 B)."""
+    """``threads`` per rank (chorus.shm.crew), splitting phases from 1 KiB (rows of 256 B)
+    of messages of any size."""
     monkeypatch.setenv("CHORUS_SHM_THREADS", str(threads))
     monkeypatch.setattr(shm_algo, "PART_BYTES", 1024)
     monkeypatch.setattr(shm_algo, "PART_ROW_BYTES", 256)
+    monkeypatch.setattr(shm_algo, "COPY_PATH_CREW_BYTES", 0)
 
 
 def _handed():

@@ -129,10 +129,19 @@ PART_BYTES = int(os.environ.get("CHORUS_SHM_PART_BYTES", "").strip() or 256 << 1
 PART_ROW_BYTES = 64 << 10
 
 
-def _parts(win: Window, nbytes: int, row_bytes: int = 0) -> int:
-    """Parts for phases that move ``nbytes`` per rank (and reduce rows of ``row_bytes``)."""
+#: The copy path splits phases only for messages of at least this many bytes per rank.
+#: Measured at W = 8 on the 16-core host (bench/ab_probe.py, copy vs copy1, medians of 3):
+#: helpers made all_reduce 8% faster at 64 MiB but 8-13% slower at 4 and 16 MiB, and
+#: broadcast faster from 16 MiB; single copy's shared reads (``_from_peers``) are split
+#: from ``PART_BYTES`` on (all_to_all at 4 MiB: 0.62 ms; the copy path took 0.99-1.43 ms).
+COPY_PATH_CREW_BYTES = int(os.environ.get("CHORUS_SHM_COPY_CREW_BYTES", "").strip() or 32 << 20)
+
+
+def _parts(win: Window, nbytes: int, row_bytes: int = 0, message: int | None = None) -> int:
+    """Parts for phases that move ``nbytes`` per rank (and reduce rows of ``row_bytes``);
+    ``message``: the op's size, on the copy path (see ``COPY_PATH_CREW_BYTES``)."""
     team = win.crew
-    if team is None or not crew.ENABLED:
+    if team is None or not crew.ENABLED or (message is not None and message < COPY_PATH_CREW_BYTES):
         return 1
     parts = min(team.threads, nbytes // PART_BYTES)
     if row_bytes:
@@ -253,7 +262,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
 
     chunk = min(count, size) * dt.itemsize
     pipeline(sync, ctx, _chunks(count, size), (copy_in, reduce_slice, copy_out), win=win,
-             parts=_parts(win, chunk, chunk // win.world))
+             parts=_parts(win, chunk, chunk // win.world, data.nbytes))
 
 
 def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None:
@@ -289,7 +298,7 @@ def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None
             data[a:b] = win.region(p ^ 1, dt, a - lo, b - a)
 
     pipeline(sync, ctx, _chunks(count, size), (copy_in, copy_out), win=win,
-             parts=_parts(win, min(count, size) * dt.itemsize))
+             parts=_parts(win, min(count, size) * dt.itemsize, message=data.nbytes))
 
 
 def all_gather(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray | None) -> None:
@@ -323,7 +332,8 @@ def all_gather(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray | 
             blocks[:, lo + a: lo + b] = win.stack(p ^ 1, dt, a, b - a)
 
     pipeline(sync, ctx, _chunks(count, size), (copy_in, copy_out), win=win,
-             parts=_parts(win, win.world * min(count, size) * dt.itemsize))
+             parts=_parts(win, win.world * min(count, size) * dt.itemsize,
+                          message=win.world * inp.nbytes))
 
 
 def scatter(win: Window, sync: Sync, ctx, inp: np.ndarray | None, out: np.ndarray, root: int) -> None:
@@ -360,7 +370,7 @@ def scatter(win: Window, sync: Sync, ctx, inp: np.ndarray | None, out: np.ndarra
         out[lo + a: lo + b] = win.slot_of(p ^ 1, me, dt, a, b - a)
 
     pipeline(sync, ctx, _chunks(count, size), (copy_in, copy_out), win=win,
-             parts=_parts(win, min(count, size) * dt.itemsize))
+             parts=_parts(win, min(count, size) * dt.itemsize, message=win.world * out.nbytes))
 
 
 def _offsets(counts: Sequence[int]) -> list[int]:
@@ -412,7 +422,7 @@ def reduce_scatter(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarra
 
     rows = min(piece, max(counts, default=0))
     pipeline(sync, ctx, _chunks(max(counts, default=0), piece), (copy_in, reduce_mine), win=win,
-             parts=_parts(win, w * rows * dt.itemsize, min(piece, mine) * dt.itemsize))
+             parts=_parts(win, w * rows * dt.itemsize, min(piece, mine) * dt.itemsize, inp.nbytes))
 
 
 def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
@@ -485,7 +495,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
             _all_to_all_direct(win, ctx, inp, out, send_table, recv_counts)
         return
     most = int(send_table.max())  # every rank's counts decide, not just mine
-    parts = _parts(win, w * min(piece, most) * dt.itemsize)
+    parts = _parts(win, w * min(piece, most) * dt.itemsize, message=inp.nbytes)
     pipeline(sync, ctx, _chunks(most, piece), (copy_in, copy_out), start=1, win=win, parts=parts)
 
 
