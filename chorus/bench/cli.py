@@ -251,9 +251,9 @@ def run(args: argparse.Namespace) -> int:
             notes.append(f"mpi: {info['library']} through mpi4py {info['mpi4py']}, launched by "
                          f"{mpiexec}; its own job, taking turns with chorus size by size")
     print("# mean time per op on rank 0 (us), ops back to back in batches of up to 1 MiB of "
-          "buffers, each op on its own buffers, reset before and checked after its batch, "
-          "untimed; algbw, busbw in GB/s; #wrong: wrong elements over all ranks and iterations; "
-          "x vs B: B's time / chorus's time")
+          "buffers, each batch started by a barrier, each op on its own buffers, reset before and "
+          "checked after its batch, untimed; algbw, busbw in GB/s; #wrong: wrong elements over all "
+          "ranks and iterations; x vs B: B's time / chorus's time")
     for note in notes:
         for line in note.splitlines():
             print(f"# {line}")
