@@ -273,8 +273,9 @@ _KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("op", ["all_gather", "all_reduce"])
-def test_a_peer_killed_mid_single_copy_op_gives_peer_lost_within_5s(op, tmp_path):
+@pytest.mark.parametrize("op,threads", [("all_gather", 1), ("all_reduce", 1), ("all_gather", 3)])
+def test_a_peer_killed_mid_single_copy_op_gives_peer_lost_within_5s(op, threads, tmp_path):
+    """threads 3: the survivors' reads of the dead rank run on helper threads (chorus.shm.crew)."""
     world, victim = 3, 1
     script = tmp_path / "kill.py"
     script.write_text(_KILL_SCRIPT)
@@ -285,7 +286,8 @@ def test_a_peer_killed_mid_single_copy_op_gives_peer_lost_within_5s(op, tmp_path
     env["PYTHONPATH"] = os.pathsep.join(sys.path)  # the chorus under test, installed or not
     procs = [subprocess.Popen([sys.executable, str(script), str(victim), str(tmp_path), op],
                               env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
-                                       WORLD_SIZE=str(world), CHORUS_SHM_CMA_BYTES="4096"),
+                                       WORLD_SIZE=str(world), CHORUS_SHM_CMA_BYTES="4096",
+                                       CHORUS_SHM_THREADS=str(threads)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(world)]
     try:
