@@ -178,6 +178,33 @@ def _uneven_all_to_all(rank, world, scale):
     return np.array_equal(out, want) and np.array_equal(np.concatenate(outs), want)
 
 
+def test_results_do_not_depend_on_the_number_of_helper_threads(monkeypatch):
+    """Rounding-sensitive float32 sums over 8 ranks, 2 full chunks and a tail whose slices
+    hold 2-3 elements: the split (chorus.shm.crew) must not change a single bit, also
+    where a slice is too short to split."""
+    monkeypatch.setenv("CHORUS_SHM_PART_BYTES", "1024")
+    monkeypatch.setattr(shm_algo, "PART_BYTES", 1024)
+    monkeypatch.setattr(shm_algo, "COPY_PATH_CREW_BYTES", 0)
+    n = 2 * (1 << 18) + 20  # 1 MiB slots: 262144 float32 per chunk
+
+    def body(rank, w):
+        rng = np.random.default_rng(rank)
+        x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(np.float32)
+        m = n // w
+        y, out = x[: m * w].copy(), np.zeros(m, np.float32)
+        dist.all_reduce(x)
+        dist.reduce_scatter_tensor(out, y)
+        return x.tobytes() + out.tobytes(), _handed()
+
+    results = {}
+    for threads in (1, 2, 4):
+        monkeypatch.setenv("CHORUS_SHM_THREADS", str(threads))
+        got = run_threads(body, 8)
+        assert all(h > 0 for _, h in got) == (threads > 1)
+        results[threads] = [b for b, _ in got]
+    assert results[1] == results[2] == results[4]
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("world", [2, 3, 8])
 def test_uneven_all_to_all_small_and_chunked(world, threads, monkeypatch):

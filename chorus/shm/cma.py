@@ -40,6 +40,7 @@ import ctypes
 import errno
 import os
 import secrets
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -170,6 +171,7 @@ class Peers:
         self.readv, self.writev = _calls()
         self.calls = 0
         self.nbytes = 0
+        self._counting = threading.Lock()  # helper threads (chorus.shm.crew) read at once
         self._scratch = None
 
     def read(self, ctx, q: int, pieces: Sequence[tuple[int, int, int]]) -> None:
@@ -192,10 +194,11 @@ class Peers:
             batch, todo = todo[:IOV_MAX], todo[IOV_MAX:]
             want = sum(p[2] for p in batch)
             moved, err = _call(fn, self.pids[q], batch)
-            self.calls += 1
+            with self._counting:
+                self.calls += 1
+                self.nbytes += max(moved, 0)
             if moved < 0 or (moved == 0 and want):
                 raise self._error(what, ctx, q, err or errno.EFAULT)
-            self.nbytes += moved
             if moved < want:  # a partial transfer: go on after the last byte moved
                 todo = _advance(batch, moved) + todo
 

@@ -64,7 +64,18 @@ Stage = Callable[[int, int, int, int], None]
 #: slot; above, reduce-scatter + all-gather over slices (each rank reduces 1/W of each
 #: chunk).  Measured on a 16-core host: one-shot wins up to 64 KiB at W = 4 and 16 KiB at
 #: W = 8; at W = 2 it wins below 1 MiB and loses above.
-ONESHOT_BYTES = int(os.environ.get("CHORUS_SHM_ONESHOT_BYTES", "").strip() or 256 << 10)
+def _env_bytes(name: str, default: int) -> int:
+    """A byte count from environment variable ``name`` (``default`` if unset)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: give a whole number of bytes (default {default})") from None
+
+
+ONESHOT_BYTES = _env_bytes("CHORUS_SHM_ONESHOT_BYTES", 256 << 10)
 
 
 _NEVER = float("inf")
@@ -122,10 +133,11 @@ DRAIN_S = 2.0
 
 #: A phase is split into parts (chorus.shm.crew) only if each part moves at least this
 #: many bytes: less work does not pay for waking a helper thread.
-PART_BYTES = int(os.environ.get("CHORUS_SHM_PART_BYTES", "").strip() or 256 << 10)
-#: ... and each part's reduced rows stay at least this long, the length from which
-#: chorus.reductions' row reduction always takes the same method, so that splitting
-#: never changes a result's bits.
+PART_BYTES = _env_bytes("CHORUS_SHM_PART_BYTES", 256 << 10)
+#: A reduction is split only into rows at least this long (fewer parts, or none), the
+#: length from which chorus.reductions' row reduction always reduces element by element
+#: (shorter rows may take ``ufunc.reduce(axis=0)``, whose bits depend on the row length),
+#: so that splitting never changes a result's bits (``_rows_part``).
 PART_ROW_BYTES = 64 << 10
 
 
@@ -134,19 +146,16 @@ PART_ROW_BYTES = 64 << 10
 #: helpers made all_reduce 8% faster at 64 MiB but 8-13% slower at 4 and 16 MiB, and
 #: broadcast faster from 16 MiB; single copy's shared reads (``_from_peers``) are split
 #: from ``PART_BYTES`` on (all_to_all at 4 MiB: 0.62 ms; the copy path took 0.99-1.43 ms).
-COPY_PATH_CREW_BYTES = int(os.environ.get("CHORUS_SHM_COPY_CREW_BYTES", "").strip() or 32 << 20)
+COPY_PATH_CREW_BYTES = _env_bytes("CHORUS_SHM_COPY_CREW_BYTES", 32 << 20)
 
 
-def _parts(win: Window, nbytes: int, row_bytes: int = 0, message: int | None = None) -> int:
-    """Parts for phases that move ``nbytes`` per rank (and reduce rows of ``row_bytes``);
-    ``message``: the op's size, on the copy path (see ``COPY_PATH_CREW_BYTES``)."""
+def _parts(win: Window, nbytes: int, message: int | None = None) -> int:
+    """Parts for phases that move ``nbytes`` per rank; ``message``: the op's size, on the
+    copy path (see ``COPY_PATH_CREW_BYTES``)."""
     team = win.crew
     if team is None or not crew.ENABLED or (message is not None and message < COPY_PATH_CREW_BYTES):
         return 1
-    parts = min(team.threads, nbytes // PART_BYTES)
-    if row_bytes:
-        parts = min(parts, row_bytes // PART_ROW_BYTES)
-    return max(1, parts)
+    return max(1, min(team.threads, nbytes // PART_BYTES))
 
 
 def pipeline(sync: Sync, ctx, n: int, stages: Sequence[Stage], start: int = 0, win: Window | None = None,
@@ -180,6 +189,13 @@ def _sub(lo: int, hi: int, part: int, parts: int) -> tuple[int, int]:
     """Part ``part`` of ``parts`` near-equal parts of the range [lo, hi)."""
     a, b = _part(hi - lo, part, parts)
     return lo + a, lo + b
+
+
+def _rows_part(lo: int, hi: int, itemsize: int, part: int, parts: int) -> tuple[int, int]:
+    """Part ``part`` of the elements [lo, hi) that a reduction splits into at most
+    ``parts`` ranges of at least ``PART_ROW_BYTES`` (parts beyond that get nothing)."""
+    usable = max(1, min(parts, (hi - lo) * itemsize // PART_ROW_BYTES))
+    return _sub(lo, hi, part, usable) if part < usable else (hi, hi)
 
 
 def _chunks(count: int, size: int) -> int:
@@ -251,7 +267,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
 
     def reduce_slice(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = _span(j, size, count)
-        a, b = _sub(*_part(hi - lo, me, win.world), part, parts)
+        a, b = _rows_part(*_part(hi - lo, me, win.world), dt.itemsize, part, parts)
         reduce(win.stack(p ^ 1, dt, a, b - a), win.result(p, dt, a, b - a))
 
     def copy_out(j: int, p: int, part: int, parts: int) -> None:
@@ -260,9 +276,8 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         if readers:
             data[lo + a: lo + b] = win.result(p ^ 1, dt, a, b - a)
 
-    chunk = min(count, size) * dt.itemsize
     pipeline(sync, ctx, _chunks(count, size), (copy_in, reduce_slice, copy_out), win=win,
-             parts=_parts(win, chunk, chunk // win.world, data.nbytes))
+             parts=_parts(win, min(count, size) * dt.itemsize, data.nbytes))
 
 
 def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None:
@@ -417,12 +432,12 @@ def reduce_scatter(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarra
 
     def reduce_mine(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = _span(j, piece, mine)
-        a, b = _sub(0, hi - lo, part, parts)
+        a, b = _rows_part(0, hi - lo, dt.itemsize, part, parts)
         reduce(win.stack(p ^ 1, dt, me * piece + a, b - a), out[lo + a: lo + b])
 
     rows = min(piece, max(counts, default=0))
     pipeline(sync, ctx, _chunks(max(counts, default=0), piece), (copy_in, reduce_mine), win=win,
-             parts=_parts(win, w * rows * dt.itemsize, min(piece, mine) * dt.itemsize, inp.nbytes))
+             parts=_parts(win, w * rows * dt.itemsize, inp.nbytes))
 
 
 def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,

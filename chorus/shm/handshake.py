@@ -39,6 +39,7 @@ and TCP between them.  ``CHORUS_TRANSPORT=tcp`` turns it off (and with it the hi
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import struct
 import time
@@ -223,9 +224,12 @@ def _backoff(talk: _Talk, world: int):
 
 
 def _threads(talk: _Talk, world: int) -> int:
-    """Threads per rank for large copies (chorus.shm.crew)."""
-    return crew.threads_for(max(world, talk.transport.world_size), usable_cpus(),
-                            talk.transport.name == "loopback")
+    """Threads per rank for large copies (chorus.shm.crew): the CPUs shared among this
+    host's ranks, counted by the launcher's LOCAL_WORLD_SIZE (a hint only: it decides no
+    correctness, just how many helpers), else by the whole job."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    here = int(local) if local.isdigit() and int(local) > 0 else talk.transport.world_size
+    return crew.threads_for(max(world, here), usable_cpus(), talk.transport.name == "loopback")
 
 
 def _raise_if_forced(verdict: int, group: int, why: str | None) -> None:

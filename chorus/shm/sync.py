@@ -101,7 +101,7 @@ class Sync:
         """Start an op on the shared-memory path: publish its call, for the first sync's
         check and for waiters (``_latest``).  The fingerprint is stored before the seq word,
         so a reader that sees the new seq also sees its fingerprint; the words of this
-        parity were last written two ops ago, which every reader has seen complete."""
+        parity were last written by an earlier op, past whose first sync every reader is."""
         c, m = self.control, self.mine + OP + 2 * (self.count & 1)
         c[m + 1] = fingerprint
         c[m] = seq + 1
