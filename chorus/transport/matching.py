@@ -43,6 +43,7 @@ class Matcher:
         self._posted: dict[Key, deque[Handle]] = {}
         self._unexpected: dict[Key, deque[Arrival]] = {}
         self._claimed: set[Arrival] = set()  # claimed while their payload is still being read
+        self._graced = 0  # readers waiting (``claim``'s grace) for a receive to be posted
 
     # -- receiver side: a receive is posted ---------------------------------------------
     def post(self, handle: Handle) -> Arrival | None:
@@ -65,7 +66,8 @@ class Matcher:
                         self._claimed.add(arrival)
                         return None
             self._posted.setdefault(handle.key, deque()).append(handle)
-            self._posted_cv.notify_all()
+            if self._graced:  # Condition.notify_all costs microseconds even with no waiter
+                self._posted_cv.notify_all()
             return None
 
     # -- reader side: a frame header arrived ---------------------------------------------
@@ -79,7 +81,11 @@ class Matcher:
         with self._lock:
             handle = self._take_posted(peer, key)
             if handle is None and wait > 0:
-                self._posted_cv.wait_for(lambda: self._has_posted(peer, key), timeout=wait)
+                self._graced += 1
+                try:
+                    self._posted_cv.wait_for(lambda: self._has_posted(peer, key), timeout=wait)
+                finally:
+                    self._graced -= 1
                 handle = self._take_posted(peer, key)
             if handle is not None:
                 return handle
