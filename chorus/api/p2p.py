@@ -51,7 +51,22 @@ def _recv_buffer(tensor: Any, op: str) -> Buffer:
     return buf
 
 
-def _post_send(tensor, dst, group, tag, group_dst, op: str, sync: bool) -> Work | None:
+class _Posted:
+    """A posted send or receive: its group, group peer (None: any source), tag, handle
+    and buffer."""
+
+    __slots__ = ("pg", "peer", "tag", "handle", "buf")
+
+    def __init__(self, pg: ProcessGroup, peer: int | None, tag: int, handle, buf: Buffer):
+        self.pg, self.peer, self.tag, self.handle, self.buf = pg, peer, tag, handle, buf
+
+    def work(self, op: str, direction: str, tensor, finish: Callable[[], None] | None = None) -> HandleWork:
+        pg = self.pg
+        return HandleWork(pg.transport, [self.handle], pg.deadline(),
+                          _describer(op, direction, pg, self.peer, self.tag), finish=finish, result=[tensor])
+
+
+def _post_send(tensor, dst, group, tag, group_dst, op: str, sync: bool) -> _Posted | None:
     pg = resolve(group, op)
     if pg is None:
         warn_not_in_group(op)
@@ -59,22 +74,18 @@ def _post_send(tensor, dst, group, tag, group_dst, op: str, sync: bool) -> Work 
     tag = _check_tag(tag, op)
     peer = _peer(pg, dst, group_dst, op, "dst")
     buf = as_buffer(tensor, op=op)
-    h = pg.post_send(buf.bytes_view(), peer, tag, buf.dtype_code, sync)
-    describe = _describer(op, "to", pg, peer, tag)
-    return HandleWork(pg.transport, [h], pg.deadline(), describe, result=[tensor])
+    return _Posted(pg, peer, tag, pg.post_send(buf.bytes_view(), peer, tag, buf.dtype_code, sync), buf)
 
 
-def _post_recv(tensor, src, group, tag, group_src, op: str) -> tuple[Work | None, ProcessGroup | None]:
+def _post_recv(tensor, src, group, tag, group_src, op: str) -> _Posted | None:
     pg = resolve(group, op)
     if pg is None:
         warn_not_in_group(op)
-        return None, None
+        return None
     tag = _check_tag(tag, op)
     peer = _peer(pg, src, group_src, op, "src", allow_any=True)
     buf = _recv_buffer(tensor, op)
-    h = pg.post_recv(buf.bytes_view(), peer, tag, buf.dtype_code)
-    describe = _describer(op, "from", pg, peer, tag)
-    return HandleWork(pg.transport, [h], pg.deadline(), describe, finish=buf.finish, result=[tensor]), pg
+    return _Posted(pg, peer, tag, pg.post_recv(buf.bytes_view(), peer, tag, buf.dtype_code), buf)
 
 
 def _describer(op: str, direction: str, pg: ProcessGroup, peer: int | None, tag: int) -> Callable[[], str]:
@@ -89,30 +100,37 @@ def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: in
 
     rank 0: send(t, dst=1)        rank 1: recv(t, src=0)  ->  t holds rank 0's data
     """
-    work = _post_send(tensor, dst, group, tag, group_dst, "send", sync=True)
-    if work is not None:
-        work.wait()
+    posted = _post_send(tensor, dst, group, tag, group_dst, "send", sync=True)
+    if posted is None:
+        return
+    h = posted.handle
+    if not h.done() or h.error is not None:  # the data is not out yet, or it failed: wait, report
+        posted.work("send", "to", tensor).wait()
 
 
 def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> int:
     """Receive into ``tensor`` from ``src`` (None = from any rank); returns the sender's
     global rank (also when ``group_src`` was given, as torch 2.13 does); -1 if not in ``group``."""
-    work, _ = _post_recv(tensor, src, group, tag, group_src, "recv")
-    if work is None:
+    posted = _post_recv(tensor, src, group, tag, group_src, "recv")
+    if posted is None:
         return -1
-    work.wait()
-    return work.source_rank()
+    pg, h = posted.pg, posted.handle  # what HandleWork.wait does, without building one
+    pg.transport.wait_all([h], pg.deadline(), _describer("recv", "from", pg, posted.peer, posted.tag))
+    posted.buf.finish()
+    return h.peer
 
 
 def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> Work | None:
     """Start sending ``tensor`` to ``dst``; returns a Work (do not modify ``tensor`` until
     ``wait()`` returns).  None if this rank is not in ``group``."""
-    return _post_send(tensor, dst, group, tag, group_dst, "isend", sync=False)
+    posted = _post_send(tensor, dst, group, tag, group_dst, "isend", sync=False)
+    return None if posted is None else posted.work("isend", "to", tensor)
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> Work | None:
     """Start receiving into ``tensor``; returns a Work (``wait()``, then read ``tensor``)."""
-    return _post_recv(tensor, src, group, tag, group_src, "irecv")[0]
+    posted = _post_recv(tensor, src, group, tag, group_src, "irecv")
+    return None if posted is None else posted.work("irecv", "from", tensor, posted.buf.finish)
 
 
 class P2POp:
