@@ -1,4 +1,4 @@
-"""Paired comparison behind chorus.shm.collectives.MEASURED and chorus.shm.crew: for each
+"""Paired comparison behind chorus.shm.direct.MEASURED and chorus.shm.crew: for each
 collective and size, chorus's copy path (with and without helper threads: ``copy``,
 ``copy1``), chorus's single copy (CMA) and torch gloo run op by op in turn, in the same W
 processes, each op after its library's barrier; rank 0 prints the median and minimum
@@ -50,13 +50,12 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
     import chorus
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13's *_tensor names
-    from chorus.shm import collectives as algo
-    from chorus.shm import crew
+    from chorus.shm import crew, direct
 
     chorus.init_process_group("chorus", init_method=f"file://{outdir}/chorus.rdzv", rank=rank, world_size=world)
     tdist.init_process_group("gloo", init_method=f"file://{outdir}/gloo.rdzv", rank=rank, world_size=world)
-    threshold = {"copy": dict.fromkeys(algo.MEASURED, INF), "copy1": dict.fromkeys(algo.MEASURED, INF),
-                 "cma": dict.fromkeys(algo.MEASURED, 1)}
+    threshold = {"copy": dict.fromkeys(direct.MEASURED, INF), "copy1": dict.fromkeys(direct.MEASURED, INF),
+                 "cma": dict.fromkeys(direct.MEASURED, 1)}
     rows = []
     for collective in collectives:
         for nbytes in sizes:
@@ -70,7 +69,7 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
             for r in range(rounds + 1):  # round 0 warms up
                 for variant in times:
                     api, args = (tdist, torch_args) if variant == "gloo" else (chorus, numpy_args)
-                    algo.CMA_BYTES = threshold.get(variant)
+                    direct.CMA_BYTES = threshold.get(variant)
                     crew.ENABLED = variant != "copy1"
                     data[...] = template
                     api.barrier()
@@ -78,7 +77,7 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
                     _step(api, collective, *args)
                     if r:
                         times[variant].append(time.perf_counter() - start)
-            algo.CMA_BYTES, crew.ENABLED = None, True
+            direct.CMA_BYTES, crew.ENABLED = None, True
             row = {"collective": collective, "nbytes": nbytes, "world": world,
                    **{v: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3} for v, t in times.items()}}
             rows.append(row)

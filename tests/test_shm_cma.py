@@ -18,6 +18,7 @@ import pytest
 
 import chorus as dist
 import chorus.shm.collectives as shm_algo
+import chorus.shm.direct as shm_direct
 from chorus.shm import cma
 from chorus.testing import run_processes, run_threads
 
@@ -35,7 +36,7 @@ def small_thresholds(monkeypatch):
     monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(SLOT))
     monkeypatch.setenv("CHORUS_SHM_ONESHOT_BYTES", "0")
     monkeypatch.delenv("CHORUS_SHM_CMA", raising=False)
-    monkeypatch.setattr(shm_algo, "CMA_BYTES", dict.fromkeys(shm_algo.MEASURED, THRESHOLD))
+    monkeypatch.setattr(shm_direct, "CMA_BYTES", dict.fromkeys(shm_direct.MEASURED, THRESHOLD))
     monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)
 
 
@@ -249,7 +250,7 @@ def test_ranks_as_threads_read_their_own_process(small_thresholds):
 
 _KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time, numpy as np, chorus as dist
-    import chorus.shm.collectives as algo
+    import chorus.shm.direct as direct
     victim, outdir, op = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -257,12 +258,12 @@ _KILL_SCRIPT = textwrap.dedent("""
     n = 1 << 20
     x, out = np.ones(n, np.float32), np.zeros(3 * n, np.float32)
     if rank == victim:
-        opened = algo._open
+        opened = direct.open_op
         def die_after_publishing(*args):  # the others are about to read (or write) its buffer
             sources = opened(*args)
             open(f"{outdir}/killed", "w").write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
-        algo._open = die_after_publishing
+        direct.open_op = die_after_publishing
     try:
         for _ in range(3):
             dist.all_reduce(x) if op == "all_reduce" else dist.all_gather_into_tensor(out, x)

@@ -8,6 +8,7 @@ import pytest
 
 import chorus as dist
 import chorus.shm.collectives as shm_algo
+import chorus.shm.phases as shm_phases
 from chorus.testing import run_threads
 
 torch = pytest.importorskip("torch")
@@ -183,8 +184,8 @@ def test_results_do_not_depend_on_the_number_of_helper_threads(monkeypatch):
     hold 2-3 elements: the split (chorus.shm.crew) must not change a single bit, also
     where a slice is too short to split."""
     monkeypatch.setenv("CHORUS_SHM_PART_BYTES", "1024")
-    monkeypatch.setattr(shm_algo, "PART_BYTES", 1024)
-    monkeypatch.setattr(shm_algo, "COPY_PATH_CREW_BYTES", 0)
+    monkeypatch.setattr(shm_phases, "PART_BYTES", 1024)
+    monkeypatch.setattr(shm_phases, "COPY_PATH_CREW_BYTES", 0)
     n = 2 * (1 << 18) + 20  # 1 MiB slots: 262144 float32 per chunk
 
     def body(rank, w):
@@ -245,9 +246,9 @@ def _crew(monkeypatch, threads):
     """``threads`` per rank (chorus.shm.crew), splitting phases from 1 KiB (rows of 256 B)
     of messages of any size."""
     monkeypatch.setenv("CHORUS_SHM_THREADS", str(threads))
-    monkeypatch.setattr(shm_algo, "PART_BYTES", 1024)
-    monkeypatch.setattr(shm_algo, "PART_ROW_BYTES", 256)
-    monkeypatch.setattr(shm_algo, "COPY_PATH_CREW_BYTES", 0)
+    monkeypatch.setattr(shm_phases, "PART_BYTES", 1024)
+    monkeypatch.setattr(shm_phases, "PART_ROW_BYTES", 256)
+    monkeypatch.setattr(shm_phases, "COPY_PATH_CREW_BYTES", 0)
 
 
 def _handed():

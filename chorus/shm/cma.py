@@ -4,7 +4,7 @@
 (``process_vm_writev(2)`` the other way) in one kernel call, without shared mappings:
 what MPICH and Open MPI use for large messages inside a host.  A shared-memory
 collective then copies every byte once (peer's buffer -> my buffer) instead of twice
-(peer's buffer -> window -> my buffer); chorus.shm.collectives uses it for large
+(peer's buffer -> window -> my buffer); chorus.shm.direct uses it for large
 messages (its ``cma_bytes``).
 
 Who may read whom: the kernel allows it where ``ptrace`` would be allowed — same user,

@@ -7,7 +7,7 @@ phase's work in ``parts`` element ranges at once: the caller's thread takes part
 crew's helper threads the others.  Results do not change: every element is computed by
 the same numpy call on the same rows, only by another thread (a reduction is split only
 into rows long enough that chorus.reductions reduces them element by element, see
-``collectives._rows_part``).
+``chorus.shm.phases.rows_part``).
 
 ``CHORUS_SHM_THREADS``: threads per rank for this work, the caller's included (1 = no
 helpers).  Default: the CPUs this process may use divided by the ranks on its host, at

@@ -22,6 +22,7 @@ from chorus.errors import AbortedError
 from chorus.shm import collectives as algo
 from chorus.shm.crew import Crew
 from chorus.shm.segment import Segment
+from chorus.shm.settings import env_int
 from chorus.shm.sync import TCP, Backoff, Sync
 from chorus.shm.window import Layout, Window
 
@@ -48,12 +49,13 @@ def slot_bytes(world: int) -> int:
     """Bytes per slot: ``CHORUS_SHM_SLOT_BYTES``, else 1 MiB, shrunk so that the window stays
     within ``CHORUS_SHM_BYTES`` (default 64 MiB) for large groups; at least 64 KiB, which a
     group of one rank (nothing to share, only copies) gets."""
-    if os.environ.get("CHORUS_SHM_SLOT_BYTES", "").strip():
-        slot = int(os.environ["CHORUS_SHM_SLOT_BYTES"])
+    explicit = env_int("CHORUS_SHM_SLOT_BYTES", 0)
+    if explicit:
+        slot = explicit
     elif world == 1:
         slot = MIN_SLOT
     else:
-        budget = int(os.environ.get("CHORUS_SHM_BYTES", "").strip() or 64 << 20)
+        budget = env_int("CHORUS_SHM_BYTES", 64 << 20)
         slot = min(DEFAULT_SLOT, budget // (2 * (world + 1)))
     return max(MIN_SLOT, slot // 4096 * 4096)
 

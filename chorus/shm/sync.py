@@ -11,7 +11,7 @@ ranks' lines share a cache line) and is the only one that writes it::
     word  8     ABANDONED  seq + 1 of an op it left after an error (0 = none)
     word  9     PID        its process id (written at window creation; chorus.shm.cma)
     word  10    SOURCE     address of its buffer that peers read (all_reduce: and write) in
-                           the current single-copy op (chorus.shm.collectives); at window
+                           the current single-copy op (chorus.shm.direct); at window
                            creation: of its CMA probe
     word  11    PROBE      the 8 random bytes at that probe (window creation only)
 

@@ -10,7 +10,7 @@ One window per group, created once (chorus.shm.handshake) and reused by every op
                       2 x slot             result: per parity, one shared slot
 
 Every region exists twice, for the two *parities*.  The rule that makes one
-synchronisation per phase enough (see chorus.shm.collectives): what a rank writes in the
+synchronisation per phase enough (see chorus.shm.phases): what a rank writes in the
 phase that ends with sync ``s`` goes into parity ``s % 2`` and is read by the others
 only in the next phase, before sync ``s + 1``.  A rank writes that parity again only
 after sync ``s + 1``, when every rank has finished reading it.

@@ -1,0 +1,258 @@
+"""Single copy: shared-memory collectives that copy each byte once, peer to peer.
+
+From ``cma_bytes`` (and when the group's members agreed at window creation that they
+can, chorus.shm.cma), the data does not pass through the window: a rank reads the peers'
+buffers straight into its own with ``process_vm_readv`` (and the reductions write results
+straight into the peers' buffers), so every byte is copied once instead of twice.  Such
+an op has two syncs and the window carries only addresses::
+
+    phase 0   rank r:  publish where its buffer starts           (control line, SOURCE)
+    sync      (checks every rank called the same op)
+    phase 1   rank r:  read the others' buffers, write its result (chorus.shm.cma)
+    sync      nobody returns (letting its caller reuse the buffer) while others read or
+              write it
+    phase 2   (empty: the next op's phase 0)
+
+A rank writes SOURCE again only in the next op's phase 0, after the second sync, when
+every rank has read it.  The reads and writes of phase 1 never touch bytes that their
+owner or a third rank changes in the same phase (each op's docstring says why).
+chorus.shm.collectives decides per op (``use``) and calls these.
+
+Names: ``W`` ranks, ``me`` this rank's group rank; ``rank q's x`` is rank q's own buffer
+``x``, read or written with chorus.shm.cma.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+
+from chorus.errors import AbortedError, PeerLostError
+from chorus.shm import cma
+from chorus.shm.phases import Reduce, chunks, offsets, part_of, parts_for, span
+from chorus.shm.settings import env_int
+from chorus.shm.sync import SOURCE, Sync
+from chorus.shm.window import Window
+
+_NEVER = float("inf")
+#: Per collective, ``((largest W, bytes), ...)``: in a group of W ranks, the message size
+#: (nccl-tests' size: a rank's larger buffer) from which the collective copies once, peer
+#: to peer (chorus.shm.cma), instead of through the window (the first entry whose largest
+#: W is at least W applies).
+#:
+#: Measured on the 16-core host (2026-11-26, W = 2, 4, 8; copy path, single copy and gloo
+#: alternating op by op in the same processes, medians of 5-7 ops from 1 to 256 MiB;
+#: docs/benchmarks.md):
+#:
+#: - all_reduce / reduce: single copy won from 4 MiB at W = 2 (1.2-1.5x) and W = 4
+#:   (1.05-1.1x) but lost at W = 8 (the copy path 1.15-1.25x faster): there every rank's
+#:   chunk is pinned by 7 readers at once, while the window's 18 MiB stay in cache.
+#: - broadcast: the copy path won or tied at every W and size (single copy: 7 readers pin
+#:   the root's pages at once).
+#: - all_gather: single copy won from 1 MiB at W = 2; at W = 4 and 8 only from 16 MiB.
+#: - all_to_all: single copy won from 4 MiB at every W (1.2-1.5x), lost at 1 MiB.
+#: - reduce_scatter: within 10% either way: the copy path.
+#: - scatter (not measured there): from 1 MiB, as measured on a 2-core VM at W = 2.
+#:
+#: ``CHORUS_SHM_CMA_BYTES`` sets one size for every collective and W (1: always, when the
+#: group can; ``CHORUS_SHM_CMA=0``: never).
+MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
+    "all_reduce": ((4, 4 << 20), (_NEVER, _NEVER)),
+    "reduce": ((4, 4 << 20), (_NEVER, _NEVER)),
+    "broadcast": ((_NEVER, _NEVER),),
+    "all_gather": ((2, 1 << 20), (_NEVER, 16 << 20)),
+    "all_to_all": ((_NEVER, 4 << 20),),
+    "scatter": ((_NEVER, 1 << 20),),
+    "reduce_scatter": ((_NEVER, _NEVER),),
+}
+
+
+def _cma_override() -> dict[str, float] | None:
+    """``CHORUS_SHM_CMA_BYTES`` for every collective, or None (``MEASURED`` applies)."""
+    env = env_int("CHORUS_SHM_CMA_BYTES", 0)
+    return dict.fromkeys(MEASURED, env) if env else None
+
+
+#: Per collective, the size from which it copies once, whatever W (None: ``MEASURED``).
+CMA_BYTES = _cma_override()
+
+
+def cma_bytes(op: str, world: int) -> float:
+    """The size from which collective ``op`` copies once in a group of ``world`` ranks."""
+    if CMA_BYTES is not None:
+        return CMA_BYTES[op]
+    return next(nbytes for most, nbytes in MEASURED[op] if world <= most)
+#: How long a rank that fails in the middle of a single-copy op waits for its peers to
+#: stop using its buffers (``closing``).
+DRAIN_S = 2.0
+
+
+def use(win: Window, op: str, nbytes: int) -> bool:
+    """Whether collective ``op`` of ``nbytes`` (see ``cma_bytes``) reads the peers' buffers
+    directly: the same answer on every rank (one verdict per window, the same sizes)."""
+    return win.cma is not None and nbytes >= cma_bytes(op, win.world)
+
+
+def open_op(win: Window, sync: Sync, ctx, source: np.ndarray | None) -> list[int]:
+    """Phase 0 of a single-copy op: publish where ``source`` starts, sync, and return where
+    every rank's starts."""
+    win.publish(cma.address(source))
+    sync.sync(ctx, first=True)
+    return win.words(SOURCE)
+
+
+@contextmanager
+def closing(sync: Sync, ctx) -> Iterator[None]:
+    """Phase 1 of a single-copy op (the ``with`` body), then the op's closing sync.
+
+    A rank that fails in phase 1 marks the op abandoned and waits (at most ``DRAIN_S``)
+    until every live peer has arrived at the closing sync or given up, so that nobody
+    still reads or writes its buffers when the caller gets them back.
+
+    A peer whose buffer vanished (AbortedError: it left the op, usually because it learnt
+    first that another member died) is reported as that death when the transport knows of
+    one, so every survivor raises PeerLostError for the rank that died.
+
+    A peer found dead in phase 1 (cma.PeerGone) is reported through that sync, the way
+    every other rank learns of it (the transport saw its connection break): raising at
+    once would mark this rank as having given up, and the others would report that
+    instead of the lost peer.
+    """
+    try:
+        yield
+    except cma.PeerGone as lost:
+        sync.sync(ctx)
+        raise lost from None  # the sync passed: the peer died just after it arrived
+    except AbortedError as exc:
+        # A peer's buffer went away: it left the op, most often because it learnt first
+        # that another member died.  Report that root cause when the transport knows it.
+        _leave(sync, ctx)
+        cause = sync.transport_error(ctx)
+        if isinstance(cause, PeerLostError):
+            raise cause from exc
+        raise
+    except BaseException:
+        _leave(sync, ctx)
+        raise
+    sync.sync(ctx)
+
+
+def _leave(sync: Sync, ctx) -> None:
+    """Leaving a single-copy op half-way: tell the others (their writers stop before the
+    next write into this rank's buffers) and give them a moment to stop before the caller
+    gets the buffers back."""
+    sync.abandon(ctx.seq)
+    sync.drain(ctx, DRAIN_S)
+
+
+def _others(me: int, world: int) -> list[int]:
+    """The other ranks, from ``me + 1`` on (W readers do not all start on the same rank)."""
+    return [(me + k) % world for k in range(1, world)]
+
+
+def from_peers(win: Window, read: Callable[[int], None], nbytes: int) -> None:
+    """``read(q)`` for every other rank q, the peers shared among the crew's threads
+    (chorus.shm.crew) when ``nbytes`` is worth it."""
+    peers = _others(win.rank, win.world)
+    parts = min(parts_for(win, nbytes), len(peers))
+    if parts <= 1:
+        for q in peers:
+            read(q)
+        return
+
+    def share(mine: list[int]) -> Callable[[], None]:
+        return lambda: [read(q) for q in mine]
+
+    win.crew.run([share(peers[i::parts]) for i in range(parts)])
+
+
+def read_from(win: Window, ctx, q: int, dst: np.ndarray, src: int) -> None:
+    """``dst`` <- ``dst.nbytes`` bytes of rank ``q``'s memory at address ``src``."""
+    win.cma.read(ctx, q, [(cma.address(dst), src, dst.nbytes)])
+
+
+def copy_unless_same(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` unless they are the same memory (in-place all_gather)."""
+    if cma.address(dst) != cma.address(src):
+        dst[...] = src
+
+
+def _reduce_rows(win: Window, ctx, sources: list[int], offset: int, own: np.ndarray,
+                 out: np.ndarray | None, reduce: Reduce, writes: Sequence[int] = ()) -> None:
+    """``out`` <- reduce over ranks of the ``own.size`` elements at byte ``offset`` of every
+    rank's source (``own``: this rank's, here), then the result -> the same place in ranks
+    ``writes``' sources.  ``out`` None: private scratch.  The rows are read into private
+    scratch in rank order, so ``reduce`` sees the rows the copy path sees (same bits)."""
+    w, me, n, peers = win.world, win.rank, own.size, win.cma
+    scratch = peers.scratch((w + 1) * own.nbytes)[: (w + 1) * own.nbytes].view(own.dtype).reshape(w + 1, n)
+    rows = scratch[:w]
+    for q in _others(me, w):
+        read_from(win, ctx, q, rows[q], sources[q] + offset)
+    rows[me] = own
+    out = scratch[w] if out is None else out
+    reduce(rows, out)
+    for q in writes:
+        if q != me and not win.gave_up(q, ctx.seq):  # its caller may own the memory again
+            peers.write(ctx, q, [(cma.address(out), sources[q] + offset, out.nbytes)])
+
+
+def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, root: int) -> None:
+    """all_reduce / reduce with single copy: rank r reduces slice r of each chunk (the copy
+    path's chunks and slices, so the same rows give the same bits) from every rank's
+    ``data`` and writes the result into every rank's ``data`` (reduce: the root's only)::
+
+        phase 0   rank r:           publish &data
+        phase 1   rank r, chunk k:  rows[q] <- rank q's data[chunk k][slice r]   for every q
+                                    rank q's data[chunk k][slice r] <- reduce(rows)
+                                                          for every q (reduce: q = root)
+        sync      nobody returns while others still read or write its data
+
+    Within phase 1 nothing races: slice r of every rank's ``data`` is read, then written,
+    by rank r alone.  Non-roots' ``data`` of reduce is only read.
+    """
+    me, dt, count = win.rank, data.dtype, data.size
+    sources = open_op(win, sync, ctx, data)
+    size = win.capacity(dt)
+    writes = range(win.world) if root < 0 else (root,)
+    with closing(sync, ctx):
+        for j in range(chunks(count, size)):
+            lo, hi = span(j, size, count)
+            a, b = part_of(hi - lo, me, win.world)
+            own = data[lo + a: lo + b]
+            _reduce_rows(win, ctx, sources, (lo + a) * dt.itemsize, own, own if me in writes else None,
+                         reduce, writes)
+
+
+def reduce_scatter(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
+                   counts: Sequence[int], reduce: Reduce, piece: int) -> None:
+    """reduce_scatter with single copy, in the copy path's rounds of ``piece`` elements
+    (see chorus.shm.collectives.reduce_scatter); ``out`` overlapping ``inp``: ``inp`` is copied first."""
+    me, dt = win.rank, out.dtype
+    if np.may_share_memory(inp, out):
+        inp = inp.copy()
+    sources = open_op(win, sync, ctx, inp)
+    start = offsets(counts)[me]
+    with closing(sync, ctx):
+        for j in range(chunks(counts[me], piece) if counts[me] else 0):
+            lo, hi = span(j, piece, counts[me])
+            own = inp[start + lo: start + hi]
+            _reduce_rows(win, ctx, sources, (start + lo) * dt.itemsize, own, out[lo:hi], reduce)
+
+
+def all_to_all(win: Window, ctx, inp: np.ndarray, out: np.ndarray, send_table: np.ndarray,
+               recv_counts: Sequence[int]) -> None:
+    """Phase 1 of all_to_all with single copy: block ``me`` of every rank's ``inp``, read
+    into ``out`` (the counts come from the table every rank published)."""
+    me, size = win.rank, out.itemsize
+    sources = win.words(SOURCE)
+    recvs = offsets(recv_counts)
+
+    def read_block(q: int) -> None:
+        block = out[recvs[q]: recvs[q] + recv_counts[q]]
+        read_from(win, ctx, q, block, sources[q] + int(send_table[q, :me].sum()) * size)
+
+    from_peers(win, read_block, out.nbytes)
+    sends = int(send_table[me, :me].sum())
+    out[recvs[me]: recvs[me] + recv_counts[me]] = inp[sends: sends + recv_counts[me]]
