@@ -102,6 +102,12 @@ class ProcessGroup:
         """Take the next sequence number for a collective issued now."""
         seq = self._seq
         self._seq = seq + 1
+        return self.context(name, seq, fingerprint, timeout)
+
+    def context(self, name: str, seq: int, fingerprint: int, timeout: float | None = None) -> OpContext:
+        """The context of op ``seq`` (taken already), its deadline counted from now.  The
+        shared-memory latency path takes a sequence number alone and builds this only
+        when it must wait or raise."""
         return OpContext(name, self.id, seq, fingerprint, self.members,
                          time.monotonic() + (self.timeout if timeout is None else timeout))
 

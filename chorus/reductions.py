@@ -121,6 +121,18 @@ def row_reducer(op_name: str, dtype: str) -> Callable[[np.ndarray, np.ndarray], 
     return _row_reducer(op_name, dtype)
 
 
+def rows_into(op_name: str, dtype: str, rows: np.ndarray) -> Callable[[np.ndarray], None]:
+    """``into(out)``: ``row_reducer(op_name, dtype)(rows, out)`` for rows fixed once (the
+    one-shot all_reduce's views of the window), with the same bits.  Two rows of a numpy
+    dtype take one ufunc call on prebuilt row views (0.5 us instead of ~1.5 us through the
+    general reducer on a 2-core machine); everything else is the general reducer."""
+    if len(rows) == 2 and dtype != "bfloat16":
+        fn = _BOOL_OPS[op_name] if dtype == "bool" else _NUMPY_OPS[op_name]
+        first, second = rows[0, ...], rows[1, ...]  # views, also of 0-d rows (rows[0] would copy)
+        return lambda out: fn(first, second, out=out)
+    return functools.partial(row_reducer(op_name, dtype), rows)
+
+
 _CHAIN_BYTES = 64 << 10  # rows this long: pairwise ufunc calls beat ufunc.reduce(axis=0)
 
 

@@ -4,13 +4,15 @@ takes chorus's ``algorithm=`` keyword (see chorus.selection)."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from chorus import engine
 from chorus.api.launch import member_group, not_member, root_rank, run, writable
 from chorus.buffers import as_buffer
 from chorus.errors import CommTimeoutError, InvalidArgumentError, InvalidTensorError
-from chorus.reductions import ReduceOp, check_op, combiner, divide, row_reducer, scale
+from chorus.reductions import ReduceOp, check_op, combiner, divide, rows_into, scale
 from chorus.wire.fingerprint import fingerprint
 from chorus.wire.frames import Kind
 from chorus.work import Work, seconds
@@ -80,7 +82,9 @@ def _all_reduce_one_shot(pg, arr: np.ndarray, op) -> bool:
     flags = arr.flags
     if not (flags.c_contiguous and flags.writeable):
         return False
-    shm.all_reduce_one_shot(pg.next_context("all_reduce", plan.fingerprint), plan, arr)
+    seq = pg._seq  # pg.next_context() without building the context (see ShmGroup.all_reduce_one_shot)
+    pg._seq = seq + 1
+    shm.all_reduce_one_shot(pg, seq, plan, arr)
     if plan.average:
         divide(arr, arr.dtype.name, pg.size())
     return True
@@ -100,7 +104,7 @@ def _one_shot_plan(pg, arr: np.ndarray, op):
         check_op(op, buf.dtype, "all_reduce")
     except (InvalidArgumentError, InvalidTensorError):
         return False  # the general path raises it
-    plan = shm.one_shot_plan(arr.dtype, arr.shape, row_reducer(op.name, buf.dtype),
+    plan = shm.one_shot_plan(arr.dtype, arr.shape, functools.partial(rows_into, op.name, buf.dtype),
                              fingerprint("all_reduce", buf.dtype, buf.numel, -1, op.name), op.name == "AVG")
     shm.plans[key] = plan or False
     return shm.plans[key]

@@ -73,28 +73,33 @@ def usable_cpus() -> int:
     return cpus
 
 
+#: An op's first sync reads a missing rank's counter this many times (a few us) before it
+#: starts waiting (clock, yields, sleeps), where every rank has a core of its own.
+POLLS = env_int("CHORUS_SHM_POLLS", 200)
+
+
 def backoff_for(ranks_here: int, threads: bool) -> Backoff:
     """Spin only when every rank on the host has a core of its own.  Ranks that are threads
     of one process share the GIL: they never spin.  ``CHORUS_SHM_SPIN_US`` overrides."""
     spin = os.environ.get("CHORUS_SHM_SPIN_US", "").strip()
     if spin:
-        return Backoff(spin_s=float(spin) * 1e-6)
+        return Backoff(spin_s=float(spin) * 1e-6, polls=POLLS)
     if threads or ranks_here > usable_cpus():
         return Backoff(spin_s=0.0, yield_s=1e-3)
-    return Backoff()
+    return Backoff(polls=POLLS)
 
 
 class OneShot:
     """What a one-shot all_reduce of one (dtype, shape, op) needs, built once per group:
-    this rank's slot and the (W, *shape) stack of all slots, per parity, the row
-    reduction, the op's fingerprint, and whether the result is then divided by W (AVG)."""
+    per parity, this rank's slot and ``into(out)``, which reduces every rank's slot into
+    ``out`` (shaped like the arrays); the op's fingerprint, and whether the result is then
+    divided by W (AVG)."""
 
-    __slots__ = ("mine", "stacks", "reduce", "fingerprint", "average")
+    __slots__ = ("mine", "into", "fingerprint", "average")
 
-    def __init__(self, mine: tuple, stacks: tuple, reduce, fingerprint: int, average: bool):
+    def __init__(self, mine: tuple, into: tuple, fingerprint: int, average: bool):
         self.mine = mine
-        self.stacks = stacks
-        self.reduce = reduce
+        self.into = into
         self.fingerprint = fingerprint
         self.average = average
 
@@ -135,9 +140,11 @@ class ShmGroup:
         """Run collective ``name`` (a chorus.api collective's name and buffers) for op ``ctx``."""
         self._run(ctx, _OPS[name], ctx, buffers, reduce, root, args, self.window)
 
-    def one_shot_plan(self, dtype, shape: tuple, reduce, fingerprint: int, average: bool) -> OneShot | None:
+    def one_shot_plan(self, dtype, shape: tuple, bind, fingerprint: int, average: bool) -> OneShot | None:
         """A :class:`OneShot` for all_reduce of arrays of ``dtype`` and ``shape``, or None
-        when they are too large for the one-shot algorithm (chorus.shm.collectives)."""
+        when they are too large for the one-shot algorithm (chorus.shm.collectives).
+        ``bind(rows)`` makes ``into`` for a (W, *shape) stack of slots (the API layer's
+        reduction, chorus.reductions.rows_into)."""
         count = 1
         for n in shape:
             count *= n
@@ -145,13 +152,38 @@ class ShmGroup:
             return None
         mine, stacks = self.window.small(dtype, count)
         return OneShot(tuple(m.reshape(shape) for m in mine),
-                       tuple(s.reshape((self.window.world, *shape)) for s in stacks), reduce,
+                       tuple(bind(s.reshape((self.window.world, *shape))) for s in stacks),
                        fingerprint, average)
 
-    def all_reduce_one_shot(self, ctx, plan: OneShot, data) -> None:
-        """all_reduce of ``data`` (C-contiguous, writable, the plan's dtype and shape): the
-        latency path of small messages, with nothing built per call (see ``_one_shot``)."""
-        self._run(ctx, _one_shot, ctx, plan, data)
+    def all_reduce_one_shot(self, pg, seq: int, plan: OneShot, data) -> None:
+        """all_reduce of ``data`` (C-contiguous, writable, the plan's dtype and shape) as op
+        ``seq`` of ``pg`` (its sequence number taken already): the latency path of small
+        messages.  The same algorithm, and bits, as chorus.shm.collectives.all_reduce's
+        one-shot branch, with nothing built per call: ``pg.context(...)`` makes the op's
+        context only to wait or to raise::
+
+            rank r:      slot[r] <- data                      (parity p)
+            sync         (checks every rank called the same op)
+            every rank:  data <- reduce(slot[0], ..., slot[W-1])
+        """
+        t = self.transport
+        if t._dead or t._broken or t._closed is not None:
+            self._check_transport(pg.context("all_reduce", seq, plan.fingerprint))
+        with self._lock:  # as in _run, which this is with the op inlined
+            if self.broken is not None:
+                raise AbortedError(f"{pg.context('all_reduce', seq, plan.fingerprint).describe()}: {self.broken}")
+            sync = self.sync
+            p = sync.count & 1
+            try:
+                sync.begin(seq, plan.fingerprint)
+                plan.mine[p][...] = data
+                if not sync.arrive_first(seq, plan.fingerprint):
+                    sync.settle_first(pg.context("all_reduce", seq, plan.fingerprint))
+                plan.into[p](data)
+            except BaseException as exc:
+                self._failed(pg.context("all_reduce", seq, plan.fingerprint), exc)
+                raise
+        t._finished[self.group] = seq
 
     def _run(self, ctx, op, *args) -> None:
         """``op(sync, *args)`` as op ``ctx`` of this group: one op at a time; an op that
@@ -169,15 +201,19 @@ class ShmGroup:
             except algo.CountsDisagree:
                 raise  # raised by every rank at the same sync: still in step
             except BaseException as exc:
-                if self.closed:
-                    raise AbortedError(f"{ctx.describe()}: the group was destroyed while the op "
-                                       "was running") from None
-                self.broken = (f"an earlier op (seq {ctx.seq}) failed half-way ({type(exc).__name__}); "
-                               "the group's shared-memory window is out of step and the group is "
-                               "unusable: create a new group")
-                sync.abandon(ctx.seq)
+                self._failed(ctx, exc)
                 raise
         t._finished[self.group] = ctx.seq  # t.finished(), inlined
+
+    def _failed(self, ctx, exc: BaseException) -> None:
+        """Op ``ctx`` failed half-way with ``exc`` (re-raised by the caller): mark the group
+        unusable and tell the others; a destroyed group raises AbortedError instead."""
+        if self.closed:
+            raise AbortedError(f"{ctx.describe()}: the group was destroyed while the op was running") from None
+        self.broken = (f"an earlier op (seq {ctx.seq}) failed half-way ({type(exc).__name__}); "
+                       "the group's shared-memory window is out of step and the group is "
+                       "unusable: create a new group")
+        self.sync.abandon(ctx.seq)
 
     def _check_transport(self, ctx) -> None:
         error = self.transport._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
@@ -193,19 +229,6 @@ class ShmGroup:
             self.window.crew.close()
         self.window.release()
         self.segment.close()
-
-
-def _one_shot(sync: Sync, ctx, plan: OneShot, data) -> None:  # called as op(self.sync, ...)
-    """Same algorithm and results as chorus.shm.collectives.all_reduce's one-shot branch::
-
-        rank r:      slot[r] <- data                      (parity p)
-        sync         (checks every rank called the same op)
-        every rank:  data <- reduce(slot[0], ..., slot[W-1])
-    """
-    p = sync.count & 1
-    plan.mine[p][...] = data
-    sync.sync(ctx, True)
-    plan.reduce(plan.stacks[p], data)
 
 
 _OPS = {

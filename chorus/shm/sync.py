@@ -60,6 +60,7 @@ class Backoff:
 
     spin_s: float = 0.0
     yield_s: float = 5e-3
+    polls: int = 0  # reads of a missing counter before an op's first sync starts waiting
 
 
 class Sync:
@@ -128,6 +129,10 @@ class Sync:
 
         ``first``: this is the op's first sync; check every rank began the same call.
         """
+        if first:
+            if not self.arrive_first(ctx.seq, ctx.fingerprint):
+                self.settle_first(ctx)
+            return
         c = self.control
         target = self.count + 1
         self.count = target
@@ -136,12 +141,42 @@ class Sync:
             if c[i] < target:
                 self._wait(target, ctx)
                 break
-        if first:
-            o = OP + 2 * ((target - 1) & 1)
-            seq, fp = ctx.seq + 1, ctx.fingerprint
-            for i in self.others:
-                if c[i + o] != seq or c[i + o + 1] != fp:
-                    raise self._mismatch(i // WORDS, c[i + o] - 1, c[i + o + 1], ctx)
+
+    def arrive_first(self, seq: int, fingerprint: int) -> bool:
+        """Arrive at the first sync of op ``(seq, fingerprint)`` and poll the others a few
+        times (``Backoff.polls``; no clock, no system call): True if every one arrived and
+        began the same op, and the sync is done.  False: finish it with ``settle_first``,
+        which waits, checks and raises.  (Split so that the latency path builds the op's
+        context only when it has to wait.)"""
+        c = self.control
+        target = self.count + 1
+        self.count = target
+        c[self.mine] = target
+        o = OP + 2 * ((target - 1) & 1)
+        s = seq + 1
+        polls = self.backoff.polls
+        for i in self.others:
+            while c[i] < target:
+                if polls <= 0:
+                    return False
+                polls -= 1
+            if c[i + o] != s or c[i + o + 1] != fingerprint:
+                return False
+        return True
+
+    def settle_first(self, ctx) -> None:
+        """The rest of a first sync that ``arrive_first`` reported unfinished: wait for
+        every other rank, then check that each began op ``ctx``."""
+        c, target = self.control, self.count
+        for i in self.others:
+            if c[i] < target:
+                self._wait(target, ctx)
+                break
+        o = OP + 2 * ((target - 1) & 1)
+        seq, fp = ctx.seq + 1, ctx.fingerprint
+        for i in self.others:
+            if c[i + o] != seq or c[i + o + 1] != fp:
+                raise self._mismatch(i // WORDS, c[i + o] - 1, c[i + o + 1], ctx)
 
     def _pending(self, target: int) -> list[int]:
         c = self.control

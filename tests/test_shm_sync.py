@@ -1,0 +1,91 @@
+"""Sync's first-sync fast path (``arrive_first``) against a control area written by hand:
+it finishes the sync only when every other rank arrived at it and began the same op, and
+otherwise leaves the waiting and the checking to ``settle_first``."""
+
+import time
+
+import numpy as np
+import pytest
+
+from chorus.engine import OpContext
+from chorus.errors import CollectiveMismatchError, CommTimeoutError
+from chorus.shm.sync import ARRIVED, OP, WORDS, Backoff, Sync
+from chorus.wire.fingerprint import fingerprint
+
+FP = fingerprint("all_reduce", "float32", 4, -1, "SUM")
+OTHER_FP = fingerprint("all_reduce", "float32", 5, -1, "SUM")
+
+
+class _Transport:
+    """What Sync asks of a transport: nothing failed; mismatches are recorded."""
+
+    def __init__(self):
+        self._dead, self._left, self.mismatches = set(), set(), []
+
+    def _failure(self, group, peer, expect=None):
+        return None
+
+    def group_mismatch(self, group, culprit, seq, fp, detector):
+        self.mismatches.append((culprit, seq, fp))
+
+
+def _syncs(world: int, polls: int):
+    control = memoryview(np.zeros(world * WORDS, np.uint64)).cast("B").cast("Q")
+    transport = _Transport()
+    return [Sync(control, r, tuple(range(world)), transport, 0, Backoff(polls=polls)) for r in range(world)], control
+
+
+def _begun(sync: Sync, seq: int, fp: int, arrived: bool) -> None:
+    """Rank ``sync.rank`` began op ``seq`` and, if ``arrived``, reached its first sync."""
+    sync.begin(seq, fp)
+    if arrived:
+        sync.count += 1
+        sync.control[sync.mine + ARRIVED] = sync.count
+
+
+def _ctx(seq: int, fp: int, timeout: float) -> OpContext:
+    return OpContext("all_reduce", 0, seq, fp, (0, 1, 2), time.monotonic() + timeout)
+
+
+@pytest.mark.parametrize("polls", [0, 50])
+def test_arrive_first_finishes_only_when_every_rank_began_the_same_op(polls):
+    syncs, _ = _syncs(3, polls)
+    for s in syncs[1:]:
+        _begun(s, 0, FP, arrived=True)
+    syncs[0].begin(0, FP)
+    assert syncs[0].arrive_first(0, FP)
+    assert syncs[0].count == 1
+
+
+def test_arrive_first_leaves_a_missing_rank_to_settle_first_which_times_out_naming_it():
+    syncs, _ = _syncs(3, polls=50)
+    _begun(syncs[1], 0, FP, arrived=True)  # rank 2 never arrives
+    syncs[0].begin(0, FP)
+    assert not syncs[0].arrive_first(0, FP)  # polled 50 times, then gave up without a clock
+    with pytest.raises(CommTimeoutError, match=r"rank\(s\) \[2\]"):
+        syncs[0].settle_first(_ctx(0, FP, timeout=0.05))
+
+
+def test_arrive_first_does_not_accept_a_rank_that_began_another_op_and_settle_first_names_it():
+    syncs, _ = _syncs(3, polls=50)
+    _begun(syncs[1], 0, FP, arrived=True)
+    _begun(syncs[2], 0, OTHER_FP, arrived=True)  # same sync, another call
+    syncs[0].begin(0, FP)
+    assert not syncs[0].arrive_first(0, FP)
+    with pytest.raises(CollectiveMismatchError, match="rank 2 called all_reduce"):
+        syncs[0].settle_first(_ctx(0, FP, timeout=1.0))
+    assert syncs[0].transport.mismatches == [(2, 0, OTHER_FP)]
+
+
+def test_the_op_words_of_the_other_parity_are_not_mistaken_for_this_op():
+    syncs, control = _syncs(2, polls=5)
+    _begun(syncs[1], 0, FP, arrived=True)
+    syncs[0].begin(0, FP)
+    assert syncs[0].arrive_first(0, FP)
+    # Op 1 uses parity 1: rank 1's parity-0 words still say op 0, which must not count.
+    _begun(syncs[1], 1, OTHER_FP, arrived=True)
+    syncs[0].begin(1, FP)
+    assert control[syncs[1].mine + OP + 2] == 2  # rank 1's op 1, in the parity-1 words
+    assert not syncs[0].arrive_first(1, FP)
+    with pytest.raises(CollectiveMismatchError):
+        syncs[0].settle_first(_ctx(1, FP, timeout=1.0))
