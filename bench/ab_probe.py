@@ -1,8 +1,15 @@
 """Paired comparison behind chorus.shm.direct.MEASURED and chorus.shm.crew: for each
-collective and size, chorus's copy path (with and without helper threads: ``copy``,
-``copy1``), chorus's single copy (CMA) and torch gloo run op by op in turn, in the same W
-processes, each op after its library's barrier; rank 0 prints the median and minimum
-time per variant (ms) and gloo's median over each chorus variant's.
+collective and size, chorus's variants and torch gloo run op by op in turn, in the same W
+processes, each op after its library's barrier, their order rotating round by round;
+rank 0 prints the median and minimum
+time per variant (ms) and gloo's median over each chorus variant's.  Variants:
+
+    copy    the copy path, helper threads from phases.COPY_PATH_CREW_BYTES (all_reduce:
+            reduce-scatter + all-gather over slices)
+    copyc   the copy path, helper threads at every size
+    copy1   the copy path, no helper threads
+    whole   all_reduce only: every rank reduces every chunk whole (WHOLE_CHUNKS_WORLD)
+    cma     single copy (process_vm_readv), helper threads where they apply
 
 usage: python3 bench/ab_probe.py W OUTDIR ROUNDS COLLECTIVES SIZES_MIB
   e.g. python3 bench/ab_probe.py 8 /tmp/ab 5 all_reduce,broadcast 1,4,16,64,256
@@ -23,6 +30,7 @@ import time
 import numpy as np
 
 INF = float("inf")
+VARIANTS = ("copy", "copyc", "copy1", "whole", "cma", "gloo")
 
 
 def _step(api, collective: str, data, out, block, small):
@@ -50,14 +58,20 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
     import chorus
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13's *_tensor names
-    from chorus.shm import crew, direct
+    from chorus.shm import collectives as shm_collectives
+    from chorus.shm import crew, direct, phases
 
     chorus.init_process_group("chorus", init_method=f"file://{outdir}/chorus.rdzv", rank=rank, world_size=world)
     tdist.init_process_group("gloo", init_method=f"file://{outdir}/gloo.rdzv", rank=rank, world_size=world)
-    threshold = {"copy": dict.fromkeys(direct.MEASURED, INF), "copy1": dict.fromkeys(direct.MEASURED, INF),
-                 "cma": dict.fromkeys(direct.MEASURED, 1)}
+    defaults = (None, True, phases.COPY_PATH_CREW_BYTES, shm_collectives.WHOLE_CHUNKS_WORLD)
+    never, always = dict.fromkeys(direct.MEASURED, INF), dict.fromkeys(direct.MEASURED, 1)
+    # variant: (direct.CMA_BYTES, crew.ENABLED, phases.COPY_PATH_CREW_BYTES, WHOLE_CHUNKS_WORLD)
+    settings = {"copy": (never, True, defaults[2], 0), "copyc": (never, True, 0, 0),
+                "copy1": (never, False, defaults[2], 0), "whole": (never, True, defaults[2], world),
+                "cma": (always, True, defaults[2], 0)}
     rows = []
     for collective in collectives:
+        variants = [v for v in VARIANTS if v != "whole" or collective == "all_reduce"]
         for nbytes in sizes:
             n = nbytes // 4 // world * world
             block = n // world
@@ -65,19 +79,23 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
             template, out = data.copy(), np.zeros(n, np.float32)
             numpy_args = (data, out, block, data[:block])
             torch_args = (torch.from_numpy(data), torch.from_numpy(out), block, torch.from_numpy(data[:block]))
-            times: dict[str, list[float]] = {"copy": [], "copy1": [], "cma": [], "gloo": []}
+            times: dict[str, list[float]] = {v: [] for v in variants}
             for r in range(rounds + 1):  # round 0 warms up
-                for variant in times:
+                for variant in variants[r % len(variants):] + variants[:r % len(variants)]:  # rotating:
+                    # the first op after the previous round's gloo op runs on colder caches
                     api, args = (tdist, torch_args) if variant == "gloo" else (chorus, numpy_args)
-                    direct.CMA_BYTES = threshold.get(variant)
-                    crew.ENABLED = variant != "copy1"
+                    if variant != "gloo":
+                        (direct.CMA_BYTES, crew.ENABLED, phases.COPY_PATH_CREW_BYTES,
+                         shm_collectives.WHOLE_CHUNKS_WORLD) = settings[variant]
+                        chorus.group.WORLD.shm.plans.clear()  # one-shot plans depend on WHOLE_CHUNKS_WORLD
                     data[...] = template
                     api.barrier()
                     start = time.perf_counter()
                     _step(api, collective, *args)
                     if r:
                         times[variant].append(time.perf_counter() - start)
-            direct.CMA_BYTES, crew.ENABLED = None, True
+            (direct.CMA_BYTES, crew.ENABLED, phases.COPY_PATH_CREW_BYTES,
+             shm_collectives.WHOLE_CHUNKS_WORLD) = defaults
             row = {"collective": collective, "nbytes": nbytes, "world": world,
                    **{v: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3} for v, t in times.items()}}
             rows.append(row)
@@ -85,7 +103,7 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
                 med = {v: row[v]["median_ms"] for v in times}
                 print(f"{collective:15s} {nbytes >> 20:4d}M  "
                       + "  ".join(f"{v} {med[v]:8.2f} (min {row[v]['min_ms']:8.2f})" for v in times)
-                      + "".join(f"  gloo/{v} {med['gloo'] / med[v]:.2f}x" for v in ("copy", "copy1", "cma")),
+                      + "".join(f"  gloo/{v} {med['gloo'] / med[v]:.2f}x" for v in times if v != "gloo"),
                       flush=True)
     if rank == 0:
         with open(os.path.join(outdir, "ab.json"), "w") as f:

@@ -40,6 +40,21 @@ from chorus.shm.window import Window
 #: chunk).  Measured on a 16-core host: one-shot wins up to 64 KiB at W = 4 and 16 KiB at
 #: W = 8; at W = 2 it wins below 1 MiB and loses above.
 ONESHOT_BYTES = env_int("CHORUS_SHM_ONESHOT_BYTES", 256 << 10)
+#: In groups of at most this many ranks, larger all_reduces run one-shot chunk by chunk
+#: (each rank reduces every chunk whole) instead of reduce-scatter + all-gather.
+WHOLE_CHUNKS_WORLD = env_int("CHORUS_SHM_WHOLE_CHUNKS_WORLD", 2)
+
+
+def one_shot(win: Window, dtype: np.dtype, count: int, op: str = "all_reduce") -> bool:
+    """Whether all_reduce (``op``: or reduce) of ``count`` elements of ``dtype`` runs
+    one-shot: it fits a slot, and it is small (``ONESHOT_BYTES``), or the group has at most
+    ``WHOLE_CHUNKS_WORLD`` ranks and the op does not copy once (``direct.use``): then
+    one-shot is the whole-chunk algorithm with one chunk."""
+    if count > win.capacity(dtype):
+        return False
+    nbytes = count * dtype.itemsize
+    return nbytes * (win.world - 1) <= ONESHOT_BYTES or (
+        win.world <= WHOLE_CHUNKS_WORLD and not direct.use(win, op, nbytes))
 
 
 def barrier(win: Window, sync: Sync, ctx) -> None:
@@ -50,25 +65,32 @@ def barrier(win: Window, sync: Sync, ctx) -> None:
 def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, root: int = -1) -> None:
     """``data`` <- op over every rank's ``data`` (``root >= 0``: only rank ``root`` gets it: reduce).
 
-    One-shot, for small messages (one sync)::
+    One-shot, for small messages (one sync; see ``one_shot``)::
 
         phase 0   rank r:      slot[r] <- data
         phase 1   every rank:  data <- reduce(slot[0], slot[1], ..., slot[W-1])
 
-    Large messages: reduce-scatter + all-gather over the slices of each chunk::
+    Large messages in groups of at most ``WHOLE_CHUNKS_WORLD`` ranks: one-shot chunk by
+    chunk (each rank reads W - 1 chunks per chunk of its own, and copies nothing out)::
+
+        phase k     rank r:      slot[r] <- data[chunk k]
+        phase k+1   every rank:  data[chunk k] <- reduce(slot[0..W-1])
+
+    Larger groups: reduce-scatter + all-gather over the slices of each chunk::
 
         phase k     rank r:  slot[r] <- data[chunk k]
         phase k+1   rank r:  result[slice r] <- reduce(slot[0..W-1][slice r])
         phase k+2   rank r:  data[chunk k] <- result             (all W slices)
 
     Every rank computes the same numpy reduction of the same rows, so results are
-    bit-identical on every rank.  From ``direct.cma_bytes``: single copy, see
-    ``_all_reduce_direct``.
+    bit-identical on every rank.  From ``direct.cma_bytes``: single copy
+    (``direct.all_reduce``).
     """
     me, dt, count = win.rank, data.dtype, data.size
     readers = root < 0 or me == root
     size = win.capacity(dt)
-    if data.nbytes * (win.world - 1) <= ONESHOT_BYTES and count <= size:
+    name = "all_reduce" if root < 0 else "reduce"
+    if one_shot(win, dt, count, name):
         mine, stacks = win.small(dt, count)  # the fast path: cached views
         p = sync.parity
         mine[p][...] = data
@@ -76,11 +98,22 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         if readers:
             reduce(stacks[p], data)
         return
-    if direct.use(win, "all_reduce" if root < 0 else "reduce", data.nbytes):
+    if direct.use(win, name, data.nbytes):
         direct.all_reduce(win, sync, ctx, data, reduce, root)
         return
 
     copy_in = to_my_slot(win, data, size)
+    parts = parts_for(win, min(count, size) * dt.itemsize, data.nbytes)
+    if win.world <= WHOLE_CHUNKS_WORLD:
+
+        def reduce_chunk(j: int, p: int, part: int, parts: int) -> None:
+            lo, hi = span(j, size, count)
+            a, b = rows_part(0, hi - lo, dt.itemsize, part, parts)
+            if readers:
+                reduce(win.stack(p ^ 1, dt, a, b - a), data[lo + a: lo + b])
+
+        pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_chunk), win=win, parts=parts)
+        return
 
     def reduce_slice(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = span(j, size, count)
@@ -93,8 +126,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         if readers:
             data[lo + a: lo + b] = win.result(p ^ 1, dt, a, b - a)
 
-    pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_slice, copy_out), win=win,
-             parts=parts_for(win, min(count, size) * dt.itemsize, data.nbytes))
+    pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_slice, copy_out), win=win, parts=parts)
 
 
 def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None:

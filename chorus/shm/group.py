@@ -148,7 +148,7 @@ class ShmGroup:
         count = 1
         for n in shape:
             count *= n
-        if count * dtype.itemsize * (self.window.world - 1) > algo.ONESHOT_BYTES or count > self.window.capacity(dtype):
+        if not algo.one_shot(self.window, dtype, count):
             return None
         mine, stacks = self.window.small(dtype, count)
         return OneShot(tuple(m.reshape(shape) for m in mine),

@@ -20,8 +20,10 @@ Writes are plain aligned 8-byte stores; a rank that sees a counter also sees eve
 its owner wrote before raising it (x86-64 keeps stores in order; ``chorus.shm.group``
 enables shared memory only there unless forced).
 
-Waiting backs off so that an oversubscribed host (more ranks than cores) does not
-stall: spin for ``spin_s``, then ``os.sched_yield()`` until ``yield_s``, then sleep 50 µs,
+A sync first reads a missing counter up to ``Backoff.polls`` times (a few µs, without
+the clock or a system call; only where every rank has a core of its own): most
+arrivals come within that.  Then waiting backs off so that an oversubscribed host (more
+ranks than cores) does not stall: spin for ``spin_s``, then ``os.sched_yield()`` until ``yield_s``, then sleep 50 µs,
 doubling up to 1 ms.  Three yields in a row that take more than 50 µs each end yielding
 for one second (every wait polls for 20 µs, then sleeps): the CPU went to a busy task (a compute thread, another job)
 that keeps it until its time slice ends, milliseconds under Linux's EEVDF scheduler,
@@ -60,7 +62,7 @@ class Backoff:
 
     spin_s: float = 0.0
     yield_s: float = 5e-3
-    polls: int = 0  # reads of a missing counter before an op's first sync starts waiting
+    polls: int = 0  # reads of a missing counter (no clock, no system call) before a sync starts waiting
 
 
 class Sync:
@@ -137,10 +139,13 @@ class Sync:
         target = self.count + 1
         self.count = target
         c[self.mine] = target
+        polls = self.backoff.polls
         for i in self.others:
-            if c[i] < target:
-                self._wait(target, ctx)
-                break
+            while c[i] < target:
+                if polls <= 0:
+                    self._wait(target, ctx)
+                    return
+                polls -= 1
 
     def arrive_first(self, seq: int, fingerprint: int) -> bool:
         """Arrive at the first sync of op ``(seq, fingerprint)`` and poll the others a few
