@@ -1,7 +1,7 @@
 """Paired comparison behind chorus.shm.direct.MEASURED and chorus.shm.crew: for each
 collective and size, chorus's variants and torch gloo run op by op in turn, in the same W
 processes, each op after its library's barrier, their order rotating round by round;
-rank 0 prints the median and minimum
+rank 0 prints the median, minimum and mean
 time per variant (ms) and gloo's median over each chorus variant's.  Variants:
 
     copy    the copy path, helper threads from phases.COPY_PATH_CREW_BYTES (all_reduce:
@@ -97,12 +97,14 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
             (direct.CMA_BYTES, crew.ENABLED, phases.COPY_PATH_CREW_BYTES,
              shm_collectives.WHOLE_CHUNKS_WORLD) = defaults
             row = {"collective": collective, "nbytes": nbytes, "world": world,
-                   **{v: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3} for v, t in times.items()}}
+                   **{v: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3,
+                         "mean_ms": statistics.mean(t) * 1e3} for v, t in times.items()}}
             rows.append(row)
             if rank == 0:
                 med = {v: row[v]["median_ms"] for v in times}
                 print(f"{collective:15s} {nbytes >> 20:4d}M  "
-                      + "  ".join(f"{v} {med[v]:8.2f} (min {row[v]['min_ms']:8.2f})" for v in times)
+                      + "  ".join(f"{v} {med[v]:8.2f} (min {row[v]['min_ms']:.2f} mean {row[v]['mean_ms']:.2f})"
+                                  for v in times)
                       + "".join(f"  gloo/{v} {med['gloo'] / med[v]:.2f}x" for v in times if v != "gloo"),
                       flush=True)
     if rank == 0:
