@@ -6,8 +6,6 @@ time per variant (ms) and gloo's median over each chorus variant's.  Variants:
 
     copy    the copy path, helper threads from phases.COPY_PATH_CREW_BYTES (all_reduce:
             reduce-scatter + all-gather over slices)
-    copy0   the copy path, every rank reading the others' regions in rank order
-            (phases.STAGGER off)
     copyc   the copy path, helper threads at every size
     copy1   the copy path, no helper threads
     whole   all_reduce only: every rank reduces every chunk whole (WHOLE_CHUNKS_WORLD)
@@ -32,7 +30,7 @@ import time
 import numpy as np
 
 INF = float("inf")
-VARIANTS = ("copy", "copy0", "copyc", "copy1", "whole", "cma", "gloo")
+VARIANTS = ("copy", "copyc", "copy1", "whole", "cma", "gloo")
 
 
 def _step(api, collective: str, data, out, block, small):
@@ -65,12 +63,12 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
 
     chorus.init_process_group("chorus", init_method=f"file://{outdir}/chorus.rdzv", rank=rank, world_size=world)
     tdist.init_process_group("gloo", init_method=f"file://{outdir}/gloo.rdzv", rank=rank, world_size=world)
-    defaults = (None, True, phases.COPY_PATH_CREW_BYTES, shm_collectives.WHOLE_CHUNKS_WORLD, phases.STAGGER)
+    defaults = (None, True, phases.COPY_PATH_CREW_BYTES, shm_collectives.WHOLE_CHUNKS_WORLD)
     never, always = dict.fromkeys(direct.MEASURED, INF), dict.fromkeys(direct.MEASURED, 1)
-    # variant: (direct.CMA_BYTES, crew.ENABLED, phases.COPY_PATH_CREW_BYTES, WHOLE_CHUNKS_WORLD, STAGGER)
-    settings = {"copy": (never, True, defaults[2], 0, 1), "copy0": (never, True, defaults[2], 0, 0),
-                "copyc": (never, True, 0, 0, 1), "copy1": (never, False, defaults[2], 0, 1),
-                "whole": (never, True, defaults[2], world, 1), "cma": (always, True, defaults[2], 0, 1)}
+    # variant: (direct.CMA_BYTES, crew.ENABLED, phases.COPY_PATH_CREW_BYTES, WHOLE_CHUNKS_WORLD)
+    settings = {"copy": (never, True, defaults[2], 0), "copyc": (never, True, 0, 0),
+                "copy1": (never, False, defaults[2], 0), "whole": (never, True, defaults[2], world),
+                "cma": (always, True, defaults[2], 0)}
     rows = []
     for collective in collectives:
         variants = [v for v in VARIANTS if v != "whole" or collective == "all_reduce"]
@@ -88,7 +86,7 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
                     api, args = (tdist, torch_args) if variant == "gloo" else (chorus, numpy_args)
                     if variant != "gloo":
                         (direct.CMA_BYTES, crew.ENABLED, phases.COPY_PATH_CREW_BYTES,
-                         shm_collectives.WHOLE_CHUNKS_WORLD, phases.STAGGER) = settings[variant]
+                         shm_collectives.WHOLE_CHUNKS_WORLD) = settings[variant]
                         chorus.group.WORLD.shm.plans.clear()  # one-shot plans depend on WHOLE_CHUNKS_WORLD
                     data[...] = template
                     api.barrier()
@@ -97,7 +95,7 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
                     if r:
                         times[variant].append(time.perf_counter() - start)
             (direct.CMA_BYTES, crew.ENABLED, phases.COPY_PATH_CREW_BYTES,
-             shm_collectives.WHOLE_CHUNKS_WORLD, phases.STAGGER) = defaults
+             shm_collectives.WHOLE_CHUNKS_WORLD) = defaults
             row = {"collective": collective, "nbytes": nbytes, "world": world,
                    **{v: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3,
                          "mean_ms": statistics.mean(t) * 1e3} for v, t in times.items()}}

@@ -27,7 +27,6 @@ from chorus.shm.phases import (
     pipeline,
     rows_part,
     span,
-    staggered,
     sub,
     to_my_slot,
 )
@@ -125,11 +124,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         lo, hi = span(j, size, count)
         a, b = sub(0, hi - lo, part, parts)
         if readers:
-            for r in staggered(me, win.world):  # slice r of the result, written by rank r
-                s, e = part_of(hi - lo, r, win.world)
-                s, e = max(s, a), min(e, b)
-                if s < e:
-                    data[lo + s: lo + e] = win.result(p ^ 1, dt, s, e - s)
+            data[lo + a: lo + b] = win.result(p ^ 1, dt, a, b - a)
 
     pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_slice, copy_out), win=win, parts=parts)
 
@@ -200,8 +195,7 @@ def all_gather(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray | 
         lo, hi = span(j, size, count)
         a, b = sub(0, hi - lo, part, parts)
         if blocks is not None:
-            for r in staggered(me, win.world):
-                blocks[r, lo + a: lo + b] = win.slot_of(p ^ 1, r, dt, a, b - a)
+            blocks[:, lo + a: lo + b] = win.stack(p ^ 1, dt, a, b - a)
 
     pipeline(sync, ctx, chunks(count, size), (copy_in, copy_out), win=win,
              parts=parts_for(win, win.world * min(count, size) * dt.itemsize,
@@ -337,9 +331,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         if uniform:
             lo, hi = span(j, piece, c)
             a, b = sub(0, hi - lo, part, parts)
-            blocks = out.reshape(w, c)
-            for r in staggered(me, w):
-                blocks[r, lo + a: lo + b] = win.slot_of(p ^ 1, r, dt, me * piece + a, b - a)
+            out.reshape(w, c)[:, lo + a: lo + b] = win.stack(p ^ 1, dt, me * piece + a, b - a)
             return
         for r in range(w):
             lo, hi = span(j, piece, recv_counts[r])

@@ -107,20 +107,6 @@ def rows_part(lo: int, hi: int, itemsize: int, part: int, parts: int) -> tuple[i
     return sub(lo, hi, part, usable) if part < usable else (hi, hi)
 
 
-#: Copy-outs read the other ranks' regions starting from their own rank + 1 (``staggered``)
-#: instead of all starting at rank 0 (``CHORUS_SHM_STAGGER=0``: in rank order).
-STAGGER = env_int("CHORUS_SHM_STAGGER", 1)
-
-
-def staggered(me: int, world: int) -> list[int]:
-    """Every rank, in the order rank ``me`` reads their regions: from ``me + 1`` round to
-    ``me``, so that the W readers of a phase start at W different ranks' data (which sits
-    in its writer's core cache) rather than all at rank 0's."""
-    if not STAGGER:
-        return list(range(world))
-    return [(me + k) % world for k in range(1, world + 1)]
-
-
 def chunks(count: int, size: int) -> int:
     """Number of chunks of ``size`` elements for ``count`` (at least 1: every op syncs)."""
     return max(1, -(-count // size))
