@@ -114,6 +114,19 @@ def test_all_to_all_split_disagreement_is_reported_on_every_rank_and_the_group_g
     assert run_threads(body, 2) == [1, 1]
 
 
+def test_ranks_that_each_send_one_count_everywhere_but_different_counts_disagree_on_every_rank():
+    """Every rank declares a single count (the one-word fast path), rank 2 another one."""
+    def body(rank, w):
+        n = 5 if rank == 2 else 4
+        with pytest.raises(dist.BufferMismatchError, match="group rank 0 sends 4 elements to group rank 2, which expects 5"):
+            dist.all_to_all_single(np.zeros(3 * n), np.zeros(3 * n))
+        out = np.zeros(3)
+        dist.all_to_all_single(out, np.full(3, float(rank)))  # the group goes on
+        return out.tolist()
+
+    assert run_threads(body, 3) == [[0.0, 1.0, 2.0]] * 3
+
+
 def test_no_false_mismatch_while_a_late_rank_moves_from_one_op_to_the_next():
     """Waiters read late ranks' "current op" words while those ranks change them."""
     def body(rank, w):

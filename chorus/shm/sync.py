@@ -14,6 +14,9 @@ ranks' lines share a cache line) and is the only one that writes it::
                            the current single-copy op (chorus.shm.direct); at window
                            creation: of its CMA probe
     word  11    PROBE      the 8 random bytes at that probe (window creation only)
+    words 12-13 UNIFORM    all_to_all of parity 0 | 1: count + 1 when this rank sends and
+                           receives that count to and from every rank, else 0
+                           (chorus.shm.window.Window.declare_counts)
 
 A sync is: raise your counter to ``s``, wait until every other counter is >= ``s``.
 Writes are plain aligned 8-byte stores; a rank that sees a counter also sees everything
@@ -47,6 +50,7 @@ from chorus.wire.fingerprint import describe
 WORDS = 16
 ARRIVED, OP, CURRENT, ABANDONED = 0, 1, 5, 8
 PID, SOURCE, PROBE = 9, 10, 11  # single-copy (CMA) words, not used by the sync itself
+UNIFORM = 12  # all_to_all's count words (12 + parity), not used by the sync itself
 SHM, TCP = 1, 2  # CURRENT's transport word
 CHECK_S = 0.002
 NAP_MIN, NAP_MAX = 50e-6, 1e-3

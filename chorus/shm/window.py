@@ -29,7 +29,7 @@ import struct
 
 import numpy as np
 
-from chorus.shm.sync import ABANDONED, PID, PROBE, SOURCE, WORDS
+from chorus.shm.sync import ABANDONED, PID, PROBE, SOURCE, UNIFORM, WORDS
 
 MAGIC = b"CHSHM001"
 _HEADER = struct.Struct("<8sQQ16s")  # magic, world, slot bytes, nonce
@@ -144,6 +144,39 @@ class Window:
         offset = self.layout.counts + parity * 2 * w * w * 8
         both = np.ndarray((2, w, w), np.uint64, self.buf, offset)
         return both[0], both[1]
+
+    def declare_counts(self, parity: int, send_counts, recv_counts) -> None:
+        """Publish this rank's all_to_all counts for the others: one word when it sends and
+        receives one count to and from every rank (the common case), else its rows of the
+        tables of ``parity`` as well."""
+        first = send_counts[0]
+        if send_counts.count(first) == len(send_counts) and recv_counts.count(first) == len(recv_counts):
+            self.control[self.rank * WORDS + UNIFORM + parity] = first + 1
+            return
+        self.control[self.rank * WORDS + UNIFORM + parity] = 0
+        send, recv = self.tables(parity)
+        send[self.rank] = send_counts
+        recv[self.rank] = recv_counts
+
+    def common_count(self, parity: int) -> int | None:
+        """The count every rank declared (``declare_counts``) when all declared the same
+        single count, else None (then ``counts`` gives the tables)."""
+        c, first = self.control, self.control[UNIFORM + parity]
+        if first == 0:
+            return None
+        for q in range(1, self.world):
+            if c[q * WORDS + UNIFORM + parity] != first:
+                return None
+        return first - 1
+
+    def counts(self, parity: int) -> tuple[np.ndarray, np.ndarray]:
+        """(send, recv) tables of every rank's declared counts (private copies)."""
+        send, recv = (t.copy() for t in self.tables(parity))
+        for q in range(self.world):
+            single = self.control[q * WORDS + UNIFORM + parity]
+            if single:
+                send[q] = recv[q] = single - 1
+        return send, recv
 
     def small(self, dtype: np.dtype, n: int) -> tuple:
         """Cached ``(mine, stacks)`` for one-shot ops on ``n`` elements of ``dtype``: this
