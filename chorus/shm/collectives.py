@@ -184,8 +184,11 @@ def all_gather(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray | 
         sources = direct.open_op(win, sync, ctx, inp)
         with direct.closing(sync, ctx):
             if blocks is not None:
-                direct.from_peers(win, lambda q: direct.read_from(win, ctx, q, blocks[q], sources[q]),
-                                  win.world * inp.nbytes)
+                def read_block(q: int, part: int, parts: int) -> None:
+                    a, b = part_of(count, part, parts)
+                    direct.read_from(win, ctx, q, blocks[q, a:b], sources[q] + a * dt.itemsize)
+
+                direct.from_peers(win, read_block, win.world * inp.nbytes)
                 direct.copy_unless_same(blocks[me], inp)
         return
 

@@ -152,20 +152,22 @@ def _others(me: int, world: int) -> list[int]:
     return [(me + k) % world for k in range(1, world)]
 
 
-def from_peers(win: Window, read: Callable[[int], None], nbytes: int) -> None:
-    """``read(q)`` for every other rank q, the peers shared among the crew's threads
-    (chorus.shm.crew) when ``nbytes`` is worth it."""
+def from_peers(win: Window, read: Callable[[int, int, int], None], nbytes: int) -> None:
+    """``read(q, part, parts)`` for every other rank q: reads part ``part`` of ``parts``
+    near-equal parts of what comes from q.  With the crew's threads (chorus.shm.crew), when
+    ``nbytes`` is worth it, thread t reads part t from every peer: the same bytes per thread
+    whatever the number of peers."""
     peers = _others(win.rank, win.world)
-    parts = min(parts_for(win, nbytes), len(peers))
+    parts = parts_for(win, nbytes)
     if parts <= 1:
         for q in peers:
-            read(q)
+            read(q, 0, 1)
         return
 
-    def share(mine: list[int]) -> Callable[[], None]:
-        return lambda: [read(q) for q in mine]
+    def share(part: int) -> Callable[[], None]:
+        return lambda: [read(q, part, parts) for q in peers]
 
-    win.crew.run([share(peers[i::parts]) for i in range(parts)])
+    win.crew.run([share(part) for part in range(parts)])
 
 
 def read_from(win: Window, ctx, q: int, dst: np.ndarray, src: int) -> None:
@@ -249,9 +251,10 @@ def all_to_all(win: Window, ctx, inp: np.ndarray, out: np.ndarray, send_table: n
     sources = win.words(SOURCE)
     recvs = offsets(recv_counts)
 
-    def read_block(q: int) -> None:
-        block = out[recvs[q]: recvs[q] + recv_counts[q]]
-        read_from(win, ctx, q, block, sources[q] + int(send_table[q, :me].sum()) * size)
+    def read_block(q: int, part: int, parts: int) -> None:
+        a, b = part_of(recv_counts[q], part, parts)
+        block = out[recvs[q] + a: recvs[q] + b]
+        read_from(win, ctx, q, block, sources[q] + (int(send_table[q, :me].sum()) + a) * size)
 
     from_peers(win, read_block, out.nbytes)
     sends = int(send_table[me, :me].sum())

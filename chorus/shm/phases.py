@@ -50,12 +50,14 @@ PART_ROW_BYTES = 64 << 10
 
 
 #: The copy path splits phases only for messages of at least this many bytes per rank.
-#: Measured at W = 8 on the 16-core host (bench/ab_probe.py, copy vs copy1, medians of 3):
-#: helpers made all_reduce 8% faster at 64 MiB but 8-13% slower at 4 and 16 MiB, and
-#: broadcast faster from 16 MiB.  Single copy's shared reads (chorus.shm.direct.from_peers)
-#: are split from ``PART_BYTES`` on (all_to_all at 4 MiB: 0.62 ms; the copy path took
+#: Measured at W = 8 on the 16-core host (bench/ab_probe.py): with the splitting of
+#: 8527e0d (parts from 256 KiB, medians of 3) helpers made all_reduce 8% faster at 64 MiB
+#: but 8-13% slower at 4 and 16 MiB; with today's (rows of at least 64 KiB; two calls,
+#: 5 and 7 rounds, "copyc" vs "copy") 8% and 12% faster at 16 MiB, slower at 1 MiB, and
+#: either way at 4 MiB.  Single copy's shared reads (chorus.shm.direct.from_peers) are
+#: split from ``PART_BYTES`` on (all_to_all at 4 MiB: 0.62 ms; the copy path took
 #: 0.99-1.43 ms).
-COPY_PATH_CREW_BYTES = env_int("CHORUS_SHM_COPY_CREW_BYTES", 32 << 20)
+COPY_PATH_CREW_BYTES = env_int("CHORUS_SHM_COPY_CREW_BYTES", 16 << 20)
 
 
 def parts_for(win: Window, nbytes: int, message: int | None = None) -> int:
