@@ -40,6 +40,9 @@ def main(argv: list[str]) -> int:
         return 2
     world, mib = int(argv[0]), int(argv[1])
     rounds = int(argv[2]) if len(argv) == 3 else 5
+    if world < 1 or mib < 1 or rounds < 1:
+        print("W, MIB and ROUNDS must be at least 1", file=sys.stderr)
+        return 2
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(world), ctx.Queue()
     procs = [ctx.Process(target=_copier, args=(barrier, results, mib, rounds)) for _ in range(world)]

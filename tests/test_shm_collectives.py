@@ -156,7 +156,10 @@ def test_every_collective_dtype_and_op_through_shared_memory(world, monkeypatch)
         for dtype in DTYPES:
             wrong += movements(rank, w, dtype, 5)
             wrong += reductions(rank, w, dtype, 5)
-        monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)  # reduce-scatter + all-gather, same ops
+        monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)  # reduce-scatter + all-gather, same ops ...
+        monkeypatch.setattr(shm_algo, "WHOLE_CHUNKS_WORLD", 0)  # ... in groups of 2 as well
+        dist.barrier()  # every rank is past its one-shot reductions before the plans go
+        dist.group.WORLD.shm.plans.clear()  # the API's one-shot plans were made under the old sizes
         for dtype in DTYPES:
             wrong += reductions(rank, w, dtype, 5)
         return wrong, counter.ran()
@@ -219,6 +222,29 @@ def test_uneven_all_to_all_small_and_chunked(world, threads, monkeypatch):
     for ok, syncs in run_threads(body, world):
         assert all(ok), ok
         assert syncs >= 4
+
+
+def test_all_to_all_mixing_one_count_ranks_with_table_ranks_ignores_stale_table_rows():
+    """Op 0 (parity 0): every rank writes table rows.  Op 2 (parity 0 again): rank 0 sends
+    and receives one count everywhere (one word; its parity-0 rows are op 0's, stale) while
+    the others write rows."""
+    def body(rank, w):
+        def exchange(send, recv):
+            inp = np.concatenate([np.full(c, 10 * rank + q, np.int64) for q, c in enumerate(send)])
+            out = np.full(sum(recv), -1, np.int64)
+            dist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=send)
+            want = np.concatenate([np.full(c, 10 * r + rank, np.int64) for r, c in enumerate(recv)])
+            return np.array_equal(out, want)
+
+        table = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]  # op 0: table[r][q] from r to q
+        ok = [exchange(table[rank], [table[r][rank] for r in range(w)])]
+        x = np.ones(3)
+        dist.all_reduce(x)  # op 1, parity 1
+        table = [[2, 2, 2], [2, 1, 3], [2, 4, 5]]  # op 2: rank 0 sends and receives 2 everywhere
+        ok.append(exchange(table[rank], [table[r][rank] for r in range(w)]))
+        return ok
+
+    assert run_threads(body, 3) == [[True, True]] * 3
 
 
 def test_all_to_all_where_one_rank_is_uniform_and_others_need_more_rounds(monkeypatch):

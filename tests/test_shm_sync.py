@@ -89,3 +89,18 @@ def test_the_op_words_of_the_other_parity_are_not_mistaken_for_this_op():
     assert not syncs[0].arrive_first(1, FP)
     with pytest.raises(CollectiveMismatchError):
         syncs[0].settle_first(_ctx(1, FP, timeout=1.0))
+
+
+def test_a_later_sync_polls_before_it_waits_and_waits_with_the_deadline_when_polls_run_out(monkeypatch):
+    syncs, _ = _syncs(2, polls=30)
+    waits = []
+    monkeypatch.setattr(Sync, "_wait", lambda self, target, ctx: waits.append(target))
+    _begun(syncs[1], 0, FP, arrived=True)
+    syncs[0].begin(0, FP)
+    assert syncs[0].arrive_first(0, FP)
+    syncs[1].count += 1
+    syncs[1].control[syncs[1].mine + ARRIVED] = syncs[1].count  # rank 1 is at sync 2 already
+    syncs[0].sync(_ctx(0, FP, 1.0))
+    assert waits == []  # found at the first read
+    syncs[0].sync(_ctx(0, FP, 1.0))  # sync 3: rank 1 is not there
+    assert waits == [3]

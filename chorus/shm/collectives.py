@@ -41,8 +41,11 @@ from chorus.shm.window import Window
 #: W = 8; at W = 2 it wins below 1 MiB and loses above.
 ONESHOT_BYTES = env_int("CHORUS_SHM_ONESHOT_BYTES", 256 << 10)
 #: In groups of at most this many ranks, larger all_reduces run one-shot chunk by chunk
-#: (each rank reduces every chunk whole) instead of reduce-scatter + all-gather.
-WHOLE_CHUNKS_WORLD = env_int("CHORUS_SHM_WHOLE_CHUNKS_WORLD", 2)
+#: (each rank reduces every chunk whole) instead of reduce-scatter + all-gather.  Not a
+#: setting: above 2 the whole chunks' rows could take another numpy method than single
+#: copy's slices (chorus.reductions.row_reducer), and bits would depend on the path; at 2
+#: every element is one ufunc call on two values.  (bench/ab_probe.py changes it to time it.)
+WHOLE_CHUNKS_WORLD = 2
 
 
 def one_shot(win: Window, dtype: np.dtype, count: int, op: str = "all_reduce") -> bool:

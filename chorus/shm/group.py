@@ -73,8 +73,9 @@ def usable_cpus() -> int:
     return cpus
 
 
-#: An op's first sync reads a missing rank's counter this many times (a few us) before it
-#: starts waiting (clock, yields, sleeps), where every rank has a core of its own.
+#: A sync reads a missing rank's counter this many times (a few us) before it starts
+#: waiting (clock, yields, sleeps), where every rank has a core of its own (or where
+#: ``CHORUS_SHM_SPIN_US`` asks for spinning).
 POLLS = env_int("CHORUS_SHM_POLLS", 200)
 
 
@@ -225,6 +226,7 @@ class ShmGroup:
         left (an op still running on another thread fails with AbortedError)."""
         self.closed = True
         self.broken = "the group was destroyed"
+        self.plans.clear()  # their views of the window would keep it mapped
         if self.window.crew is not None:
             self.window.crew.close()
         self.window.release()

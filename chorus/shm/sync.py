@@ -24,7 +24,8 @@ its owner wrote before raising it (x86-64 keeps stores in order; ``chorus.shm.gr
 enables shared memory only there unless forced).
 
 A sync first reads a missing counter up to ``Backoff.polls`` times (a few µs, without
-the clock or a system call; only where every rank has a core of its own): most
+the clock or a system call; only where every rank has a core of its own, or where
+``CHORUS_SHM_SPIN_US`` asks for spinning): most
 arrivals come within that.  Then waiting backs off so that an oversubscribed host (more
 ranks than cores) does not stall: spin for ``spin_s``, then ``os.sched_yield()`` until ``yield_s``, then sleep 50 µs,
 doubling up to 1 ms.  Three yields in a row that take more than 50 µs each end yielding
@@ -62,7 +63,8 @@ SLEEPER_SPIN_S = 20e-6
 
 @dataclass(frozen=True)
 class Backoff:
-    """How long a waiter spins, then yields, before it sleeps (seconds)."""
+    """How long a waiter spins, then yields, before it sleeps (seconds), and how many
+    times a sync reads a missing counter before it starts waiting at all."""
 
     spin_s: float = 0.0
     yield_s: float = 5e-3
