@@ -159,3 +159,22 @@ def test_waiters_stop_yielding_when_yields_are_slow(monkeypatch):
 
     left = run_threads(body, 2)
     assert 0 < left[0] <= shm_sync.SLEEP_ONLY_S  # rank 0 sleeps, not yields, from now on
+
+
+def test_members_with_other_algorithm_settings_fail_at_init_naming_them(monkeypatch):
+    """CHORUS_SHM_ONESHOT_BYTES set on one rank only: its ops would take other algorithms
+    (other numbers of syncs) than the others' and fall out of step unseen; the window's
+    creation refuses, on every rank, naming the setting."""
+    from chorus.api.state import current
+    from chorus.shm import handshake
+
+    plain = handshake._settings
+    with monkeypatch.context() as patch:
+        patch.setattr(handshake, "_settings", lambda: handshake._SETTINGS.pack(4096, 0)
+                      if current().rank == 2 else plain())
+        errors = run_threads(lambda rank, w: None, 3, return_exceptions=True)
+    assert all(isinstance(e, dist.InvalidArgumentError) for e in errors), errors
+    assert "rank 2" in str(errors[0]) and "CHORUS_SHM_ONESHOT_BYTES=4096" in str(errors[0])
+    assert "rank 2 (this rank)" in str(errors[2]) and "CHORUS_SHM_ONESHOT_BYTES=4096" in str(errors[2])
+    assert "another member's shared-memory settings" in str(errors[1])
+    assert run_threads(lambda rank, w: dist.group.WORLD.shm is not None, 3) == [True] * 3  # same: fine

@@ -4,8 +4,10 @@ Run by every member when a group is created (``init_process_group``, ``new_group
 over the group's transport::
 
     member m > 0                               group rank 0
-    --- host digest (chorus.shm.hostid) --->
-                                               all digests equal and usable?
+    --- host digest (chorus.shm.hostid), ---->
+        algorithm settings                     all digests equal and usable, all settings
+                                               equal? (settings differ: every member
+                                               raises InvalidArgumentError naming them)
                                                  create the file, write a random nonce
     <-- offer: path, size, nonce (or none) --
     map it, check the nonce
@@ -45,7 +47,8 @@ import struct
 import time
 
 from chorus.errors import InvalidArgumentError
-from chorus.shm import cma, crew
+from chorus.shm import cma, crew, direct
+from chorus.shm import collectives as algo
 from chorus.shm.group import (
     ShmGroup,
     backoff_for,
@@ -65,7 +68,12 @@ log = logging.getLogger("chorus")
 TAG = -0x43485348  # "CHSH": the handshake's point-to-point tag (users' tags are other numbers)
 _OFFER = struct.Struct("<QQ16s256s")  # window bytes (0: no window), slot bytes, nonce, path
 _NO_HOST_INDEX = 0xFFFFFFFF  # in the hosts table: a member without usable shared memory
-NO, YES, FORCED_BUT_IMPOSSIBLE = 0, 1, 2
+NO, YES, FORCED_BUT_IMPOSSIBLE, SETTINGS_DIFFER = 0, 1, 2, 3
+#: The settings that choose a shared-memory algorithm (and so the number of syncs of an
+#: op): members with different ones would fall out of step without noticing, so they
+#: must all have the same (checked here).
+_SETTINGS = struct.Struct("<QQ")
+_NO_OVERRIDE = 0
 
 
 Hosts = tuple[int | None, ...]  # per group rank: its host, numbered 0.. in order of first appearance
@@ -85,10 +93,36 @@ def create(transport, group: int, members: tuple[int, ...], rank: int,
     return _follow(talk, digest, rank)
 
 
+def _settings() -> bytes:
+    """This process's ``CHORUS_SHM_ONESHOT_BYTES`` and ``CHORUS_SHM_CMA_BYTES`` (0: not set)."""
+    override = direct.CMA_BYTES
+    least = None if override is None else min(override.values(), default=_NO_OVERRIDE)
+    cma_bytes = _NO_OVERRIDE if least is None else 2**64 - 1 if least == float("inf") else int(least)
+    return _SETTINGS.pack(algo.ONESHOT_BYTES, cma_bytes)
+
+
+def _describe_settings(packed: bytes) -> str:
+    oneshot, cma_bytes = _SETTINGS.unpack(packed)
+    return (f"CHORUS_SHM_ONESHOT_BYTES={oneshot}, "
+            f"CHORUS_SHM_CMA_BYTES={'unset' if cma_bytes == _NO_OVERRIDE else cma_bytes}")
+
+
+def _settings_error(group: int, who: str, theirs: bytes, mine: bytes) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"group {group}: the members' shared-memory settings differ: {who} ({_describe_settings(theirs)}) "
+        f"against group rank 0 ({_describe_settings(mine)}). They choose the algorithms, so ranks "
+        "with different ones would fall out of step: set them the same on every rank, or on none.")
+
+
 def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tuple[ShmGroup | None, Hosts]:
     world = len(members)
-    digests = talk.gather(32)
+    mine = _settings()
+    first = talk.gather(32 + _SETTINGS.size)
+    digests, theirs = [m[:32] for m in first], [m[32:] for m in first]
     why = _refusal([digest, *digests], members)
+    odd = [i for i, t in enumerate(theirs) if t != mine] if why is None else []
+    if odd:
+        why = f"rank(s) {[members[i + 1] for i in odd]} have other shared-memory settings"
     layout = Layout(world, slot_bytes(world))
     segment, trouble = None, False  # trouble: shared memory should have worked but did not
     probe = None  # this member's CMA probe: alive until the group agreed on single copy
@@ -101,7 +135,7 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
         if segment is None:
             talk.scatter(_OFFER.pack(0, 0, b"", b""))
             talk.gather(1)
-            verdict = FORCED_BUT_IMPOSSIBLE if mode == "shm" else NO
+            verdict = SETTINGS_DIFFER if odd else FORCED_BUT_IMPOSSIBLE if mode == "shm" else NO
         else:
             nonce = secrets.token_bytes(16)
             write_header(segment.buf, layout, nonce)
@@ -118,6 +152,9 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
         if segment is not None:
             segment.unlink()
     talk.scatter(bytes([verdict]))
+    if verdict == SETTINGS_DIFFER:
+        talk.scatter(mine)
+        raise _settings_error(talk.group, f"rank {members[odd[0] + 1]}", theirs[odd[0]], mine)
     if verdict == YES:
         shm = ShmGroup(segment, layout, 0, members, talk.transport, talk.group, _backoff(talk, world),
                        _threads(talk, world))
@@ -136,7 +173,8 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
 
 
 def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hosts]:
-    talk.send_to_lead(digest)
+    mine = _settings()
+    talk.send_to_lead(digest + mine)
     size, slot, nonce, path = _OFFER.unpack(talk.recv_from_lead(_OFFER.size))
     segment, layout = None, Layout(len(talk.members), slot) if size else None
     probe = None  # this member's CMA probe: alive until the group agreed on single copy
@@ -155,6 +193,14 @@ def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hos
     talk.send_to_lead(b"\x01" if segment is not None else b"\x00")
     verdict = talk.recv_from_lead(1)[0]
     world = len(talk.members)
+    if verdict == SETTINGS_DIFFER:
+        lead = talk.recv_from_lead(_SETTINGS.size)
+        if lead != mine:
+            raise _settings_error(talk.group, f"rank {talk.members[rank]} (this rank)", mine, lead)
+        raise InvalidArgumentError(
+            f"group {talk.group}: another member's shared-memory settings differ from group rank 0's "
+            f"({_describe_settings(lead)}, the same as this rank's); that member's error names them. "
+            "Set them the same on every rank, or on none.")
     if verdict == YES:
         shm = ShmGroup(segment, layout, rank, talk.members, talk.transport, talk.group,
                        _backoff(talk, world), _threads(talk, world))
