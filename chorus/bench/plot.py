@@ -41,6 +41,7 @@ def write_plot(rows: list[Row], path: str, title: str) -> None:
         right.set_xscale("log", base=2)
         right.set_yscale("log")
         right.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y:g}x"))
+        right.yaxis.set_minor_formatter(FuncFormatter(lambda y, _pos: f"{y:g}x"))
         for ax in (left, right):
             ax.set_xlabel("message size (bytes)")
             ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: human(int(x)) if x >= 1 else ""))
