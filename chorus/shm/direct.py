@@ -52,7 +52,12 @@ _NEVER = float("inf")
 #: - broadcast: the copy path won or tied at every W and size (single copy: 7 readers pin
 #:   the root's pages at once).
 #: - all_gather: single copy won from 1 MiB at W = 2; at W = 4 and 8 only from 16 MiB.
-#: - all_to_all: single copy won from 4 MiB at every W (1.2-1.5x), lost at 1 MiB.
+#: - all_to_all: single copy won from 4 MiB at every W (1.2-1.5x), lost at 1 MiB.  But in
+#:   ``chorus bench`` sweeps (which read every op's output; session 4, calls 11-12, two
+#:   alternating pairs each) the copy path won at 4 MiB with W = 4 (1.08-1.15 ms against
+#:   1.31-1.46 ms) and lost from 8 MiB (2.66-2.73 against 1.84-1.86 ms); at W = 2 the two
+#:   tied at 4 MiB (0.85-1.04 against 0.89-0.95 ms), at W = 8 single copy won at 4 MiB
+#:   (1.16-1.26 against 1.52-1.53 ms).  So W = 3-4: from 8 MiB.
 #: - reduce_scatter: within 10% either way: the copy path.
 #: - scatter (not measured there): from 1 MiB, as measured on a 2-core VM at W = 2.
 #:
@@ -63,7 +68,7 @@ MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
     "reduce": ((4, 4 << 20), (_NEVER, _NEVER)),
     "broadcast": ((_NEVER, _NEVER),),
     "all_gather": ((2, 1 << 20), (_NEVER, 16 << 20)),
-    "all_to_all": ((_NEVER, 4 << 20),),
+    "all_to_all": ((2, 4 << 20), (4, 8 << 20), (_NEVER, 4 << 20)),
     "scatter": ((_NEVER, 1 << 20),),
     "reduce_scatter": ((_NEVER, _NEVER),),
 }
