@@ -100,9 +100,13 @@ class ProcessGroup:
     # -- collectives ---------------------------------------------------------------------------
     def next_context(self, name: str, fingerprint: int, timeout: float | None = None) -> OpContext:
         """Take the next sequence number for a collective issued now."""
+        return self.context(name, self.take_seq(), fingerprint, timeout)
+
+    def take_seq(self) -> int:
+        """The next sequence number, taken (collectives call in issue order)."""
         seq = self._seq
         self._seq = seq + 1
-        return self.context(name, seq, fingerprint, timeout)
+        return seq
 
     def context(self, name: str, seq: int, fingerprint: int, timeout: float | None = None) -> OpContext:
         """The context of op ``seq`` (taken already), its deadline counted from now.  The

@@ -82,9 +82,7 @@ def _all_reduce_one_shot(pg, arr: np.ndarray, op) -> bool:
     flags = arr.flags
     if not (flags.c_contiguous and flags.writeable):
         return False
-    seq = pg._seq  # pg.next_context() without building the context (see ShmGroup.all_reduce_one_shot)
-    pg._seq = seq + 1
-    shm.all_reduce_one_shot(pg, seq, plan, arr)
+    shm.all_reduce_one_shot(pg, pg.take_seq(), plan, arr)  # the context is built only if needed
     if plan.average:
         divide(arr, arr.dtype.name, pg.size())
     return True

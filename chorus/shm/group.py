@@ -169,20 +169,20 @@ class ShmGroup:
         """
         t = self.transport
         if t._dead or t._broken or t._closed is not None:
-            self._check_transport(pg.context("all_reduce", seq, plan.fingerprint))
+            self._check_transport(_context(pg, seq, plan))
         with self._lock:  # as in _run, which this is with the op inlined
             if self.broken is not None:
-                raise AbortedError(f"{pg.context('all_reduce', seq, plan.fingerprint).describe()}: {self.broken}")
+                raise AbortedError(f"{_context(pg, seq, plan).describe()}: {self.broken}")
             sync = self.sync
             p = sync.count & 1
             try:
                 sync.begin(seq, plan.fingerprint)
                 plan.mine[p][...] = data
                 if not sync.arrive_first(seq, plan.fingerprint):
-                    sync.settle_first(pg.context("all_reduce", seq, plan.fingerprint))
+                    sync.settle_first(_context(pg, seq, plan))
                 plan.into[p](data)
             except BaseException as exc:
-                self._failed(pg.context("all_reduce", seq, plan.fingerprint), exc)
+                self._failed(_context(pg, seq, plan), exc)
                 raise
         t._finished[self.group] = seq
 
@@ -231,6 +231,11 @@ class ShmGroup:
             self.window.crew.close()
         self.window.release()
         self.segment.close()
+
+
+def _context(pg, seq: int, plan: OneShot):
+    """The context of one-shot all_reduce ``seq`` (the latency path's slow paths only)."""
+    return pg.context("all_reduce", seq, plan.fingerprint)
 
 
 _OPS = {

@@ -141,36 +141,20 @@ class Sync:
             if not self.arrive_first(ctx.seq, ctx.fingerprint):
                 self.settle_first(ctx)
             return
-        c = self.control
-        target = self.count + 1
-        self.count = target
-        c[self.mine] = target
-        polls = self.backoff.polls
-        for i in self.others:
-            while c[i] < target:
-                if polls <= 0:
-                    self._wait(target, ctx)
-                    return
-                polls -= 1
+        target = self._arrive()
+        if not self._polled(target):
+            self._wait(target, ctx)
 
     def arrive_first(self, seq: int, fingerprint: int) -> bool:
         """Arrive at the first sync of op ``(seq, fingerprint)`` and poll the others a few
-        times (``Backoff.polls``; no clock, no system call): True if every one arrived and
-        began the same op, and the sync is done.  False: finish it with ``settle_first``,
-        which waits, checks and raises.  (Split so that the latency path builds the op's
-        context only when it has to wait.)"""
-        c = self.control
-        target = self.count + 1
-        self.count = target
-        c[self.mine] = target
-        o = OP + 2 * ((target - 1) & 1)
-        s = seq + 1
-        polls = self.backoff.polls
+        times (``_polled``): True if every one arrived and began the same op, and the sync
+        is done.  False: finish it with ``settle_first``, which waits, checks and raises.
+        (Split so that the latency path builds the op's context only when it has to wait.)"""
+        target = self._arrive()
+        if not self._polled(target):
+            return False
+        c, o, s = self.control, OP + 2 * ((target - 1) & 1), seq + 1
         for i in self.others:
-            while c[i] < target:
-                if polls <= 0:
-                    return False
-                polls -= 1
             if c[i + o] != s or c[i + o + 1] != fingerprint:
                 return False
         return True
@@ -179,15 +163,30 @@ class Sync:
         """The rest of a first sync that ``arrive_first`` reported unfinished: wait for
         every other rank, then check that each began op ``ctx``."""
         c, target = self.control, self.count
-        for i in self.others:
-            if c[i] < target:
-                self._wait(target, ctx)
-                break
+        self._wait(target, ctx)  # returns at once if every rank arrived
         o = OP + 2 * ((target - 1) & 1)
         seq, fp = ctx.seq + 1, ctx.fingerprint
         for i in self.others:
             if c[i + o] != seq or c[i + o + 1] != fp:
                 raise self._mismatch(i // WORDS, c[i + o] - 1, c[i + o + 1], ctx)
+
+    def _arrive(self) -> int:
+        """Raise this rank's counter to the next sync; return that sync's number."""
+        target = self.count + 1
+        self.count = target
+        self.control[self.mine] = target
+        return target
+
+    def _polled(self, target: int) -> bool:
+        """Whether every other rank reached sync ``target`` within ``Backoff.polls`` reads
+        of the missing counters (no clock, no system call)."""
+        c, polls = self.control, self.backoff.polls
+        for i in self.others:
+            while c[i] < target:
+                if polls <= 0:
+                    return False
+                polls -= 1
+        return True
 
     def _pending(self, target: int) -> list[int]:
         c = self.control
