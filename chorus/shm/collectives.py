@@ -317,7 +317,8 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
     """
     me, w, dt = win.rank, win.world, out.dtype
     piece = win.capacity(dt) // w
-    uniform = len(set(send_counts) | set(recv_counts)) <= 1
+    p = sync.parity
+    uniform = win.declare_counts(p, send_counts, recv_counts)  # one count to and from every rank
     if not uniform:
         sends, recvs = offsets(send_counts), offsets(recv_counts)
     c = send_counts[0]
@@ -344,8 +345,6 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
             a, b = sub(0, hi - lo, part, parts)
             out[recvs[r] + lo + a: recvs[r] + lo + b] = win.slot_of(p ^ 1, r, dt, me * piece + a, b - a)
 
-    p = sync.parity
-    win.declare_counts(p, send_counts, recv_counts)
     if win.cma is not None:
         if np.may_share_memory(inp, out):
             inp = inp.copy()

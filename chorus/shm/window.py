@@ -145,18 +145,19 @@ class Window:
         both = np.ndarray((2, w, w), np.uint64, self.buf, offset)
         return both[0], both[1]
 
-    def declare_counts(self, parity: int, send_counts, recv_counts) -> None:
+    def declare_counts(self, parity: int, send_counts, recv_counts) -> bool:
         """Publish this rank's all_to_all counts for the others: one word when it sends and
-        receives one count to and from every rank (the common case), else its rows of the
-        tables of ``parity`` as well."""
+        receives one count to and from every rank (the common case; returns True), else its
+        rows of the tables of ``parity`` as well (returns False)."""
         first = send_counts[0]
         if send_counts.count(first) == len(send_counts) and recv_counts.count(first) == len(recv_counts):
             self.control[self.rank * WORDS + UNIFORM + parity] = first + 1
-            return
+            return True
         self.control[self.rank * WORDS + UNIFORM + parity] = 0
         send, recv = self.tables(parity)
         send[self.rank] = send_counts
         recv[self.rank] = recv_counts
+        return False
 
     def common_count(self, parity: int) -> int | None:
         """The count every rank declared (``declare_counts``) when all declared the same
