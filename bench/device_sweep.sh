@@ -32,8 +32,17 @@ w24)  # every collective vs gloo and MPI, W = 2 and 4, every 16x in size
         --baseline all --json "$out/$c-w$w.json" | tail -n +3
     done
   done ;;
+reg)  # ordinary against registered buffers (chorus.empty_shared), both against gloo, W = 8
+  for c in ${3:-all_reduce all_to_all}; do
+    for r in "" --registered; do
+      b --collective $c -b 1M -e 256M -f 4 -n 200 -w 20 --scale-iters --world 8 --transport shm \
+        --baseline gloo $r --json "$out/$c-w8${r:+-reg}.json" | tail -n +3
+    done
+  done ;;
 ddp)  # issue 5: a DDP step of a 25M-parameter MLP, W = 8, chorus vs gloo in one run
   python3 -m chorus.cli bench-ddp --world 8 --batch 8 --steps 30 --json "$out/ddp-w8-b8.json"
+  CHORUS_TORCH_SHARE=0 python3 -m chorus.cli bench-ddp --world 8 --batch 8 --steps 30 \
+    --json "$out/ddp-w8-b8-noshare.json"  # buckets not moved into shared memory (the copy path)
   MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=17179869184 \
     python3 -m chorus.cli bench-ddp --world 8 --batch 8 --steps 30 --grad-as-bucket-view \
     --json "$out/ddp-w8-b8-tuned.json" ;;

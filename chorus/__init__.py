@@ -43,6 +43,7 @@ _EXPORTS = {
     "chorus.mesh": ["DeviceMesh", "init_device_mesh"],
     "chorus.store": ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore"],
     "chorus.work": ["Future", "Work"],
+    "chorus.shm.registered": ["empty_shared"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

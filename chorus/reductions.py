@@ -112,7 +112,8 @@ def combiner(op: _Op, dtype: str) -> Callable[[np.ndarray, np.ndarray], None]:
 
 def row_reducer(op_name: str, dtype: str) -> Callable[[np.ndarray, np.ndarray], None]:
     """``reduce(rows, out)``: ``out = op(rows[0], rows[1], ...)`` over the first axis of a
-    2-D array, in one numpy call (shared-memory collectives reduce W slots at once).
+    2-D array, in one numpy call (shared-memory collectives reduce W slots at once), or
+    over a list of equal rows (chorus.shm.mapped: rows in W ranks' buffers).
 
     Deterministic: the same rows give the same bits on every rank (the method depends
     only on the shape).  bfloat16 is reduced in float32 and rounded once at the end; AVG
@@ -144,7 +145,7 @@ def _row_reducer(op_name: str, dtype: str) -> Callable[[np.ndarray, np.ndarray],
     def reduce_rows(rows: np.ndarray, out: np.ndarray) -> None:
         # One reduce call is cheapest for short rows; for long ones numpy's axis-0 reduce
         # runs at a third of the speed of out = a op b (measured: 2 rows of 1 MiB).
-        if len(rows) == 2 or (len(rows) > 2 and rows.nbytes // len(rows) >= _CHAIN_BYTES):
+        if len(rows) == 2 or (len(rows) > 2 and rows[0].nbytes >= _CHAIN_BYTES):
             fn(rows[0], rows[1], out=out)
             for row in rows[2:]:
                 fn(out, row, out=out)
@@ -154,7 +155,7 @@ def _row_reducer(op_name: str, dtype: str) -> Callable[[np.ndarray, np.ndarray],
     if dtype == "bfloat16":
         def reduce_bf16(rows: np.ndarray, out: np.ndarray) -> None:
             wide = np.empty(rows.shape[1], np.float32)
-            reduce_rows(bf16_to_float32(rows), wide)
+            reduce_rows(bf16_to_float32(np.asarray(rows)), wide)
             out[...] = float32_to_bf16(wide)
         return reduce_bf16
     return reduce_rows

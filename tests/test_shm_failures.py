@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import chorus as dist
+import chorus.shm.mapped as shm_mapped
 from chorus.testing import run_threads
 from chorus.transport.loopback import LoopbackFabric
 
@@ -170,7 +171,7 @@ def test_members_with_other_algorithm_settings_fail_at_init_naming_them(monkeypa
 
     plain = handshake._settings
     with monkeypatch.context() as patch:
-        patch.setattr(handshake, "_settings", lambda: handshake._SETTINGS.pack(4096, 0)
+        patch.setattr(handshake, "_settings", lambda: handshake._SETTINGS.pack(4096, 0, shm_mapped.MAPPED_BYTES)
                       if current().rank == 2 else plain())
         errors = run_threads(lambda rank, w: None, 3, return_exceptions=True)
     assert all(isinstance(e, dist.InvalidArgumentError) for e in errors), errors

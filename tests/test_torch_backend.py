@@ -88,6 +88,7 @@ def _checks(rank, world, workdir):
         ("fsdp2", lambda: _fsdp2(rank, world)),
         ("dtensor", lambda: _dtensor(world)),
         ("checkpoint", lambda: _checkpoint(rank, world, gloo, workdir)),
+        ("shared_buckets", lambda: _shared_buckets(rank, world, gloo)),
     ]
     if world == 2:
         checks += [(f"ddp_{variant}", lambda v=variant: _ddp_variant(rank, world, gloo, v))
@@ -320,15 +321,19 @@ class _MLP(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def _train(rank, group, steps, unused=False, no_sync=False, hook=None, **ddp_kwargs):
-    """Train a seeded MLP with DDP on ``group``; return (per-step losses, final parameters)."""
+def _train(rank, group, steps, unused=False, no_sync=False, hook=None, wide=False, **ddp_kwargs):
+    """Train a seeded MLP with DDP on ``group``; return (per-step losses, final parameters).
+    ``wide``: a first layer of 16 x 32768 (2 MiB of gradients: buckets that chorus moves into
+    shared memory, chorus.torch.sharing)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
-    model = DDP(_MLP(unused), process_group=group, find_unused_parameters=unused, **ddp_kwargs)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32768), torch.nn.ReLU(), torch.nn.Linear(32768, 4)) \
+        if wide else _MLP(unused)
+    model = DDP(net, process_group=group, find_unused_parameters=unused, **ddp_kwargs)
     if hook is not None:
         model.register_comm_hook(None, hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=0.002 if wide else 0.05)  # (0.05 makes the wide one diverge)
     data = torch.Generator().manual_seed(100 + rank)
     losses = []
     for _ in range(steps):
@@ -363,6 +368,33 @@ def _ddp_variant(rank, world, gloo, variant):
     mine, mine_params = _train(rank, None, 3, **kwargs)
     theirs, their_params = _train(rank, gloo, 3, **kwargs)
     return {"losses": mine, "gloo_losses": theirs,
+            "max_param_diff": max((a - b).abs().max().item() for a, b in zip(mine_params, their_params, strict=True))}
+
+
+def _shared_buckets(rank, world, gloo):
+    """A tensor all-reduced again and again moves into shared memory at its second
+    all_reduce (views follow it) and then takes the mapped path; DDP with buckets that move
+    trains like gloo."""
+    from chorus.shm import mapped
+
+    taken, real = [], mapped.all_reduce
+    mapped.all_reduce = lambda win, *args: taken.append(1) or real(win, *args)
+    try:
+        t = torch.zeros(1 << 18)  # 1 MiB
+        view = t[5:10]
+        right = []
+        for i in range(3):
+            t.fill_(rank + 1 + i)
+            tdist.all_reduce(t, async_op=True).wait()
+            want = sum(r + 1 + i for r in range(world))
+            right.append(bool((t == want).all()) and bool((view == want).all()))
+        shared, direct_ops = t.untyped_storage().is_shared(), len(taken)
+        mine, mine_params = _train(rank, None, 4, wide=True)
+        theirs, their_params = _train(rank, gloo, 4, wide=True)
+    finally:
+        mapped.all_reduce = real
+    return {"right": right, "shared": shared, "mapped_ops": direct_ops, "ddp_mapped_ops": len(taken) - direct_ops,
+            "losses": mine, "gloo_losses": theirs,
             "max_param_diff": max((a - b).abs().max().item() for a, b in zip(mine_params, their_params, strict=True))}
 
 
@@ -523,6 +555,17 @@ def test_ddp_20_steps_w4_matches_gloo(job4):
             assert math.isclose(mine, theirs, rel_tol=1e-6), (ddp["losses"], ddp["gloo_losses"])
         assert ddp["identical_across_ranks"]
         assert ddp["params_equal_gloo"] < 1e-6
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_reused_tensors_move_into_shared_memory_and_take_the_mapped_path(world, request):
+    for r in request.getfixturevalue(f"job{world}"):
+        s = r["shared_buckets"]
+        assert s["right"] == [True] * 3 and s["shared"]
+        assert s["mapped_ops"] == 2  # the first all_reduce only counts the storage; the others map it
+        assert s["ddp_mapped_ops"] >= 2  # DDP's 2 MiB bucket, from its second all_reduce on
+        assert all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(s["losses"], s["gloo_losses"], strict=True)), s
+        assert s["max_param_diff"] < 1e-6
 
 
 def test_ddp_variants_match_gloo(job2):

@@ -70,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also time torch gloo and/or MPI (auto: those installed; all: both, required)")
     p.add_argument("--mpiexec", metavar="PATH",
                    help="MPI launcher (default: mpiexec next to this Python, then on PATH)")
+    p.add_argument("--registered", action="store_true",
+                   help="chorus's buffers from chorus.empty_shared (registered shared memory, which the "
+                        "ranks of a host map: nccl-tests' -R); the baselines keep ordinary memory")
     p.add_argument("--json", metavar="FILE", help="also write the settings and rows as JSON")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw busbw and chorus's speed-up against size (needs matplotlib)")
@@ -223,11 +226,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"# chorus bench: {args.collective}{'' if op == 'none' else ' ' + op}, {args.world} ranks, "
           f"dtype {args.dtype}, transport {transport}; baselines: {described}; "
           f"{args.iters} iterations (+{args.warmup} warm-up) per size"
-          f"{', scaled down above 1 MiB' if args.scale_iters else ''}", flush=True)
+          f"{', scaled down above 1 MiB' if args.scale_iters else ''}"
+          f"{'; chorus on registered buffers (chorus.empty_shared)' if args.registered else ''}", flush=True)
     cfg = {"world": args.world, "counts": counts, "iters": args.iters, "warmup": args.warmup,
            "scale_iters": args.scale_iters,
            "collective": args.collective, "dtype": args.dtype, "op": args.op,
-           "transport": transport, "baselines": [b for b in baselines if b != "mpi"]}
+           "transport": transport, "baselines": [b for b in baselines if b != "mpi"],
+           "registered": args.registered}
     notes = [f"{name} skipped: {why}" for name, why in skipped.items()]
     if transport != "tcp" and importlib.util.find_spec("chorus.shm") is None:
         notes.append("this chorus has no shared-memory engine (chorus.shm): its ranks use TCP")

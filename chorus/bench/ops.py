@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from chorus.shm import registered
+
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
                "sendrecv", "barrier")
 #: Collectives that take a reduction (``--op``).
@@ -156,8 +158,10 @@ class Buffers:
         return self.inp if self.out.size == 0 else self.out
 
     def clone(self) -> Buffers:
-        """Buffers of their own for another op of the same batch (the expectation is shared)."""
-        return Buffers(self.template, self.template.copy(), np.zeros_like(self.out), self.expect, self.rtol)
+        """Buffers of their own for another op of the same batch (the expectation is shared),
+        from the same allocator."""
+        return Buffers(self.template, _like(self.inp, self.template), _like(self.out, np.zeros_like(self.out)),
+                       self.expect, self.rtol)
 
     def reset(self) -> None:
         self.inp[...] = self.template
@@ -177,8 +181,20 @@ class Buffers:
         return wrong
 
 
+def _like(buf: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A new array holding ``values``, registered (chorus.empty_shared) if ``buf`` is."""
+    return values.copy() if registered.find(buf) is None else _shared_copy(values)
+
+
+def _shared_copy(values: np.ndarray) -> np.ndarray:
+    fresh = registered.empty_shared(values.shape, values.dtype)
+    fresh[...] = values
+    return fresh
+
+
 def make_buffers(collective: str, size_elems: int, dtype: str, rank: int, world: int,
-                 op: str = "sum") -> Buffers:
+                 op: str = "sum", registered_buffers: bool = False) -> Buffers:
+    """``registered_buffers``: input and output from chorus.empty_shared (``--registered``)."""
     n_in, n_out = counts(collective, size_elems, world)
     template = pattern(rank, n_in, dtype)
     expect = expected(collective, rank, world, n_in, n_out, dtype, op)
@@ -186,7 +202,10 @@ def make_buffers(collective: str, size_elems: int, dtype: str, rank: int, world:
     # digits; products and averages round.  A tolerance of a few ulps per rank still
     # catches any misplaced or missing contribution (off by >= 1/15).
     rtol = 4.0 * world * float(np.finfo(dtype).eps) if np.dtype(dtype).kind == "f" else 0.0
-    return Buffers(template, template.copy(), np.zeros(n_out, dtype), expect, rtol)
+    inp, out = template.copy(), np.zeros(n_out, dtype)
+    if registered_buffers:
+        inp, out = _shared_copy(inp), _shared_copy(out)
+    return Buffers(template, inp, out, expect, rtol)
 
 
 Case = tuple[Callable[[], None], Callable[[], Any], Callable[[], int]]
@@ -200,17 +219,18 @@ def batch_size(collective: str, size_elems: int, dtype: str, world: int, iters: 
 
 
 def make_batch(collective: str, size_elems: int, dtype: str, rank: int, world: int, op: str,
-               copies: int) -> list[Buffers]:
+               copies: int, registered_buffers: bool = False) -> list[Buffers]:
     """``copies`` sets of buffers for one size (one per op of a batch)."""
-    first = make_buffers(collective, size_elems, dtype, rank, world, op)
+    first = make_buffers(collective, size_elems, dtype, rank, world, op, registered_buffers)
     return [first, *(first.clone() for _ in range(copies - 1))]
 
 
 def make_cases(api: Any, lib: str, collective: str, size_elems: int, dtype: str, rank: int,
-               world: int, op: str = "sum", copies: int = 1) -> list[Case]:
-    """One ``(reset, step, check)`` per op of a batch (see :func:`make_case`)."""
+               world: int, op: str = "sum", copies: int = 1, registered: bool = False) -> list[Case]:
+    """One ``(reset, step, check)`` per op of a batch (see :func:`make_case`); ``registered``:
+    buffers from chorus.empty_shared."""
     return [make_case(api, lib, collective, bufs, rank, world, op)
-            for bufs in make_batch(collective, size_elems, dtype, rank, world, op, copies)]
+            for bufs in make_batch(collective, size_elems, dtype, rank, world, op, copies, registered)]
 
 
 def make_case(api: Any, lib: str, collective: str, bufs: Buffers, rank: int, world: int,

@@ -67,7 +67,8 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
             try:
                 iters, warmup = iterations(cfg, collective, count, dtype, world)
                 copies = batch_size(collective, count, dtype, world, iters)
-                cases = make_cases(api, library, collective, count, dtype, rank, world, op, copies)
+                cases = make_cases(api, library, collective, count, dtype, rank, world, op, copies,
+                                   registered=cfg.get("registered", False) and library == "chorus")
                 seconds, wrong = time_case(api.barrier, cases, iters, warmup)
             except Exception as exc:
                 give_up(library, exc)

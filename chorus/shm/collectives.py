@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chorus.errors import BufferMismatchError
-from chorus.shm import cma, direct
+from chorus.shm import cma, direct, mapped, registered
 from chorus.shm.phases import (
     Reduce,
     chunks,
@@ -50,12 +50,13 @@ WHOLE_CHUNKS_WORLD = 2
 
 def one_shot(win: Window, dtype: np.dtype, count: int, op: str = "all_reduce") -> bool:
     """Whether all_reduce (``op``: or reduce) of ``count`` elements of ``dtype`` runs
-    one-shot: it fits a slot, and it is small (``ONESHOT_BYTES``), or the group has at most
+    one-shot: it fits a slot, is too small to offer a registered buffer (``mapped.use``;
+    the whole-chunk path below is one-shot for such a message), and it is small (``ONESHOT_BYTES``), or the group has at most
     ``WHOLE_CHUNKS_WORLD`` ranks and the op does not copy once (``direct.use``): then
     one-shot is the whole-chunk algorithm with one chunk."""
-    if count > win.capacity(dtype):
-        return False
     nbytes = count * dtype.itemsize
+    if count > win.capacity(dtype) or mapped.use(win, nbytes):
+        return False
     return nbytes * (win.world - 1) <= ONESHOT_BYTES or (
         win.world <= WHOLE_CHUNKS_WORLD and not direct.use(win, op, nbytes))
 
@@ -87,7 +88,9 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
 
     Every rank computes the same numpy reduction of the same rows, so results are
     bit-identical on every rank.  From ``direct.cma_bytes``: single copy
-    (``direct.all_reduce``).
+    (``direct.all_reduce``).  From ``mapped.MAPPED_BYTES``, phase 0 also offers this rank's
+    registered buffer, if it has one, and when every rank did, the op continues on the
+    mapped buffers (``mapped.all_reduce``); else on the path it would have taken.
     """
     me, dt, count = win.rank, data.dtype, data.size
     readers = root < 0 or me == root
@@ -101,11 +104,29 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         if readers:
             reduce(stacks[p], data)
         return
-    if direct.use(win, name, data.nbytes):
+    single = direct.use(win, name, data.nbytes)
+    offer = mapped.use(win, data.nbytes)
+    if single and not offer:
         direct.all_reduce(win, sync, ctx, data, reduce, root)
         return
 
     copy_in = to_my_slot(win, data, size)
+    start = 0
+    if offer:  # phase 0 of every candidate path, then the path every rank can take
+        p = sync.parity
+        win.publish_mapped(p, registered.find(data))
+        if not single:
+            copy_in(0, p, 0, 1)
+        sources = direct.open_op(win, sync, ctx, data if single else None)
+        where = win.mapped(p)
+        if where is not None or single:
+            with direct.closing(sync, ctx):
+                if where is not None:
+                    mapped.all_reduce(win, ctx, data, reduce, root, where)
+                else:
+                    direct.reduce_everywhere(win, ctx, data, reduce, root, sources)
+            return
+        start = 1
     parts = parts_for(win, min(count, size) * dt.itemsize, data.nbytes)
     if win.world <= WHOLE_CHUNKS_WORLD:
 
@@ -115,7 +136,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
             if readers:
                 reduce(win.stack(p ^ 1, dt, a, b - a), data[lo + a: lo + b])
 
-        pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_chunk), win=win, parts=parts)
+        pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_chunk), start, win, parts)
         return
 
     def reduce_slice(j: int, p: int, part: int, parts: int) -> None:
@@ -129,7 +150,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         if readers:
             data[lo + a: lo + b] = win.result(p ^ 1, dt, a, b - a)
 
-    pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_slice, copy_out), win=win, parts=parts)
+    pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_slice, copy_out), start, win, parts)
 
 
 def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None:
@@ -303,6 +324,10 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         phase k     rank r:  slot[r].piece[q] <- inp[block q][round k]    for every q
         phase k+1   rank q:  out[block r][round k] <- slot[r].piece[q]    for every r
 
+    Registered inputs (chorus.shm.mapped), when every rank offered one in phase 0 and some
+    rank sends ``mapped.MAPPED_BYTES`` or more: as single copy below, with the peers'
+    inputs mapped (``mapped.all_to_all``).
+
     Single copy, when some rank sends ``direct.cma_bytes`` or more (known to all after the
     first sync, from the counts; a rank that sends less also fills round 0 of the copy
     path, in case no rank does)::
@@ -349,6 +374,8 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         if np.may_share_memory(inp, out):
             inp = inp.copy()
         win.publish(cma.address(inp))
+    if win.maps is not None:
+        win.publish_mapped(p, registered.find(inp))
     if not direct.use(win, "all_to_all", sum(send_counts) * dt.itemsize):
         copy_in(0, p, 0, 1)
     sync.sync(ctx, first=True)
@@ -360,11 +387,15 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         most, largest = int(send_table.max()), int(send_table.sum(axis=1).max())
     else:
         most, largest = common, common * w
-    if direct.use(win, "all_to_all", largest * dt.itemsize):
+    where = win.mapped(p) if win.maps is not None and mapped.use(win, largest * dt.itemsize) else None
+    if where is not None or direct.use(win, "all_to_all", largest * dt.itemsize):
         if common is not None:
             send_table = np.full((w, w), common, np.uint64)
         with direct.closing(sync, ctx):
-            direct.all_to_all(win, ctx, inp, out, send_table, recv_counts)
+            if where is not None:
+                mapped.all_to_all(win, inp, out, send_table, recv_counts, where)
+            else:
+                direct.all_to_all(win, ctx, inp, out, send_table, recv_counts)
         return
     parts = parts_for(win, w * min(piece, most) * dt.itemsize, message=inp.nbytes)
     pipeline(sync, ctx, chunks(most, piece), (copy_in, copy_out), start=1, win=win, parts=parts)

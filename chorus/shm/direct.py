@@ -219,17 +219,22 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
     Within phase 1 nothing races: slice r of every rank's ``data`` is read, then written,
     by rank r alone.  Non-roots' ``data`` of reduce is only read.
     """
-    me, dt, count = win.rank, data.dtype, data.size
     sources = open_op(win, sync, ctx, data)
+    with closing(sync, ctx):
+        reduce_everywhere(win, ctx, data, reduce, root, sources)
+
+
+def reduce_everywhere(win: Window, ctx, data: np.ndarray, reduce: Reduce, root: int, sources: list[int]) -> None:
+    """Phase 1 of ``all_reduce``, given where every rank's ``data`` starts."""
+    me, dt, count = win.rank, data.dtype, data.size
     size = win.capacity(dt)
     writes = range(win.world) if root < 0 else (root,)
-    with closing(sync, ctx):
-        for j in range(chunks(count, size)):
-            lo, hi = span(j, size, count)
-            a, b = part_of(hi - lo, me, win.world)
-            own = data[lo + a: lo + b]
-            _reduce_rows(win, ctx, sources, (lo + a) * dt.itemsize, own, own if me in writes else None,
-                         reduce, writes)
+    for j in range(chunks(count, size)):
+        lo, hi = span(j, size, count)
+        a, b = part_of(hi - lo, me, win.world)
+        own = data[lo + a: lo + b]
+        _reduce_rows(win, ctx, sources, (lo + a) * dt.itemsize, own, own if me in writes else None,
+                     reduce, writes)
 
 
 def reduce_scatter(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,

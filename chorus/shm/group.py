@@ -229,6 +229,8 @@ class ShmGroup:
         self.plans.clear()  # their views of the window would keep it mapped
         if self.window.crew is not None:
             self.window.crew.close()
+        if self.window.maps is not None:
+            self.window.maps.close()
         self.window.release()
         self.segment.close()
 

@@ -47,7 +47,7 @@ import struct
 import time
 
 from chorus.errors import InvalidArgumentError
-from chorus.shm import cma, crew, direct
+from chorus.shm import cma, crew, direct, mapped
 from chorus.shm import collectives as algo
 from chorus.shm.group import (
     ShmGroup,
@@ -58,6 +58,7 @@ from chorus.shm.group import (
     usable_cpus,
 )
 from chorus.shm.hostid import NO_HOST, host_digest
+from chorus.shm.peer_maps import PeerMaps
 from chorus.shm.segment import Segment
 from chorus.shm.sync import PID, PROBE, SOURCE
 from chorus.shm.window import Layout, check_header, write_header, write_probe
@@ -72,7 +73,7 @@ NO, YES, FORCED_BUT_IMPOSSIBLE, SETTINGS_DIFFER = 0, 1, 2, 3
 #: The settings that choose a shared-memory algorithm (and so the number of syncs of an
 #: op): members with different ones would fall out of step without noticing, so they
 #: must all have the same (checked here).
-_SETTINGS = struct.Struct("<QQ")
+_SETTINGS = struct.Struct("<QQQ")
 _NO_OVERRIDE = 0
 
 
@@ -94,17 +95,19 @@ def create(transport, group: int, members: tuple[int, ...], rank: int,
 
 
 def _settings() -> bytes:
-    """This process's ``CHORUS_SHM_ONESHOT_BYTES`` and ``CHORUS_SHM_CMA_BYTES`` (0: not set)."""
+    """This process's ``CHORUS_SHM_ONESHOT_BYTES``, ``CHORUS_SHM_CMA_BYTES`` (0: not set) and
+    ``CHORUS_SHM_MAPPED_BYTES`` (0: off)."""
     override = direct.CMA_BYTES
     least = None if override is None else min(override.values(), default=_NO_OVERRIDE)
     cma_bytes = _NO_OVERRIDE if least is None else 2**64 - 1 if least == float("inf") else int(least)
-    return _SETTINGS.pack(algo.ONESHOT_BYTES, cma_bytes)
+    return _SETTINGS.pack(algo.ONESHOT_BYTES, cma_bytes, mapped.MAPPED_BYTES)
 
 
 def _describe_settings(packed: bytes) -> str:
-    oneshot, cma_bytes = _SETTINGS.unpack(packed)
+    oneshot, cma_bytes, mapped_bytes = _SETTINGS.unpack(packed)
     return (f"CHORUS_SHM_ONESHOT_BYTES={oneshot}, "
-            f"CHORUS_SHM_CMA_BYTES={'unset' if cma_bytes == _NO_OVERRIDE else cma_bytes}")
+            f"CHORUS_SHM_CMA_BYTES={'unset' if cma_bytes == _NO_OVERRIDE else cma_bytes}, "
+            f"CHORUS_SHM_MAPPED_BYTES={mapped_bytes or 'off'}")
 
 
 def _settings_error(group: int, who: str, theirs: bytes, mine: bytes) -> InvalidArgumentError:
@@ -245,6 +248,8 @@ def _single_copy(talk: _Talk, shm: ShmGroup, probe: cma.Probe | None) -> None:
                  talk.group, why)
     if agreed:
         win.cma = cma.Peers(win.words(PID))
+        if mapped.MAPPED_BYTES:  # opening /proc/<pid>/fd/N needs what CMA needs
+            win.maps = PeerMaps(win.words(PID), shm.sync.members)
 
 
 def _host_table(digests: list[bytes]) -> Hosts:

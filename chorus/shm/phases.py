@@ -34,7 +34,7 @@ from chorus.shm.settings import env_int
 from chorus.shm.sync import Sync
 from chorus.shm.window import Window
 
-Reduce = Callable[[np.ndarray, np.ndarray], None]  # reduce(rows, out): out = op over rows
+Reduce = Callable[[np.ndarray, np.ndarray], None]  # reduce(rows, out): out = op over rows ((W, n) or a list of W)
 #: stage(chunk, parity written in this phase, part, parts): does part ``part`` of
 #: ``parts`` element ranges of its work on the chunk (chorus.shm.crew runs the parts at once)
 Stage = Callable[[int, int, int, int], None]

@@ -1,6 +1,6 @@
 """Synchronisation through generation counters in the shared window.
 
-Each rank owns one control line of the window (16 x uint64 = 128 bytes, so no two
+Each rank owns one control line of the window (24 x uint64 = 192 bytes, so no two
 ranks' lines share a cache line) and is the only one that writes it::
 
     word  0     ARRIVED    syncs this rank has reached: its generation counter
@@ -17,6 +17,10 @@ ranks' lines share a cache line) and is the only one that writes it::
     words 12-13 UNIFORM    all_to_all of parity 0 | 1: count + 1 when this rank sends and
                            receives that count to and from every rank, else 0
                            (chorus.shm.window.Window.declare_counts)
+    words 16-19 MAPPED     per parity 0 | 1 (16 + 2 x parity): the inode of the registered
+                           buffer this rank offers in an op that begins in a phase of that
+                           parity (chorus.shm.registered; 0: none), then its descriptor
+                           number << 40 | the buffer's byte offset in the file
 
 A sync is: raise your counter to ``s``, wait until every other counter is >= ``s``.
 Writes are plain aligned 8-byte stores; a rank that sees a counter also sees everything
@@ -48,10 +52,11 @@ from dataclasses import dataclass
 from chorus.errors import AbortedError, CollectiveMismatchError, CommTimeoutError, PeerLostError
 from chorus.wire.fingerprint import describe
 
-WORDS = 16
+WORDS = 24
 ARRIVED, OP, CURRENT, ABANDONED = 0, 1, 5, 8
 PID, SOURCE, PROBE = 9, 10, 11  # single-copy (CMA) words, not used by the sync itself
 UNIFORM = 12  # all_to_all's count words (12 + parity), not used by the sync itself
+MAPPED = 16  # a registered buffer's words (16 + 2 x parity, 2 words; chorus.shm.mapped), not used by the sync itself
 SHM, TCP = 1, 2  # CURRENT's transport word
 CHECK_S = 0.002
 NAP_MIN, NAP_MAX = 50e-6, 1e-3

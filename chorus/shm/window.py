@@ -16,7 +16,8 @@ only in the next phase, before sync ``s + 1``.  A rank writes that parity again 
 after sync ``s + 1``, when every rank has finished reading it.
 
 Each control line also carries the words of single-copy ops (chorus.shm.cma): the rank's
-pid, and the address of the buffer the others read in the current op (``publish``).
+pid, and the address of the buffer the others read in the current op (``publish``), or
+the file of its registered buffer (``publish_mapped``; chorus.shm.mapped).
 
 The data slots of one parity are contiguous: ``stack(p, dtype, lo, n)`` is a (W, n)
 view of elements ``lo .. lo+n`` of every rank's slot, which a single numpy call can
@@ -29,7 +30,8 @@ import struct
 
 import numpy as np
 
-from chorus.shm.sync import ABANDONED, PID, PROBE, SOURCE, UNIFORM, WORDS
+from chorus.shm.registered import OFFSET_BITS, Descriptor
+from chorus.shm.sync import ABANDONED, MAPPED, PID, PROBE, SOURCE, UNIFORM, WORDS
 
 MAGIC = b"CHSHM001"
 _HEADER = struct.Struct("<8sQQ16s")  # magic, world, slot bytes, nonce
@@ -94,6 +96,7 @@ class Window:
         self._cache: dict[tuple, tuple] = {}
         self.cma = None  # chorus.shm.cma.Peers when the members read each other directly
         self.crew = None  # chorus.shm.crew.Crew when this rank splits large copies among threads
+        self.maps = None  # chorus.shm.peer_maps.PeerMaps when the members map each other's registered buffers
 
     def words(self, word: int) -> list[int]:
         """Control word ``word`` of every rank (e.g. sync.PID, sync.SOURCE)."""
@@ -103,6 +106,29 @@ class Window:
     def publish(self, address: int) -> None:
         """Tell the others where this rank's buffer of the current single-copy op starts."""
         self.control[self.rank * WORDS + SOURCE] = address
+
+    def publish_mapped(self, parity: int, where: Descriptor | None) -> None:
+        """Offer this rank's registered buffer of an op that begins in a phase of ``parity``
+        to the others (None: it has none).  Per parity, like the all_to_all counts: a rank
+        that finished the op may begin the next before all have read this one's offers."""
+        c, word = self.control, self.rank * WORDS + MAPPED + 2 * parity
+        if where is None:
+            c[word] = 0
+            return
+        c[word + 1] = where.fd << OFFSET_BITS | where.offset
+        c[word] = where.inode
+
+    def mapped(self, parity: int) -> list[Descriptor] | None:
+        """Every rank's registered buffer offered in ``parity``, or None unless all offered one."""
+        c, found = self.control, []
+        for q in range(self.world):
+            word = q * WORDS + MAPPED + 2 * parity
+            inode = int(c[word])
+            if not inode:
+                return None
+            at = int(c[word + 1])
+            found.append(Descriptor(at >> OFFSET_BITS, inode, at & ((1 << OFFSET_BITS) - 1)))
+        return found
 
     def gave_up(self, rank: int, seq: int) -> bool:
         """Whether ``rank`` abandoned op ``seq`` (its buffer may be in other hands already)."""

@@ -43,6 +43,7 @@ from chorus.api import collectives, exchange, gathering, p2p
 from chorus.errors import InvalidArgumentError, InvalidTensorError
 from chorus.reductions import ReduceOp, _make_nccl_premul_sum
 from chorus.torch.fabric import Membership, entered
+from chorus.torch.sharing import Sharing
 from chorus.torch.work import TorchWork
 
 BACKEND_NAME = "chorus"
@@ -96,6 +97,7 @@ class ChorusProcessGroup(dist.ProcessGroup):
         self._size = size
         self._group_name = group_name
         self._group_desc = "undefined"
+        self._sharing = Sharing(self._pg)
 
     def __repr__(self) -> str:
         return f"ChorusProcessGroup(name={self._group_name!r}, rank={self._rank}, size={self._size})"
@@ -145,9 +147,16 @@ class ChorusProcessGroup(dist.ProcessGroup):
 
     # -- reductions ----------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
+        """Large tensors all-reduced again and again (DDP's buckets) move into shared memory
+        (chorus.torch.sharing) before the view of their memory is taken."""
         op = chorus_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
+        for t in tensors:
+            self._sharing.offer(t)
         calls = [functools.partial(_all_reduce, _array(t), op, self._pg) for t in tensors]
-        return self._issue("allreduce", opts, tensors, calls, list(tensors))
+        work = self._issue("allreduce", opts, tensors, calls, list(tensors))
+        if _async(opts):
+            self._sharing.issued(tensors, work)
+        return work
 
     def allreduce_coalesced(self, tensors, opts=None):
         """One all_reduce over the tensors flattened (per dtype), copied back at the end."""

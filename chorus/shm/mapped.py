@@ -1,0 +1,111 @@
+"""Collectives on registered buffers: every rank maps every other rank's buffer.
+
+When every rank's buffer of an op lives in a shared file (chorus.shm.registered: torch
+CPU tensors that chorus.torch moved there, arrays from ``chorus.empty_shared``),
+the ranks map each other's buffers (chorus.shm.peer_maps) and move the data with plain
+loads and stores: no copy through the window, no system call per op.  An all_reduce
+then reads every byte once and writes every byte once, the least any all_reduce can
+move through memory::
+
+    phase 0   rank r:  offer its buffer (fd, inode, offset)      (control line, MAPPED)
+                       + what the fallback's phase 0 needs        (chorus.shm.collectives)
+    sync      (checks every rank called the same op; all offered a buffer?  else the
+              fallback goes on from here, and this module is not used)
+    phase 1   rank r, piece k of slice r (``PIECE_BYTES``):
+                  acc <- reduce(rank 0's data[k], ..., rank W-1's data[k])
+                  rank q's data[k] <- acc                 for every q (reduce: the root)
+    sync      nobody returns while others still read or write its data
+              (chorus.shm.direct.closing)
+
+Nothing races in phase 1: slice r of every rank's buffer is read and then written by
+rank r alone.  ``acc`` is a private piece that stays in cache, so each byte of the
+buffers crosses memory once each way; the rows are reduced in rank order by the same
+reducer as the other paths (chorus.reductions), pieces of at least 64 KiB.
+
+all_to_all offers its input: in phase 1 each rank copies its blocks out of the peers'
+mapped inputs into its output (chorus.shm.collectives.all_to_all).
+
+A peer that dies leaves its file mapped here: late writes land in memory nobody reads,
+and the closing sync reports the death (PeerLostError).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+
+import numpy as np
+
+from chorus.shm import direct
+from chorus.shm.phases import Reduce, offsets, part_of, parts_for
+from chorus.shm.registered import Descriptor
+from chorus.shm.settings import env_int
+from chorus.shm.window import Window
+
+#: Messages of at least this many bytes use registered buffers when every rank has one
+#: (``CHORUS_SHM_MAPPED_BYTES``; 0: never, like ``CHORUS_SHM_MAPPED=0``).
+MAPPED_BYTES = 0 if env_int("CHORUS_SHM_MAPPED", 1) == 0 else env_int("CHORUS_SHM_MAPPED_BYTES", 1 << 20)
+#: Elements of a rank's slice reduced at a time: a private piece that stays in cache.
+PIECE_BYTES = 256 << 10
+
+
+def use(win: Window, nbytes: int) -> bool:
+    """Whether an op of ``nbytes`` offers registered buffers in its phase 0 (the same
+    answer on every rank: the window's verdict and the size)."""
+    return win.maps is not None and MAPPED_BYTES > 0 and nbytes >= MAPPED_BYTES
+
+
+def buffers(win: Window, data: np.ndarray, where: list[Descriptor],
+            sizes: Sequence[int] | None = None) -> list[np.ndarray]:
+    """Every rank's buffer of the op as a flat array of ``data``'s dtype, of ``sizes[q]``
+    elements (default: ``data``'s size); this rank's is ``data``."""
+    return [data if q == win.rank else
+            win.maps.view(q, d.fd, d.inode, d.offset, data.size if sizes is None else sizes[q], data.dtype)
+            for q, d in enumerate(where)]
+
+
+def all_reduce(win: Window, ctx, data: np.ndarray, reduce: Reduce, root: int, where: list[Descriptor]) -> None:
+    """Phase 1 of all_reduce (``root`` < 0) or reduce on registered buffers (see above)."""
+    me, w = win.rank, win.world
+    views = buffers(win, data, where)
+    writes = range(w) if root < 0 else (root,)
+    lo, hi = part_of(data.size, me, w)
+    piece = max(1, PIECE_BYTES // data.itemsize)
+
+    def run(a: int, b: int) -> None:
+        acc = np.empty(min(piece, b - a), data.dtype)
+        for k in range(a, b, piece):
+            out = acc[: min(piece, b - k)]
+            reduce([v[k: k + out.size] for v in views], out)
+            for q in writes:
+                if q == me or not win.gave_up(q, ctx.seq):  # a rank that gave up owns its buffer again
+                    views[q][k: k + out.size] = out
+
+    _split(win, lo, hi, data.itemsize, run)
+
+
+def all_to_all(win: Window, inp: np.ndarray, out: np.ndarray, send_table: np.ndarray,
+               recv_counts: Sequence[int], where: list[Descriptor]) -> None:
+    """Phase 1 of all_to_all on registered inputs: ``out[block q] <- rank q's inp[block me]``
+    for every q, read from the mapped inputs (``send_table[q]``: rank q's send counts)."""
+    me, w = win.rank, win.world
+    recvs = offsets(recv_counts)
+    starts = [int(send_table[q, :me].sum()) for q in range(w)]
+    views = buffers(win, inp, where, [int(send_table[q].sum()) for q in range(w)])
+
+    def read_block(q: int, part: int, parts: int) -> None:
+        a, b = part_of(recv_counts[q], part, parts)
+        out[recvs[q] + a: recvs[q] + b] = views[q][starts[q] + a: starts[q] + b]
+
+    direct.from_peers(win, read_block, out.nbytes)
+    read_block(me, 0, 1)
+
+
+def _split(win: Window, lo: int, hi: int, itemsize: int, run: Callable[[int, int], None]) -> None:
+    """``run(a, b)`` over [lo, hi), in parts on the crew's threads when that pays."""
+    parts = parts_for(win, (hi - lo) * itemsize * win.world)
+    if parts <= 1:
+        run(lo, hi)
+        return
+    cuts = [lo + part_of(hi - lo, t, parts)[0] for t in range(parts)] + [hi]
+    win.crew.run([lambda a=a, b=b: run(a, b) for a, b in pairwise(cuts)])

@@ -1,0 +1,146 @@
+"""Registered buffers (chorus.shm.registered) and the collectives that map them
+(chorus.shm.mapped): all_reduce and reduce on buffers every rank registered give the
+bits of the copy path and really take the mapped path; a group where some rank has no
+registered buffer falls back on every rank; the registry forgets buffers that died; real
+processes map each other's files through /proc/<pid>/fd."""
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import chorus as dist
+import chorus.shm.collectives as shm_algo
+import chorus.shm.mapped as shm_mapped
+from chorus.shm import registered
+from chorus.testing import run_processes, run_threads
+
+SLOT = 64 << 10  # several chunks on the copy path
+N = 50_000  # elements: above the threshold below, not a multiple of any piece
+
+
+@pytest.fixture
+def mapped_from_16k(monkeypatch):
+    """Registered buffers from 16 KiB, 64 KiB slots, no one-shot and no single copy, in the
+    environment (spawned ranks) and this process's modules (thread ranks); counts the
+    ops that took the mapped path."""
+    monkeypatch.setenv("CHORUS_SHM_MAPPED_BYTES", str(16 << 10))
+    monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(SLOT))
+    monkeypatch.setenv("CHORUS_SHM_ONESHOT_BYTES", "0")
+    monkeypatch.setenv("CHORUS_SHM_CMA_BYTES", str(1 << 62))
+    monkeypatch.setattr(shm_mapped, "MAPPED_BYTES", 16 << 10)
+    monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)
+    taken = []  # ranks that ran mapped.all_reduce
+    real_reduce, real_a2a = shm_mapped.all_reduce, shm_mapped.all_to_all
+    monkeypatch.setattr(shm_mapped, "all_reduce", lambda win, *args: taken.append(win.rank) or real_reduce(win, *args))
+    monkeypatch.setattr(shm_mapped, "all_to_all", lambda win, *args: taken.append(win.rank) or real_a2a(win, *args))
+    return taken
+
+
+def values(rank, n, dtype):
+    v = np.random.default_rng(rank).standard_normal(n) * 100
+    return (v if dtype != "int32" else v.round()).astype(dtype)
+
+
+def reduce_case(rank, world, dtype, op, root, register):
+    """all_reduce (root < 0) or reduce of ``values`` in a registered buffer (or a plain
+    one where ``register(rank)`` is false)."""
+    data = registered.empty_shared(N, dtype) if register(rank) else np.empty(N, dtype)
+    data[...] = values(rank, N, dtype)
+    if root < 0:
+        dist.all_reduce(data, op=getattr(dist.ReduceOp, op))
+    else:
+        dist.reduce(data, dst=root, op=getattr(dist.ReduceOp, op))
+    return data.copy()
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("dtype, op", [("float32", "SUM"), ("float16", "MAX"), ("int32", "SUM"),
+                                       ("float32", "AVG")])
+def test_all_reduce_on_registered_buffers_matches_the_copy_path_bit_for_bit(mapped_from_16k, world, dtype, op):
+    mapped = run_threads(reduce_case, world, dtype, op, -1, lambda r: True)
+    assert sorted(mapped_from_16k) == list(range(world))  # every rank took the mapped path
+    plain = run_threads(reduce_case, world, dtype, op, -1, lambda r: False)
+    assert len(mapped_from_16k) == world  # the plain buffers did not
+    for got, want in zip(mapped, plain, strict=True):
+        assert got.tobytes() == want.tobytes()
+    exact = sum(values(r, N, dtype).astype(np.float64) for r in range(world))
+    if op == "AVG":
+        exact /= world
+    if op == "SUM" or op == "AVG":
+        np.testing.assert_allclose(mapped[0], exact, rtol=2e-3 if dtype == "float16" else 1e-5, atol=1e-3)
+
+
+def test_reduce_writes_only_the_roots_buffer(mapped_from_16k):
+    got = run_threads(reduce_case, 4, "float32", "SUM", 2, lambda r: True)
+    want = sum(values(r, N, "float32") for r in range(4))
+    np.testing.assert_allclose(got[2], want, rtol=1e-5)
+    for r in (0, 1, 3):
+        assert np.array_equal(got[r], values(r, N, "float32"))  # inputs of non-roots untouched
+
+
+def test_a_rank_without_a_registered_buffer_sends_every_rank_down_the_copy_path(mapped_from_16k):
+    got = run_threads(reduce_case, 4, "float32", "SUM", -1, lambda r: r != 1)
+    assert mapped_from_16k == []
+    plain = run_threads(reduce_case, 4, "float32", "SUM", -1, lambda r: False)
+    assert all(g.tobytes() == p.tobytes() for g, p in zip(got, plain, strict=True))
+
+
+def test_registry_finds_views_inside_a_registered_buffer_and_forgets_dead_ones():
+    a = registered.empty_shared((4, 1000), np.float32)
+    where = registered.find(a[1])
+    assert where is not None and where.offset == 4000
+    assert os.fstat(where.fd).st_ino == where.inode
+    assert registered.find(np.empty(1000, np.float32)) is None
+    address = a.__array_interface__["data"][0]
+    del a, where
+    gc.collect()
+    assert address not in registered._entries
+
+
+def proc_case(rank, world):
+    taken = []
+    real = shm_mapped.all_reduce
+    shm_mapped.all_reduce = lambda win, *args: taken.append(1) or real(win, *args)
+    data = registered.empty_shared(N, "float32")
+    data[...] = values(rank, N, "float32")
+    for _ in range(3):  # the second and third ops find the peers' files mapped already
+        dist.all_reduce(data)
+        data /= world
+    return data.copy(), len(taken)
+
+
+def test_processes_map_each_others_registered_buffers(mapped_from_16k):
+    got = run_processes(proc_case, 3)
+    want = values(0, N, "float32")
+    for _ in range(3):
+        want = sum(values(r, N, "float32") for r in range(3)) / 3 if _ == 0 else want
+    for g, taken in got:
+        assert taken == 3
+        assert g.tobytes() == got[0][0].tobytes()
+    np.testing.assert_allclose(got[0][0], want, rtol=1e-4)
+
+
+def a2a_case(rank, world, splits, register):
+    """all_to_all_single of rank-tagged values with ``splits[r][q]`` elements from r to q."""
+    sends = splits[rank]
+    inp = registered.empty_shared(sum(sends), "float32") if register(rank) else np.empty(sum(sends), np.float32)
+    inp[...] = rank * 1_000_000 + np.arange(sum(sends))
+    out = np.full(sum(splits[q][rank] for q in range(world)), -1, np.float32)
+    dist.all_to_all_single(out, inp, [splits[q][rank] for q in range(world)], sends)
+    want = np.concatenate([q * 1_000_000 + sum(splits[q][:rank]) + np.arange(splits[q][rank])
+                           for q in range(world)]).astype(np.float32)
+    return bool(np.array_equal(out, want))
+
+
+@pytest.mark.parametrize("uneven", [False, True])
+def test_all_to_all_reads_registered_inputs_of_every_rank(mapped_from_16k, uneven):
+    world, n = 4, 9000
+    splits = [[(r + q) % 3 * n // 2 + q if uneven else n for q in range(world)] for r in range(world)]
+    taken = mapped_from_16k
+    assert run_threads(a2a_case, world, splits, lambda r: True) == [True] * world
+    assert sorted(taken) == list(range(world))
+    taken.clear()
+    assert run_threads(a2a_case, world, splits, lambda r: r != 2) == [True] * world
+    assert taken == []  # one plain input: every rank takes the other path
