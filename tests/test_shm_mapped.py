@@ -144,3 +144,34 @@ def test_all_to_all_reads_registered_inputs_of_every_rank(mapped_from_16k, uneve
     taken.clear()
     assert run_threads(a2a_case, world, splits, lambda r: r != 2) == [True] * world
     assert taken == []  # one plain input: every rank takes the other path
+
+
+def test_peers_files_stay_mapped_while_open_and_go_once_closed(mapped_from_16k, monkeypatch):
+    """Ten buffers in turn: each stays mapped while its owner holds it (no remapping per op);
+    once the owners drop them, the next new file lets them go."""
+    from chorus.shm import peer_maps
+
+    opened = []
+    real_map = peer_maps.PeerMaps._map
+    monkeypatch.setattr(peer_maps.PeerMaps, "_map", lambda self, *a: opened.append(a[0]) or real_map(self, *a))
+
+    def body(rank, world):
+        arrays = [registered.empty_shared(N, "float32") for _ in range(10)]
+        for _ in range(3):
+            for a in arrays:
+                a[...] = 1
+                dist.all_reduce(a)
+        maps = dist.group.WORLD.shm.window.maps
+        held = maps.mapped(1 - rank)
+        del arrays, a
+        gc.collect()
+        dist.barrier()  # both have closed their ten files
+        fresh = registered.empty_shared(N, "float32")
+        fresh[...] = 1
+        dist.all_reduce(fresh)
+        return held, maps.mapped(1 - rank), bool((fresh == 2).all())
+
+    got = run_threads(body, 2)
+    assert len(opened) == 2 * 11  # each rank mapped each of the other's 11 files once
+    for held, after, right in got:
+        assert held == 10 and after == 1 and right

@@ -389,11 +389,26 @@ def _shared_buckets(rank, world, gloo):
             want = sum(r + 1 + i for r in range(world))
             right.append(bool((t == want).all()) and bool((view == want).all()))
         shared, direct_ops = t.untyped_storage().is_shared(), len(taken)
+        fresh = []  # a new tensor each time (often at the same address) is not reused: never moved
+        for _ in range(3):
+            u = torch.ones(1 << 18)
+            tdist.all_reduce(u)
+            fresh.append(u.untyped_storage().is_shared())
+            del u
+        a2a_in = torch.arange(world * (1 << 18), dtype=F32) + rank * 1e7  # 1 MiB to every rank
+        a2a_ok = []
+        for _ in range(3):
+            out = torch.empty_like(a2a_in)
+            tdist.all_to_all_single(out, a2a_in)
+            want = torch.cat([torch.arange(rank << 18, (rank + 1) << 18, dtype=F32) + q * 1e7 for q in range(world)])
+            a2a_ok.append(torch.equal(out, want))
+        a2a_shared = a2a_in.untyped_storage().is_shared()
         mine, mine_params = _train(rank, None, 4, wide=True)
         theirs, their_params = _train(rank, gloo, 4, wide=True)
     finally:
         mapped.all_reduce = real
-    return {"right": right, "shared": shared, "mapped_ops": direct_ops, "ddp_mapped_ops": len(taken) - direct_ops,
+    return {"right": right, "shared": shared, "fresh_shared": fresh, "mapped_ops": direct_ops,
+            "a2a_ok": a2a_ok, "a2a_shared": a2a_shared, "ddp_mapped_ops": len(taken) - direct_ops,
             "losses": mine, "gloo_losses": theirs,
             "max_param_diff": max((a - b).abs().max().item() for a, b in zip(mine_params, their_params, strict=True))}
 
@@ -561,7 +576,8 @@ def test_ddp_20_steps_w4_matches_gloo(job4):
 def test_reused_tensors_move_into_shared_memory_and_take_the_mapped_path(world, request):
     for r in request.getfixturevalue(f"job{world}"):
         s = r["shared_buckets"]
-        assert s["right"] == [True] * 3 and s["shared"]
+        assert s["right"] == [True] * 3 and s["shared"] and s["fresh_shared"] == [False] * 3
+        assert s["a2a_ok"] == [True] * 3 and s["a2a_shared"]
         assert s["mapped_ops"] == 2  # the first all_reduce only counts the storage; the others map it
         assert s["ddp_mapped_ops"] >= 2  # DDP's 2 MiB bucket, from its second all_reduce on
         assert all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(s["losses"], s["gloo_losses"], strict=True)), s

@@ -254,7 +254,11 @@ class ChorusProcessGroup(dist.ProcessGroup):
         def call(a):
             return exchange.all_to_all_single(output, input, out_splits, in_splits, group=self._pg, async_op=a)
 
-        return self._issue("all_to_all_single", opts, [output, input], [call], [output])
+        self._sharing.offer(input)  # an input sent again and again moves into shared memory, as allreduce's
+        work = self._issue("all_to_all_single", opts, [output, input], [call], [output])
+        if _async(opts):
+            self._sharing.issued([input], work)
+        return work
 
     alltoall_base = all_to_all_single
 

@@ -1,4 +1,4 @@
-"""Moving tensors that a group all-reduces again and again into shared memory.
+"""Moving tensors that a group all-reduces (or sends all-to-all) again and again into shared memory.
 
 DDP all-reduces the same gradient buckets every step.  When such a tensor's storage
 lives in a shared file, the ranks of a host map each other's buckets and all-reduce them
@@ -14,7 +14,8 @@ least ``SHARE_BYTES`` (a tensor all-reduced once is not worth the copy), when:
 - no op of this group issued earlier still uses the storage (its memory moves);
 - ``/dev/shm``, where torch puts the file, has room for it twice over.
 
-The storage is then registered (chorus.shm.registered) for as long as it lives.  A
+The storage is then registered (chorus.shm.registered) for as long as it lives.
+``all_to_all_single`` offers its input the same way (the peers read it in place).  A
 storage already in shared memory (``share_memory_()``, a DataLoader worker's batch) is
 registered at its first all_reduce.  ``CHORUS_TORCH_SHARE=0`` turns this off; another
 group using the same tensor at the same time is not checked (torch forbids touching a
@@ -41,7 +42,7 @@ class Sharing:
 
     def __init__(self, chorus_pg):
         self._pg = chorus_pg
-        self._seen: dict[int, int] = {}  # storage address -> all_reduces seen
+        self._seen: dict[int, tuple] = {}  # storage address -> (weak reference to the storage, all_reduces seen)
         self._inflight: dict[int, list] = {}  # storage address -> [the work last issued on it]
 
     def wanted(self, t) -> bool:
@@ -59,12 +60,14 @@ class Sharing:
         if registered.find_start(address):
             return
         if not storage.is_shared():
-            seen = self._seen.get(address, 0)
+            ref, seen = self._seen.get(address, (None, 0))
+            if ref is None or ref() is not storage:  # a new storage where another one was: not reused
+                ref, seen = weakref.ref(storage), 0
             works = self._inflight.get(address, ())
             if seen == 0 or not all(w.is_completed() for w in works) or not _room(storage.nbytes()):
                 if len(self._seen) >= _SEEN_MAX:
                     self._seen.clear()
-                self._seen[address] = seen + 1
+                self._seen[address] = ref, seen + 1
                 return
         try:
             fd, _ = storage._share_fd_cpu_()
