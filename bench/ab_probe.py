@@ -10,9 +10,12 @@ time per variant (ms) and gloo's median over each chorus variant's.  Variants:
     copy1   the copy path, no helper threads
     whole   all_reduce only: every rank reduces every chunk whole (WHOLE_CHUNKS_WORLD)
     cma     single copy (process_vm_readv), helper threads where they apply
+    reg     default settings on registered buffers (chorus.empty_shared: chorus.shm.mapped)
+    reg1    the same without helper threads
 
 usage: python3 bench/ab_probe.py W OUTDIR ROUNDS COLLECTIVES SIZES_MIB
   e.g. python3 bench/ab_probe.py 8 /tmp/ab 5 all_reduce,broadcast 1,4,16,64,256
+  (AB_VARIANTS=copy,reg,gloo: only those variants)
 
 Needs torch.  Writes OUTDIR/ab.json.  Results are not checked here (chorus bench checks
 every op); this only times.
@@ -30,7 +33,7 @@ import time
 import numpy as np
 
 INF = float("inf")
-VARIANTS = ("copy", "copyc", "copy1", "whole", "cma", "gloo")
+VARIANTS = ("copy", "copyc", "copy1", "whole", "cma", "reg", "reg1", "gloo")
 
 
 def _step(api, collective: str, data, out, block, small):
@@ -68,27 +71,31 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
     # variant: (direct.CMA_BYTES, crew.ENABLED, phases.COPY_PATH_CREW_BYTES, WHOLE_CHUNKS_WORLD)
     settings = {"copy": (never, True, defaults[2], 0), "copyc": (never, True, 0, 0),
                 "copy1": (never, False, defaults[2], 0), "whole": (never, True, defaults[2], world),
-                "cma": (always, True, defaults[2], 0)}
+                "cma": (always, True, defaults[2], 0), "reg": defaults, "reg1": (None, False, *defaults[2:])}
+    chosen = os.environ.get("AB_VARIANTS", ",".join(VARIANTS)).split(",")  # e.g. AB_VARIANTS=copy,reg,gloo
     rows = []
     for collective in collectives:
-        variants = [v for v in VARIANTS if v != "whole" or collective == "all_reduce"]
+        variants = [v for v in VARIANTS if (v != "whole" or collective == "all_reduce") and v in chosen]
         for nbytes in sizes:
             n = nbytes // 4 // world * world
             block = n // world
             data = np.full(n, rank + 1, np.float32)
             template, out = data.copy(), np.zeros(n, np.float32)
             numpy_args = (data, out, block, data[:block])
+            shared, shared_out = chorus.empty_shared(n, np.float32), chorus.empty_shared(n, np.float32)
+            shared_args = (shared, shared_out, block, shared[:block])
             torch_args = (torch.from_numpy(data), torch.from_numpy(out), block, torch.from_numpy(data[:block]))
             times: dict[str, list[float]] = {v: [] for v in variants}
             for r in range(rounds + 1):  # round 0 warms up
                 for variant in variants[r % len(variants):] + variants[:r % len(variants)]:  # rotating:
                     # the first op after the previous round's gloo op runs on colder caches
-                    api, args = (tdist, torch_args) if variant == "gloo" else (chorus, numpy_args)
+                    api, args = (tdist, torch_args) if variant == "gloo" else \
+                        (chorus, shared_args if variant.startswith("reg") else numpy_args)
                     if variant != "gloo":
                         (direct.CMA_BYTES, crew.ENABLED, phases.COPY_PATH_CREW_BYTES,
                          shm_collectives.WHOLE_CHUNKS_WORLD) = settings[variant]
                         chorus.group.WORLD.shm.plans.clear()  # one-shot plans depend on WHOLE_CHUNKS_WORLD
-                    data[...] = template
+                    (shared if variant.startswith("reg") else data)[...] = template
                     api.barrier()
                     start = time.perf_counter()
                     _step(api, collective, *args)

@@ -175,3 +175,16 @@ def test_peers_files_stay_mapped_while_open_and_go_once_closed(mapped_from_16k, 
     assert len(opened) == 2 * 11  # each rank mapped each of the other's 11 files once
     for held, after, right in got:
         assert held == 10 and after == 1 and right
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_that_offered_a_buffer_copy_phase_0_again_when_another_did_not(mapped_from_16k, world):
+    """A rank with a registered buffer skips the copy path's first copy; when another rank
+    has none, every rank runs that phase again (all_reduce, and all_to_all, uneven too)."""
+    for missing in range(world):
+        got = run_threads(reduce_case, world, "float32", "SUM", -1, lambda r, m=missing: r != m)
+        plain = run_threads(reduce_case, world, "float32", "SUM", -1, lambda r: False)
+        assert all(g.tobytes() == p.tobytes() for g, p in zip(got, plain, strict=True))
+        splits = [[(r + q) % 3 * 4000 + q for q in range(world)] for r in range(world)]
+        assert run_threads(a2a_case, world, splits, lambda r, m=missing: r != m) == [True] * world
+    assert mapped_from_16k == []

@@ -114,8 +114,9 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
     start = 0
     if offer:  # phase 0 of every candidate path, then the path every rank can take
         p = sync.parity
-        win.publish_mapped(p, registered.find(data))
-        if not single:
+        mine = registered.find(data)
+        win.publish_mapped(p, mine)
+        if not single and mine is None:  # (a rank that offers a buffer copies nothing yet)
             copy_in(0, p, 0, 1)
         sources = direct.open_op(win, sync, ctx, data if single else None)
         where = win.mapped(p)
@@ -126,7 +127,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
                 else:
                     direct.reduce_everywhere(win, ctx, data, reduce, root, sources)
             return
-        start = 1
+        start = 0 if win.offered(p) else 1  # some rank skipped phase 0's copy: every rank runs it again
     parts = parts_for(win, min(count, size) * dt.itemsize, data.nbytes)
     if win.world <= WHOLE_CHUNKS_WORLD:
 
@@ -136,7 +137,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
             if readers:
                 reduce(win.stack(p ^ 1, dt, a, b - a), data[lo + a: lo + b])
 
-        pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_chunk), start, win, parts)
+        pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_chunk), start, win, parts, began=offer)
         return
 
     def reduce_slice(j: int, p: int, part: int, parts: int) -> None:
@@ -150,7 +151,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         if readers:
             data[lo + a: lo + b] = win.result(p ^ 1, dt, a, b - a)
 
-    pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_slice, copy_out), start, win, parts)
+    pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_slice, copy_out), start, win, parts, began=offer)
 
 
 def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None:
@@ -324,16 +325,18 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         phase k     rank r:  slot[r].piece[q] <- inp[block q][round k]    for every q
         phase k+1   rank q:  out[block r][round k] <- slot[r].piece[q]    for every r
 
-    Registered inputs (chorus.shm.mapped), when every rank offered one in phase 0 and some
-    rank sends ``mapped.MAPPED_BYTES`` or more: as single copy below, with the peers'
-    inputs mapped (``mapped.all_to_all``).
+    Registered inputs (chorus.shm.mapped), when every rank offered one in phase 0 (a rank
+    offers its input when it sends ``mapped.MAPPED_BYTES`` or more): as single copy below,
+    with the peers' inputs mapped (``mapped.all_to_all``).
 
     Single copy, when some rank sends ``direct.cma_bytes`` or more (known to all after the
     first sync, from the counts; a rank that sends less also fills round 0 of the copy
     path, in case no rank does)::
 
         phase 0     rank r:  publish inp's address, its counts     (ranks that send little:
-                                                                    also round 0 as above)
+                                                                    also round 0 as above,
+                                                                    unless they offer a
+                                                                    registered input)
         phase 1     rank q:  out[block r] <- rank r's inp[block q]  for every r
         sync        nobody returns while others read its inp
 
@@ -374,9 +377,11 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         if np.may_share_memory(inp, out):
             inp = inp.copy()
         win.publish(cma.address(inp))
+    my_bytes = sum(send_counts) * dt.itemsize
+    mine = registered.find(inp) if win.maps is not None and mapped.use(win, my_bytes) else None
     if win.maps is not None:
-        win.publish_mapped(p, registered.find(inp))
-    if not direct.use(win, "all_to_all", sum(send_counts) * dt.itemsize):
+        win.publish_mapped(p, mine)
+    if mine is None and not direct.use(win, "all_to_all", my_bytes):
         copy_in(0, p, 0, 1)
     sync.sync(ctx, first=True)
     common = win.common_count(p)  # every rank sends one count everywhere: nothing to check
@@ -398,7 +403,9 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
                 direct.all_to_all(win, ctx, inp, out, send_table, recv_counts)
         return
     parts = parts_for(win, w * min(piece, most) * dt.itemsize, message=inp.nbytes)
-    pipeline(sync, ctx, chunks(most, piece), (copy_in, copy_out), start=1, win=win, parts=parts)
+    again = win.maps is not None and win.offered(p)  # some rank skipped round 0's copy: all run it again
+    pipeline(sync, ctx, chunks(most, piece), (copy_in, copy_out), start=0 if again else 1, win=win, parts=parts,
+             began=True)
 
 
 class CountsDisagree(BufferMismatchError):

@@ -70,10 +70,11 @@ def parts_for(win: Window, nbytes: int, message: int | None = None) -> int:
 
 
 def pipeline(sync: Sync, ctx, n: int, stages: Sequence[Stage], start: int = 0, win: Window | None = None,
-             parts: int = 1) -> None:
+             parts: int = 1, began: bool = False) -> None:
     """Run stage ``i`` of chunk ``j`` in phase ``j + i`` for ``n`` chunks, with one sync
     between phases (none after the last).  ``start``: the first phase to run.  ``parts``
-    > 1: each phase's stages run in that many element ranges at once, on ``win``'s crew."""
+    > 1: each phase's stages run in that many element ranges at once, on ``win``'s crew.
+    ``began``: the op had its first sync already (phase 0's sync is then a plain one)."""
     last = n + len(stages) - 2
     for k in range(start, last + 1):
         p = sync.parity
@@ -85,7 +86,7 @@ def pipeline(sync: Sync, ctx, n: int, stages: Sequence[Stage], start: int = 0, w
                 if 0 <= k - i < n:
                     stage(k - i, p, 0, 1)
         if k < last:
-            sync.sync(ctx, first=k == 0)
+            sync.sync(ctx, first=k == 0 and not began)
 
 
 def _phase_part(due: list, p: int, part: int, parts: int) -> Callable[[], None]:

@@ -130,6 +130,11 @@ class Window:
             found.append(Descriptor(at >> OFFSET_BITS, inode, at & ((1 << OFFSET_BITS) - 1)))
         return found
 
+    def offered(self, parity: int) -> bool:
+        """Whether any rank offered a registered buffer in ``parity``."""
+        c = self.control
+        return any(c[q * WORDS + MAPPED + 2 * parity] for q in range(self.world))
+
     def gave_up(self, rank: int, seq: int) -> bool:
         """Whether ``rank`` abandoned op ``seq`` (its buffer may be in other hands already)."""
         return self.control[rank * WORDS + ABANDONED] == seq + 1
