@@ -171,7 +171,8 @@ def test_members_with_other_algorithm_settings_fail_at_init_naming_them(monkeypa
 
     plain = handshake._settings
     with monkeypatch.context() as patch:
-        patch.setattr(handshake, "_settings", lambda: handshake._SETTINGS.pack(4096, 0, shm_mapped.MAPPED_BYTES)
+        patch.setattr(handshake, "_settings", lambda: handshake._SETTINGS.pack(4096, 0, shm_mapped.MAPPED_BYTES,
+                                                                                  shm_mapped.ALL_TO_ALL_BYTES)
                       if current().rank == 2 else plain())
         errors = run_threads(lambda rank, w: None, 3, return_exceptions=True)
     assert all(isinstance(e, dist.InvalidArgumentError) for e in errors), errors

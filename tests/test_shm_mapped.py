@@ -30,6 +30,7 @@ def mapped_from_16k(monkeypatch):
     monkeypatch.setenv("CHORUS_SHM_ONESHOT_BYTES", "0")
     monkeypatch.setenv("CHORUS_SHM_CMA_BYTES", str(1 << 62))
     monkeypatch.setattr(shm_mapped, "MAPPED_BYTES", 16 << 10)
+    monkeypatch.setattr(shm_mapped, "ALL_TO_ALL_BYTES", 16 << 10)
     monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)
     taken = []  # ranks that ran mapped.all_reduce
     real_reduce, real_a2a = shm_mapped.all_reduce, shm_mapped.all_to_all

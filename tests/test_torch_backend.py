@@ -395,12 +395,12 @@ def _shared_buckets(rank, world, gloo):
             tdist.all_reduce(u)
             fresh.append(u.untyped_storage().is_shared())
             del u
-        a2a_in = torch.arange(world * (1 << 18), dtype=F32) + rank * 1e7  # 1 MiB to every rank
+        a2a_in = torch.arange(world * (1 << 20), dtype=F32) + rank * 1e7  # 4 MiB to every rank
         a2a_ok = []
         for _ in range(3):
             out = torch.empty_like(a2a_in)
             tdist.all_to_all_single(out, a2a_in)
-            want = torch.cat([torch.arange(rank << 18, (rank + 1) << 18, dtype=F32) + q * 1e7 for q in range(world)])
+            want = torch.cat([torch.arange(rank << 20, (rank + 1) << 20, dtype=F32) + q * 1e7 for q in range(world)])
             a2a_ok.append(torch.equal(out, want))
         a2a_shared = a2a_in.untyped_storage().is_shared()
         mine, mine_params = _train(rank, None, 4, wide=True)

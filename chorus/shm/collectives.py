@@ -326,7 +326,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         phase k+1   rank q:  out[block r][round k] <- slot[r].piece[q]    for every r
 
     Registered inputs (chorus.shm.mapped), when every rank offered one in phase 0 (a rank
-    offers its input when it sends ``mapped.MAPPED_BYTES`` or more): as single copy below,
+    offers its input when it sends ``mapped.ALL_TO_ALL_BYTES`` or more): as single copy below,
     with the peers' inputs mapped (``mapped.all_to_all``).
 
     Single copy, when some rank sends ``direct.cma_bytes`` or more (known to all after the
@@ -378,7 +378,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
             inp = inp.copy()
         win.publish(cma.address(inp))
     my_bytes = sum(send_counts) * dt.itemsize
-    mine = registered.find(inp) if win.maps is not None and mapped.use(win, my_bytes) else None
+    mine = registered.find(inp) if win.maps is not None and mapped.use(win, my_bytes, "all_to_all") else None
     if win.maps is not None:
         win.publish_mapped(p, mine)
     if mine is None and not direct.use(win, "all_to_all", my_bytes):
@@ -392,7 +392,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         most, largest = int(send_table.max()), int(send_table.sum(axis=1).max())
     else:
         most, largest = common, common * w
-    where = win.mapped(p) if win.maps is not None and mapped.use(win, largest * dt.itemsize) else None
+    where = win.mapped(p) if win.maps is not None and mapped.use(win, largest * dt.itemsize, "all_to_all") else None
     if where is not None or direct.use(win, "all_to_all", largest * dt.itemsize):
         if common is not None:
             send_table = np.full((w, w), common, np.uint64)

@@ -73,7 +73,7 @@ NO, YES, FORCED_BUT_IMPOSSIBLE, SETTINGS_DIFFER = 0, 1, 2, 3
 #: The settings that choose a shared-memory algorithm (and so the number of syncs of an
 #: op): members with different ones would fall out of step without noticing, so they
 #: must all have the same (checked here).
-_SETTINGS = struct.Struct("<QQQ")
+_SETTINGS = struct.Struct("<QQQQ")
 _NO_OVERRIDE = 0
 
 
@@ -100,14 +100,14 @@ def _settings() -> bytes:
     override = direct.CMA_BYTES
     least = None if override is None else min(override.values(), default=_NO_OVERRIDE)
     cma_bytes = _NO_OVERRIDE if least is None else 2**64 - 1 if least == float("inf") else int(least)
-    return _SETTINGS.pack(algo.ONESHOT_BYTES, cma_bytes, mapped.MAPPED_BYTES)
+    return _SETTINGS.pack(algo.ONESHOT_BYTES, cma_bytes, mapped.MAPPED_BYTES, mapped.ALL_TO_ALL_BYTES)
 
 
 def _describe_settings(packed: bytes) -> str:
-    oneshot, cma_bytes, mapped_bytes = _SETTINGS.unpack(packed)
+    oneshot, cma_bytes, mapped_bytes, all_to_all_bytes = _SETTINGS.unpack(packed)
     return (f"CHORUS_SHM_ONESHOT_BYTES={oneshot}, "
             f"CHORUS_SHM_CMA_BYTES={'unset' if cma_bytes == _NO_OVERRIDE else cma_bytes}, "
-            f"CHORUS_SHM_MAPPED_BYTES={mapped_bytes or 'off'}")
+            f"CHORUS_SHM_MAPPED_BYTES={mapped_bytes or 'off'} (all_to_all: {all_to_all_bytes or 'off'})")
 
 
 def _settings_error(group: int, who: str, theirs: bytes, mine: bytes) -> InvalidArgumentError:

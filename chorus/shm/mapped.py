@@ -31,6 +31,7 @@ and the closing sync reports the death (PeerLostError).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 
@@ -42,17 +43,23 @@ from chorus.shm.registered import Descriptor
 from chorus.shm.settings import env_int
 from chorus.shm.window import Window
 
-#: Messages of at least this many bytes use registered buffers when every rank has one
-#: (``CHORUS_SHM_MAPPED_BYTES``; 0: never, like ``CHORUS_SHM_MAPPED=0``).
+#: all_reduce / reduce messages of at least this many bytes use registered buffers when
+#: every rank has one (``CHORUS_SHM_MAPPED_BYTES``; 0: never, like ``CHORUS_SHM_MAPPED=0``).
+#: Measured at W = 8 on the 16-core host (bench/ab_probe.py, session 5, call 4, medians of
+#: 7): 0.33 ms at 1 MiB against 0.56 for the copy path, 0.69 against 1.65 at 4 MiB.
 MAPPED_BYTES = 0 if env_int("CHORUS_SHM_MAPPED", 1) == 0 else env_int("CHORUS_SHM_MAPPED_BYTES", 1 << 20)
+#: all_to_all from this many bytes sent (the same call: 0.36-0.44 ms at 1 MiB against the
+#: copy path's 0.38, 0.75 against 1.23 at 4 MiB; single copy 0.93); the setting above sets both.
+ALL_TO_ALL_BYTES = MAPPED_BYTES if "CHORUS_SHM_MAPPED_BYTES" in os.environ or not MAPPED_BYTES else 4 << 20
 #: Elements of a rank's slice reduced at a time: a private piece that stays in cache.
 PIECE_BYTES = 256 << 10
 
 
-def use(win: Window, nbytes: int) -> bool:
-    """Whether an op of ``nbytes`` offers registered buffers in its phase 0 (the same
-    answer on every rank: the window's verdict and the size)."""
-    return win.maps is not None and MAPPED_BYTES > 0 and nbytes >= MAPPED_BYTES
+def use(win: Window, nbytes: int, op: str = "all_reduce") -> bool:
+    """Whether ``op`` (all_reduce, reduce, all_to_all) of ``nbytes`` may run on registered
+    buffers (the window's verdict and the size)."""
+    least = ALL_TO_ALL_BYTES if op == "all_to_all" else MAPPED_BYTES
+    return win.maps is not None and least > 0 and nbytes >= least
 
 
 def buffers(win: Window, data: np.ndarray, where: list[Descriptor],
@@ -102,8 +109,10 @@ def all_to_all(win: Window, inp: np.ndarray, out: np.ndarray, send_table: np.nda
 
 
 def _split(win: Window, lo: int, hi: int, itemsize: int, run: Callable[[int, int], None]) -> None:
-    """``run(a, b)`` over [lo, hi), in parts on the crew's threads when that pays."""
-    parts = parts_for(win, (hi - lo) * itemsize * win.world)
+    """``run(a, b)`` over [lo, hi), in parts on the crew's threads from the copy path's
+    ``COPY_PATH_CREW_BYTES`` (below, waking helpers cost more than they gave: 0.51 against
+    0.33 ms at 1 MiB, W = 8, same call as ``MAPPED_BYTES``)."""
+    parts = parts_for(win, (hi - lo) * itemsize * win.world, message=(hi - lo) * itemsize * win.world)
     if parts <= 1:
         run(lo, hi)
         return

@@ -254,10 +254,10 @@ class ChorusProcessGroup(dist.ProcessGroup):
         def call(a):
             return exchange.all_to_all_single(output, input, out_splits, in_splits, group=self._pg, async_op=a)
 
-        self._sharing.offer(input)  # an input sent again and again moves into shared memory, as allreduce's
+        self._sharing.offer(input, "all_to_all")  # an input sent again and again moves into shared memory
         work = self._issue("all_to_all_single", opts, [output, input], [call], [output])
         if _async(opts):
-            self._sharing.issued([input], work)
+            self._sharing.issued([input], work, "all_to_all")
         return work
 
     alltoall_base = all_to_all_single

@@ -45,15 +45,15 @@ class Sharing:
         self._seen: dict[int, tuple] = {}  # storage address -> (weak reference to the storage, all_reduces seen)
         self._inflight: dict[int, list] = {}  # storage address -> [the work last issued on it]
 
-    def wanted(self, t) -> bool:
-        """Whether all_reduce of tensor ``t`` could use a registered buffer."""
+    def wanted(self, t, op: str = "all_reduce") -> bool:
+        """Whether ``op`` (all_reduce, all_to_all) on tensor ``t`` could use a registered buffer."""
         shm = self._pg.shm
-        return (ENABLED and shm is not None and shm.window.maps is not None and t.is_cpu and t.is_contiguous()
-                and t.untyped_storage().nbytes() >= max(SHARE_BYTES, 1) and t.nbytes >= mapped.MAPPED_BYTES > 0)
+        return (ENABLED and shm is not None and t.is_cpu and t.is_contiguous()
+                and t.untyped_storage().nbytes() >= max(SHARE_BYTES, 1) and mapped.use(shm.window, t.nbytes, op))
 
-    def offer(self, t) -> None:
-        """Before an all_reduce of ``t``: register its storage, moving it if it is reused."""
-        if not self.wanted(t):
+    def offer(self, t, op: str = "all_reduce") -> None:
+        """Before ``op`` on ``t``: register its storage, moving it if it is reused."""
+        if not self.wanted(t, op):
             return
         storage = t.untyped_storage()
         address = storage.data_ptr()
@@ -78,10 +78,10 @@ class Sharing:
         alive = weakref.ref(storage)
         registered.register(storage.data_ptr(), storage.nbytes(), fd, lambda: alive() is not None)
 
-    def issued(self, tensors, work) -> None:
-        """Remember ``work``, an async op on ``tensors`` (their storages are busy until it is done)."""
+    def issued(self, tensors, work, op: str = "all_reduce") -> None:
+        """Remember ``work``, an async ``op`` on ``tensors`` (their storages are busy until it is done)."""
         for t in tensors:
-            if self.wanted(t):
+            if self.wanted(t, op):
                 address = t.untyped_storage().data_ptr()
                 if not registered.find_start(address):
                     if len(self._inflight) >= _SEEN_MAX:
