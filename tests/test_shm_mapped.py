@@ -189,3 +189,61 @@ def test_ranks_that_offered_a_buffer_copy_phase_0_again_when_another_did_not(map
         splits = [[(r + q) % 3 * 4000 + q for q in range(world)] for r in range(world)]
         assert run_threads(a2a_case, world, splits, lambda r, m=missing: r != m) == [True] * world
     assert mapped_from_16k == []
+
+
+_KILL = """
+import os, signal, sys, time, numpy as np, chorus as dist
+import chorus.shm.direct as direct
+victim, outdir = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+assert dist.group.WORLD.shm.window.maps is not None
+x = dist.empty_shared(1 << 20, np.float32)
+x[...] = 1
+if rank == victim:
+    opened = direct.open_op
+    def die_after_offering(*args):  # the others are about to read and write its buffer
+        opened(*args)
+        open(f"{outdir}/killed", "w").write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    direct.open_op = die_after_offering
+try:
+    for _ in range(3):
+        dist.all_reduce(x)
+    sys.exit(4)
+except dist.PeerLostError as exc:
+    open(f"{outdir}/rank{rank}", "w").write(repr(time.time()) + "\\n" + str(exc))
+    sys.exit(3)
+"""
+
+
+def test_a_peer_killed_in_a_mapped_all_reduce_gives_peer_lost_within_5s(tmp_path):
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    world, victim = 3, 1
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_SHM")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    procs = [subprocess.Popen([sys.executable, str(script), str(victim), str(tmp_path)],
+                              env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                                       WORLD_SIZE=str(world)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    try:
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[victim].returncode == -signal.SIGKILL, outs[victim][1]
+    killed_at = float((tmp_path / "killed").read_text())
+    for rank in set(range(world)) - {victim}:
+        assert procs[rank].returncode == 3, outs[rank][1]
+        when, message = (tmp_path / f"rank{rank}").read_text().split("\n", 1)
+        assert float(when) - killed_at < 5.0 and f"rank {victim}" in message, message
