@@ -154,8 +154,9 @@ def _row_reducer(op_name: str, dtype: str) -> Callable[[np.ndarray, np.ndarray],
 
     if dtype == "bfloat16":
         def reduce_bf16(rows: np.ndarray, out: np.ndarray) -> None:
+            rows = np.asarray(rows)  # (a list of rows: chorus.shm.mapped)
             wide = np.empty(rows.shape[1], np.float32)
-            reduce_rows(bf16_to_float32(np.asarray(rows)), wide)
+            reduce_rows(bf16_to_float32(rows), wide)
             out[...] = float32_to_bf16(wide)
         return reduce_bf16
     return reduce_rows

@@ -247,3 +247,40 @@ def test_a_peer_killed_in_a_mapped_all_reduce_gives_peer_lost_within_5s(tmp_path
         assert procs[rank].returncode == 3, outs[rank][1]
         when, message = (tmp_path / f"rank{rank}").read_text().split("\n", 1)
         assert float(when) - killed_at < 5.0 and f"rank {victim}" in message, message
+
+
+def bf16_case(rank, world):
+    import torch
+
+    bits = registered.empty_shared(N, np.uint16)
+    t = torch.from_numpy(bits).view(torch.bfloat16)
+    t[...] = torch.from_numpy(values(rank, N, "float32")).to(torch.bfloat16)
+    dist.all_reduce(t)
+    return t.float().numpy().copy()
+
+
+def test_bfloat16_on_registered_buffers(mapped_from_16k):
+    pytest.importorskip("torch")
+    got = run_threads(bf16_case, 3)
+    assert sorted(mapped_from_16k) == [0, 1, 2]
+    want = sum(np.asarray(values(r, N, "float32"), np.float64) for r in range(3))
+    np.testing.assert_allclose(got[0], want, rtol=0.05, atol=2.0)
+    assert all(g.tobytes() == got[0].tobytes() for g in got)
+
+
+def test_a_killed_process_not_yet_reaped_counts_as_gone():
+    """A dead peer keeps its /proc entry (no descriptors) until reaped: mapping its buffer
+    then reports the death (PeerGone), not a buffer closed mid-op."""
+    import subprocess
+    import sys
+    import time
+
+    from chorus.shm import peer_maps
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while peer_maps._running(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)  # exits, stays a zombie: nobody waits for it yet
+    assert os.path.exists(f"/proc/{child.pid}") and not peer_maps._running(child.pid)
+    child.wait()
+    assert peer_maps._running(os.getpid())

@@ -389,6 +389,14 @@ def _shared_buckets(rank, world, gloo):
             want = sum(r + 1 + i for r in range(world))
             right.append(bool((t == want).all()) and bool((view == want).all()))
         shared, direct_ops = t.untyped_storage().is_shared(), len(taken)
+        import numpy as np
+
+        backing = np.zeros(1 << 19, np.float32)  # a tensor over numpy's memory is never moved: it stays an alias
+        aliased = torch.from_numpy(backing)
+        for _ in range(3):
+            aliased.fill_(1.0)
+            tdist.all_reduce(aliased)
+        numpy_alias = bool((backing == world).all()) and not aliased.untyped_storage().is_shared()
         fresh = []  # a new tensor each time (often at the same address) is not reused: never moved
         for _ in range(3):
             u = torch.ones(1 << 18)
@@ -408,7 +416,7 @@ def _shared_buckets(rank, world, gloo):
     finally:
         mapped.all_reduce = real
     return {"right": right, "shared": shared, "fresh_shared": fresh, "mapped_ops": direct_ops,
-            "a2a_ok": a2a_ok, "a2a_shared": a2a_shared, "ddp_mapped_ops": len(taken) - direct_ops,
+            "a2a_ok": a2a_ok, "a2a_shared": a2a_shared, "numpy_alias": numpy_alias, "ddp_mapped_ops": len(taken) - direct_ops,
             "losses": mine, "gloo_losses": theirs,
             "max_param_diff": max((a - b).abs().max().item() for a, b in zip(mine_params, their_params, strict=True))}
 
@@ -577,7 +585,7 @@ def test_reused_tensors_move_into_shared_memory_and_take_the_mapped_path(world, 
     for r in request.getfixturevalue(f"job{world}"):
         s = r["shared_buckets"]
         assert s["right"] == [True] * 3 and s["shared"] and s["fresh_shared"] == [False] * 3
-        assert s["a2a_ok"] == [True] * 3 and s["a2a_shared"]
+        assert s["a2a_ok"] == [True] * 3 and s["a2a_shared"] and s["numpy_alias"]
         assert s["mapped_ops"] == 2  # the first all_reduce only counts the storage; the others map it
         assert s["ddp_mapped_ops"] >= 2  # DDP's 2 MiB bucket, from its second all_reduce on
         assert all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(s["losses"], s["gloo_losses"], strict=True)), s

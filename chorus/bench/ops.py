@@ -34,8 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from chorus.shm import registered
-
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
                "sendrecv", "barrier")
 #: Collectives that take a reduction (``--op``).
@@ -152,6 +150,7 @@ class Buffers:
     out: np.ndarray  # empty when the collective works in place
     expect: np.ndarray | None
     rtol: float  # floating-point results may differ from float64 by rounding
+    shared: bool = False  # inp and out from chorus.empty_shared (--registered)
 
     @property
     def checked(self) -> np.ndarray:
@@ -160,8 +159,9 @@ class Buffers:
     def clone(self) -> Buffers:
         """Buffers of their own for another op of the same batch (the expectation is shared),
         from the same allocator."""
-        return Buffers(self.template, _like(self.inp, self.template), _like(self.out, np.zeros_like(self.out)),
-                       self.expect, self.rtol)
+        copy = _shared_copy if self.shared else np.copy
+        return Buffers(self.template, copy(self.template), copy(np.zeros_like(self.out)), self.expect, self.rtol,
+                       self.shared)
 
     def reset(self) -> None:
         self.inp[...] = self.template
@@ -181,12 +181,12 @@ class Buffers:
         return wrong
 
 
-def _like(buf: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """A new array holding ``values``, registered (chorus.empty_shared) if ``buf`` is."""
-    return values.copy() if registered.find(buf) is None else _shared_copy(values)
-
-
 def _shared_copy(values: np.ndarray) -> np.ndarray:
+    """A copy of ``values`` in a registered buffer (chorus.empty_shared)."""
+    from chorus.shm import (
+        registered,  # (only with --registered: a chorus without chorus.shm still benches)
+    )
+
     fresh = registered.empty_shared(values.shape, values.dtype)
     fresh[...] = values
     return fresh
@@ -205,7 +205,7 @@ def make_buffers(collective: str, size_elems: int, dtype: str, rank: int, world:
     inp, out = template.copy(), np.zeros(n_out, dtype)
     if registered_buffers:
         inp, out = _shared_copy(inp), _shared_copy(out)
-    return Buffers(template, inp, out, expect, rtol)
+    return Buffers(template, inp, out, expect, rtol, registered_buffers)
 
 
 Case = tuple[Callable[[], None], Callable[[], Any], Callable[[], int]]

@@ -67,7 +67,7 @@ def buffers(win: Window, data: np.ndarray, where: list[Descriptor],
     """Every rank's buffer of the op as a flat array of ``data``'s dtype, of ``sizes[q]``
     elements (default: ``data``'s size); this rank's is ``data``."""
     return [data if q == win.rank else
-            win.maps.view(q, d.fd, d.inode, d.offset, data.size if sizes is None else sizes[q], data.dtype)
+            win.maps.view(q, d, data.size if sizes is None else sizes[q], data.dtype)
             for q, d in enumerate(where)]
 
 

@@ -42,9 +42,11 @@ OFFSET_BITS = 40
 
 @dataclass(frozen=True)
 class Descriptor:
-    """Where a registered buffer's bytes are: file ``fd`` (inode ``inode``) from ``offset``."""
+    """Where a registered buffer's bytes are: file ``fd`` (``device`` and ``inode``: memfds
+    and /dev/shm files number their inodes apart) from byte ``offset``."""
 
     fd: int
+    device: int
     inode: int
     offset: int
 
@@ -54,6 +56,7 @@ class _Entry:
     start: int
     end: int
     fd: int
+    device: int
     inode: int
     alive: Callable[[], bool]
 
@@ -75,7 +78,7 @@ def register(address: int, nbytes: int, fd: int, alive: Callable[[], bool]) -> N
     with _lock:
         if address not in _entries:
             bisect.insort(_starts, address)
-        _entries[address] = _Entry(address, address + nbytes, fd, info.st_ino, alive)
+        _entries[address] = _Entry(address, address + nbytes, fd, info.st_dev, info.st_ino, alive)
 
 
 def unregister(address: int) -> None:
@@ -98,7 +101,7 @@ def find(array: np.ndarray) -> Descriptor | None:
     offset = start - entry.start
     if offset >> OFFSET_BITS:
         return None
-    return Descriptor(entry.fd, entry.inode, offset)
+    return Descriptor(entry.fd, entry.device, entry.inode, offset)
 
 
 def find_start(address: int) -> bool:
@@ -114,7 +117,8 @@ def find_start(address: int) -> bool:
 
 def _same_file(entry: _Entry) -> bool:
     try:
-        return os.fstat(entry.fd).st_ino == entry.inode
+        info = os.fstat(entry.fd)
+        return (info.st_dev, info.st_ino) == (entry.device, entry.inode)
     except OSError:
         return False
 
@@ -133,12 +137,14 @@ def empty_shared(shape, dtype=np.float32) -> np.ndarray:
     except BaseException:
         os.close(fd)
         raise
-    array = np.frombuffer(area, dtype, int(np.prod(shape, dtype=np.int64))).reshape(shape)
-    address = array.__array_interface__["data"][0]
-    alive = weakref.ref(area)
+    root = np.frombuffer(area, dtype, int(np.prod(shape, dtype=np.int64)))
+    address = root.__array_interface__["data"][0]
+    alive = weakref.ref(root)
     register(address, nbytes, fd, lambda: alive() is not None)
-    weakref.finalize(area, _release, address, fd)
-    return array
+    # On the root array, whose views all keep it: numpy runs its weakref callbacks before
+    # it lets go of the mapping, so the registration never outlives the memory.
+    weakref.finalize(root, _release, address, fd)
+    return root.reshape(shape)
 
 
 def _release(address: int, fd: int) -> None:

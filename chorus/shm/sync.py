@@ -21,6 +21,8 @@ ranks' lines share a cache line) and is the only one that writes it::
                            buffer this rank offers in an op that begins in a phase of that
                            parity (chorus.shm.registered; 0: none), then its descriptor
                            number << 40 | the buffer's byte offset in the file
+    words 20-21 MAPPED_DEVICE  per parity: that file's device number (with the inode, what
+                           names the file)
 
 A sync is: raise your counter to ``s``, wait until every other counter is >= ``s``.
 Writes are plain aligned 8-byte stores; a rank that sees a counter also sees everything
@@ -57,6 +59,7 @@ ARRIVED, OP, CURRENT, ABANDONED = 0, 1, 5, 8
 PID, SOURCE, PROBE = 9, 10, 11  # single-copy (CMA) words, not used by the sync itself
 UNIFORM = 12  # all_to_all's count words (12 + parity), not used by the sync itself
 MAPPED = 16  # a registered buffer's words (16 + 2 x parity, 2 words; chorus.shm.mapped), not used by the sync itself
+MAPPED_DEVICE = 20  # its file's device number (20 + parity)
 SHM, TCP = 1, 2  # CURRENT's transport word
 CHECK_S = 0.002
 NAP_MIN, NAP_MAX = 50e-6, 1e-3

@@ -31,7 +31,7 @@ import struct
 import numpy as np
 
 from chorus.shm.registered import OFFSET_BITS, Descriptor
-from chorus.shm.sync import ABANDONED, MAPPED, PID, PROBE, SOURCE, UNIFORM, WORDS
+from chorus.shm.sync import ABANDONED, MAPPED, MAPPED_DEVICE, PID, PROBE, SOURCE, UNIFORM, WORDS
 
 MAGIC = b"CHSHM001"
 _HEADER = struct.Struct("<8sQQ16s")  # magic, world, slot bytes, nonce
@@ -116,6 +116,7 @@ class Window:
             c[word] = 0
             return
         c[word + 1] = where.fd << OFFSET_BITS | where.offset
+        c[self.rank * WORDS + MAPPED_DEVICE + parity] = where.device
         c[word] = where.inode
 
     def mapped(self, parity: int) -> list[Descriptor] | None:
@@ -127,7 +128,8 @@ class Window:
             if not inode:
                 return None
             at = int(c[word + 1])
-            found.append(Descriptor(at >> OFFSET_BITS, inode, at & ((1 << OFFSET_BITS) - 1)))
+            found.append(Descriptor(at >> OFFSET_BITS, int(c[q * WORDS + MAPPED_DEVICE + parity]), inode,
+                                    at & ((1 << OFFSET_BITS) - 1)))
         return found
 
     def offered(self, parity: int) -> bool:

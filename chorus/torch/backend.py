@@ -43,7 +43,7 @@ from chorus.api import collectives, exchange, gathering, p2p
 from chorus.errors import InvalidArgumentError, InvalidTensorError
 from chorus.reductions import ReduceOp, _make_nccl_premul_sum
 from chorus.torch.fabric import Membership, entered
-from chorus.torch.sharing import Sharing
+from chorus.torch.sharing import SHARE_BYTES, Sharing, unmarked_view
 from chorus.torch.work import TorchWork
 
 BACKEND_NAME = "chorus"
@@ -143,7 +143,10 @@ class ChorusProcessGroup(dist.ProcessGroup):
         async_op = _async(opts)
         with entered(self._world):
             works = [call(async_op) for call in calls]
-        return TorchWork(works if async_op else [], result, finish)
+        work = TorchWork(works if async_op else [], result, finish)
+        if async_op:
+            self._sharing.issued(tensors, work)  # their storages are not moved while it runs
+        return work
 
     # -- reductions ----------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -153,10 +156,7 @@ class ChorusProcessGroup(dist.ProcessGroup):
         for t in tensors:
             self._sharing.offer(t)
         calls = [functools.partial(_all_reduce, _array(t), op, self._pg) for t in tensors]
-        work = self._issue("allreduce", opts, tensors, calls, list(tensors))
-        if _async(opts):
-            self._sharing.issued(tensors, work)
-        return work
+        return self._issue("allreduce", opts, tensors, calls, list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         """One all_reduce over the tensors flattened (per dtype), copied back at the end."""
@@ -250,15 +250,13 @@ class ChorusProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, opts=None):
         out_splits = list(output_split_sizes) if output_split_sizes else None
         in_splits = list(input_split_sizes) if input_split_sizes else None
+        self._sharing.offer(input, "all_to_all")  # an input sent again and again moves into shared memory
+        source = _array(input)
 
         def call(a):
-            return exchange.all_to_all_single(output, input, out_splits, in_splits, group=self._pg, async_op=a)
+            return exchange.all_to_all_single(output, source, out_splits, in_splits, group=self._pg, async_op=a)
 
-        self._sharing.offer(input, "all_to_all")  # an input sent again and again moves into shared memory
-        work = self._issue("all_to_all_single", opts, [output, input], [call], [output])
-        if _async(opts):
-            self._sharing.issued([input], work, "all_to_all")
-        return work
+        return self._issue("all_to_all_single", opts, [output, input], [call], [output])
 
     alltoall_base = all_to_all_single
 
@@ -302,10 +300,14 @@ def _array(t):
     copying if non-contiguous).  The view skips ``t.detach()`` — a torch call, which lets
     go of the GIL: in DDP's autograd hook, with chorus's worker busy on the previous
     bucket, each such call is a GIL round trip — and it lets a small synchronous
-    all_reduce take chorus's latency path (numpy arrays only)."""
+    all_reduce take chorus's latency path (numpy arrays only).  For a tensor large enough
+    to move into shared memory (chorus.torch.sharing) the view is made without
+    ``t.numpy()``, which would mark the storage as aliased by numpy for good."""
     if t.requires_grad or t.dtype in _NO_NUMPY or not t.is_cpu or not t.is_contiguous():
         return t
     try:
+        if t.nbytes >= SHARE_BYTES and not t.is_conj() and not t.is_neg() and type(t) is torch.Tensor:
+            return unmarked_view(t)
         return t.numpy()
     except (RuntimeError, TypeError):  # conjugate/negative views, tensor subclasses: chorus's own path
         return t
