@@ -48,7 +48,6 @@ up after an error is named instead of waited for.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass
 
@@ -68,8 +67,6 @@ SLOW_YIELD_S = 50e-6  # a sched_yield() this long means another task held the CP
 SLOW_YIELDS = 3  # ... and after this many in a row ...
 SLEEP_ONLY_S = 1.0  # ... waits skip yielding this long (polling 20 µs, then sleeping), then try again
 SLEEPER_SPIN_S = 20e-6
-_ASYNC_SLEEP = os.environ.get("CHORUS_SHM_ASYNC_SLEEP", "") == "1"  # experiment: async ops' waits sleep
-_ASYNC_NAP_MAX = 250e-6
 
 
 @dataclass(frozen=True)
@@ -207,9 +204,7 @@ class Sync:
         c, others, b = self.control, self.others, self.backoff
         start = time.monotonic()
         next_check = start + CHECK_S
-        nap, nap_max, yield_s = NAP_MIN, NAP_MAX, b.yield_s
-        if _ASYNC_SLEEP and threading.current_thread().name.startswith("chorus-group"):
-            yield_s, nap_max = 0.0, _ASYNC_NAP_MAX
+        nap = NAP_MIN
         polls = 0
         spinning = b.spin_s > 0
         while True:
@@ -234,7 +229,7 @@ class Sync:
             if now < self.sleep_only_until:
                 if waited < SLEEPER_SPIN_S:
                     continue  # a sleeper polls briefly first: most waits end within µs
-            elif waited < yield_s:
+            elif waited < b.yield_s:
                 os.sched_yield()
                 if time.monotonic() - now <= SLOW_YIELD_S:
                     self.slow_yields = 0
@@ -249,7 +244,7 @@ class Sync:
                         self.sleep_only_until = time.monotonic() + SLEEP_ONLY_S
                 continue
             time.sleep(nap)
-            nap = min(2 * nap, nap_max)
+            nap = min(2 * nap, NAP_MAX)
 
     def _check(self, target: int, ctx) -> None:
         """Raise if waiting on can no longer succeed (dead or departed peer, broken group,
