@@ -284,3 +284,19 @@ def test_a_killed_process_not_yet_reaped_counts_as_gone():
     assert os.path.exists(f"/proc/{child.pid}") and not peer_maps._running(child.pid)
     child.wait()
     assert peer_maps._running(os.getpid())
+
+
+def test_the_registry_drops_dead_buffers_as_it_grows(monkeypatch):
+    monkeypatch.setattr(registered, "_SWEEP_AT", 8)
+    keep = [registered.empty_shared(16, np.float32) for _ in range(4)]
+    fd = os.memfd_create("test")
+    try:
+        os.ftruncate(fd, 4096)
+        for i in range(20):  # registrations whose owners say they died at once
+            registered.register(10_000 + i * 4096, 4096, fd, lambda: False)
+        assert len(registered._entries) <= 8 + 1 + len(keep)
+        assert all(registered.find(a) is not None for a in keep)
+    finally:
+        for i in range(20):
+            registered.unregister(10_000 + i * 4096)
+        os.close(fd)

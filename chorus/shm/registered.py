@@ -61,6 +61,7 @@ class _Entry:
     alive: Callable[[], bool]
 
 
+_SWEEP_AT = 256  # registrations from which a new one first drops those whose buffers died
 _lock = threading.Lock()
 _starts: list[int] = []  # sorted start addresses of _entries' buffers
 _entries: dict[int, _Entry] = {}
@@ -75,6 +76,9 @@ def register(address: int, nbytes: int, fd: int, alive: Callable[[], bool]) -> N
         raise ValueError(f"registered buffer of {nbytes} bytes in a file of {info.st_size}")
     if fd >> (64 - OFFSET_BITS):
         return  # a descriptor number the window cannot carry: stay unregistered
+    if len(_entries) >= _SWEEP_AT:
+        for dead in [e.start for e in list(_entries.values()) if not e.alive()]:
+            unregister(dead)  # buffers that died where nothing was registered again since
     with _lock:
         if address not in _entries:
             bisect.insort(_starts, address)
