@@ -287,6 +287,20 @@ def test_tiny_real_run(tmp_path):
     assert all(r["library"] == "chorus" and r["wrong"] == 0 and r["seconds"] > 0 for r in doc["rows"])
 
 
+@pytest.mark.parametrize("collective", ["all_reduce", "all_to_all"])
+def test_registered_buffers_real_run(tmp_path, collective):
+    """--registered: chorus's buffers from chorus.empty_shared, large enough for the mapped
+    path (all_reduce from 1 MiB, all_to_all from 4 MiB), every op checked."""
+    out_json = tmp_path / "bench.json"
+    proc = _bench("--world", "2", "--collective", collective, "-b", "2M", "-e", "4M", "-n", "3", "-w", "1",
+                  "--baseline", "none", "--transport", "shm", "--registered", "--json", str(out_json))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "chorus on registered buffers (chorus.empty_shared)" in proc.stdout.splitlines()[0]
+    doc = json.loads(out_json.read_text())
+    assert doc["registered"] is True and [r["nbytes"] for r in doc["rows"]] == [2 << 20, 4 << 20]
+    assert all(r["wrong"] == 0 for r in doc["rows"])
+
+
 @pytest.mark.skipif(NO_MPI is not None, reason=f"MPI baseline unavailable: {NO_MPI}")
 def test_mpi_baseline_real_run(tmp_path):
     out_json = tmp_path / "bench.json"

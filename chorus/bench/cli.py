@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
     meta = {
         "collective": args.collective, "op": op, "dtype": args.dtype, "world": args.world,
         "transport": transport, "iters": args.iters, "warmup": args.warmup, "scale_iters": args.scale_iters,
-        "sizes": [c * itemsize for c in counts],
+        "registered": args.registered, "sizes": [c * itemsize for c in counts],
         "baseline": args.baseline, "baselines": baselines, "baselines_skipped": skipped,
         "baseline_info": baseline_info, "notes": notes,
         "timing": "seconds: mean per op on rank 0; wrong: over all ranks and iterations",
