@@ -151,7 +151,7 @@ def _row_reducer(op_name: str, dtype: str) -> Callable[[np.ndarray, np.ndarray],
             for row in rows[2:]:
                 fn(out, row, out=out)
         else:
-            reduce(rows, axis=0, out=out)
+            reduce(rows, 0, None, out)  # axis 0, into out (positional: no keyword parsing)
 
     if dtype == "bfloat16":
         def reduce_bf16(rows: np.ndarray, out: np.ndarray) -> None:

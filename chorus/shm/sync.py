@@ -23,6 +23,8 @@ ranks' lines share a cache line) and is the only one that writes it::
                            number << 40 | the buffer's byte offset in the file
     words 20-21 MAPPED_DEVICE  per parity: that file's device number (with the inode, what
                            names the file)
+    words 22-23 TOKEN      per parity: (seq + 1) XOR fingerprint of the op in OP, written
+                           after OP: the first sync's fast check reads one word per rank
 
 A sync is: raise your counter to ``s``, wait until every other counter is >= ``s``.
 Writes are plain aligned 8-byte stores; a rank that sees a counter also sees everything
@@ -60,6 +62,7 @@ PID, SOURCE, PROBE = 9, 10, 11  # single-copy (CMA) words, not used by the sync 
 UNIFORM = 12  # all_to_all's count words (12 + parity), not used by the sync itself
 MAPPED = 16  # a registered buffer's words (16 + 2 x parity, 2 words; chorus.shm.mapped), not used by the sync itself
 MAPPED_DEVICE = 20  # its file's device number (20 + parity)
+TOKEN = 22  # (seq + 1) ^ fingerprint of the op in OP (22 + parity): the first sync's fast check
 SHM, TCP = 1, 2  # CURRENT's transport word
 CHECK_S = 0.002
 NAP_MIN, NAP_MAX = 50e-6, 1e-3
@@ -119,9 +122,11 @@ class Sync:
         check and for waiters (``_latest``).  The fingerprint is stored before the seq word,
         so a reader that sees the new seq also sees its fingerprint; the words of this
         parity were last written by an earlier op, past whose first sync every reader is."""
-        c, m = self.control, self.mine + OP + 2 * (self.count & 1)
+        c, p = self.control, self.count & 1
+        m = self.mine + OP + 2 * p
         c[m + 1] = fingerprint
         c[m] = seq + 1
+        c[self.mine + TOKEN + p] = (seq + 1) ^ fingerprint
 
     def abandon(self, seq: int) -> None:
         """Tell the others this rank left op ``seq`` half-way (they stop waiting for it)."""
@@ -161,9 +166,9 @@ class Sync:
         target = self._arrive()
         if not self._polled(target):
             return False
-        c, o, s = self.control, OP + 2 * ((target - 1) & 1), seq + 1
-        for i in self.others:
-            if c[i + o] != s or c[i + o + 1] != fingerprint:
+        c, t, token = self.control, TOKEN + ((target - 1) & 1), (seq + 1) ^ fingerprint
+        for i in self.others:  # one word per rank (a different op's token differs but for a 2^-64 chance)
+            if c[i + t] != token:
                 return False
         return True
 
