@@ -122,11 +122,8 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         sources = direct.open_op(win, sync, ctx, data if single else None)
         where = win.mapped(p)
         if where is not None or single:
-            with direct.closing(sync, ctx):
-                if where is not None:
-                    mapped.all_reduce(win, ctx, data, reduce, root, where)
-                else:
-                    direct.reduce_everywhere(win, ctx, data, reduce, root, sources)
+            _in_place(sync, ctx, where, lambda: mapped.all_reduce(win, ctx, data, reduce, root, where),
+                      lambda: direct.reduce_everywhere(win, ctx, data, reduce, root, sources))
             return
         start = 0 if win.offered(p) else 1  # some rank skipped phase 0's copy: every rank runs it again
     parts = parts_for(win, min(count, size) * dt.itemsize, data.nbytes)
@@ -379,7 +376,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
             inp = inp.copy()
         win.publish(cma.address(inp))
     my_bytes = sum(send_counts) * dt.itemsize
-    mine = registered.find(inp) if win.maps is not None and mapped.use(win, my_bytes, "all_to_all") else None
+    mine = registered.find(inp) if mapped.use(win, my_bytes, "all_to_all") else None
     if win.maps is not None:
         win.publish_mapped(p, mine)
     if mine is None and not direct.use(win, "all_to_all", my_bytes):
@@ -393,20 +390,27 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         most, largest = int(send_table.max()), int(send_table.sum(axis=1).max())
     else:
         most, largest = common, common * w
-    where = win.mapped(p) if win.maps is not None and mapped.use(win, largest * dt.itemsize, "all_to_all") else None
+    where = win.mapped(p) if mapped.use(win, largest * dt.itemsize, "all_to_all") else None
     if where is not None or direct.use(win, "all_to_all", largest * dt.itemsize):
-        if common is not None:
-            send_table = np.full((w, w), common, np.uint64)
-        with direct.closing(sync, ctx):
-            if where is not None:
-                mapped.all_to_all(win, inp, out, send_table, recv_counts, where)
-            else:
-                direct.all_to_all(win, ctx, inp, out, send_table, recv_counts)
+        table = send_table if common is None else np.full((w, w), common, np.uint64)
+        _in_place(sync, ctx, where, lambda: mapped.all_to_all(win, inp, out, table, recv_counts, where),
+                  lambda: direct.all_to_all(win, ctx, inp, out, table, recv_counts))
         return
     parts = parts_for(win, w * min(piece, most) * dt.itemsize, message=inp.nbytes)
     again = win.maps is not None and win.offered(p)  # some rank skipped round 0's copy: all run it again
     pipeline(sync, ctx, chunks(most, piece), (copy_in, copy_out), start=0 if again else 1, win=win, parts=parts,
              began=True)
+
+
+def _in_place(sync: Sync, ctx, where, on_mapped, on_direct) -> None:
+    """Phase 1 of an op that reads (and writes) the peers' own buffers, then its closing
+    sync (chorus.shm.direct.closing): ``on_mapped()`` when every rank offered a registered
+    buffer (``where``: chorus.shm.mapped), else ``on_direct()`` (single copy through CMA)."""
+    with direct.closing(sync, ctx):
+        if where is not None:
+            on_mapped()
+        else:
+            on_direct()
 
 
 class CountsDisagree(BufferMismatchError):

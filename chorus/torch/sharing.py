@@ -80,11 +80,17 @@ class Sharing:
         self._pending: list[tuple[frozenset, object]] = []  # (storage addresses, work) of async ops
         self._no_room_said = False
 
+    def active(self) -> bool:
+        """Whether this group could use registered buffers at all."""
+        shm = self._pg.shm
+        return ENABLED and shm is not None and shm.window.maps is not None
+
     def wanted(self, t, op: str = "all_reduce") -> bool:
         """Whether ``op`` (all_reduce, all_to_all) on tensor ``t`` could use a registered buffer."""
+        if not (self.active() and t.is_cpu and t.is_contiguous()):
+            return False
         shm = self._pg.shm
-        if not (ENABLED and shm is not None and t.is_cpu and t.is_contiguous()
-                and mapped.use(shm.window, t.nbytes, op)):
+        if not mapped.use(shm.window, t.nbytes, op):
             return False
         if op != "all_to_all" and shm_collectives.one_shot(shm.window, _BYTES, t.nbytes):
             return False  # one-shot messages never offer their buffer
@@ -121,7 +127,10 @@ class Sharing:
         registered.register(storage.data_ptr(), storage.nbytes(), fd, lambda: alive() is not None)
 
     def issued(self, tensors, work) -> None:
-        """Remember ``work``, an async op on ``tensors``: their storages are busy until it is done."""
+        """Remember ``work``, an async op on ``tensors``: their storages are busy until it is done
+        (nothing to remember where no storage ever moves)."""
+        if not self.active():
+            return
         self._prune()
         addresses = frozenset(t.untyped_storage().data_ptr() for t in tensors if t.is_cpu)
         if addresses:
