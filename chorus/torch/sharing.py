@@ -123,8 +123,7 @@ class Sharing:
         self._seen.pop(address, None)
         if fd < 0:
             return
-        alive = weakref.ref(storage)
-        registered.register(storage.data_ptr(), storage.nbytes(), fd, lambda: alive() is not None)
+        registered.register(storage.data_ptr(), storage.nbytes(), fd, lambda: ref() is not None)
 
     def issued(self, tensors, work) -> None:
         """Remember ``work``, an async op on ``tensors``: their storages are busy until it is done
