@@ -182,10 +182,9 @@ class Buffers:
 
 
 def _shared_copy(values: np.ndarray) -> np.ndarray:
-    """A copy of ``values`` in a registered buffer (chorus.empty_shared)."""
-    from chorus.shm import (
-        registered,  # (only with --registered: a chorus without chorus.shm still benches)
-    )
+    """A copy of ``values`` in a registered buffer (chorus.empty_shared).  Imported here:
+    only ``--registered`` needs chorus.shm, so a chorus without it still benches."""
+    from chorus.shm import registered
 
     fresh = registered.empty_shared(values.shape, values.dtype)
     fresh[...] = values
