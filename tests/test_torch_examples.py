@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="chorus.torch needs torch (pip install 'chorus[torch]')")
 
 import torch.distributed as tdist  # noqa: E402
-from test_torch_backend import _MLP  # noqa: E402 - the model the DDP tests train
+from torch_training import MLP  # noqa: E402 - the model the DDP tests train
 
 import chorus.torch  # noqa: E402, F401 - registers the backend
 
@@ -28,7 +28,7 @@ def _ddp_killed_worker(rank, world, workdir):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
-    model = DDP(_MLP())
+    model = DDP(MLP())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     outcome = "finished without an error"
     try:
