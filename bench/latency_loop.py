@@ -3,7 +3,10 @@ tiny float32 array in a loop, three rounds; rank 0 prints the best round's time 
 ``--floor`` instead times the least plain numpy can do over shared memory for the same
 exchange (copy in, raise a counter, spin on the others', reduce): what Python itself costs.
 
-usage: python3 bench/latency_loop.py [--floor] [W] [ELEMENTS] [ITERS]
+``--pin`` binds rank r to one CPU, spreading the ranks over physical cores first
+(``pin_order``), for both.
+
+usage: python3 bench/latency_loop.py [--floor] [--pin] [W] [ELEMENTS] [ITERS]
   e.g. python3 bench/latency_loop.py 2 1 20000; python3 bench/latency_loop.py --floor 2 1 20000
 """
 
@@ -18,8 +21,31 @@ import time
 import numpy as np
 
 
+def pin_order() -> list[int]:
+    """This process's CPUs, one per physical core first (then their hyperthread siblings)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    first, rest, seen = [], [], set()
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                core = f.read().strip()
+        except OSError:
+            core = str(cpu)
+        (rest if core in seen else first).append(cpu)
+        seen.add(core)
+    return first + rest
+
+
+def _pin(rank: int) -> None:
+    if os.environ.get("LATENCY_PIN"):
+        order = pin_order()
+        os.sched_setaffinity(0, {order[rank % len(order)]})
+
+
 def _chorus(rank: int, world: int, port: int, n: int, iters: int) -> None:
     import chorus as dist
+
+    _pin(rank)
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(rank=rank, world_size=world)
@@ -43,6 +69,7 @@ def _floor(world: int, n: int, iters: int) -> None:
     slots = np.frombuffer(buf, np.float32, 2 * world * n, offset=4096).reshape(2, world, n)
 
     def run(me: int) -> None:
+        _pin(me)
         data, count, best = np.full(n, me + 1, np.float32), 0, float("inf")
         for _ in range(3):
             start = time.perf_counter()
@@ -74,7 +101,9 @@ def _floor(world: int, n: int, iters: int) -> None:
 
 def main(argv: list[str]) -> int:
     floor = "--floor" in argv
-    args = [int(a) for a in argv if a != "--floor"]
+    if "--pin" in argv:
+        os.environ["LATENCY_PIN"] = "1"  # inherited by the ranks
+    args = [int(a) for a in argv if a not in ("--floor", "--pin")]
     world, n, iters = (args + [2, 1, 20000][len(args):])[:3]
     if floor:
         _floor(world, n, iters)

@@ -126,11 +126,18 @@ def rows_into(op_name: str, dtype: str, rows: np.ndarray) -> Callable[[np.ndarra
     """``into(out)``: ``row_reducer(op_name, dtype)(rows, out)`` for rows fixed once (the
     one-shot all_reduce's views of the window), with the same bits.  Two rows of a numpy
     dtype take one ufunc call on prebuilt row views (0.5 us instead of ~1.5 us through the
-    general reducer on a 2-core machine); everything else is the general reducer."""
-    if len(rows) == 2 and dtype != "bfloat16":
-        fn = _BOOL_OPS[op_name] if dtype == "bool" else _NUMPY_OPS[op_name]
+    general reducer on a 2-core machine); more rows, shorter than ``_CHAIN_BYTES``, take
+    the one reduce call the general reducer would make, without its checks per call;
+    everything else is the general reducer."""
+    if dtype == "bfloat16":
+        return functools.partial(row_reducer(op_name, dtype), rows)
+    fn = _BOOL_OPS[op_name] if dtype == "bool" else _NUMPY_OPS[op_name]
+    if len(rows) == 2:
         first, second = rows[0, ...], rows[1, ...]  # views, also of 0-d rows (rows[0] would copy)
         return lambda out: fn(first, second, out=out)
+    if len(rows) > 2 and rows.nbytes // len(rows) < _CHAIN_BYTES:
+        reduce = fn.reduce
+        return lambda out: reduce(rows, 0, None, out)  # as reduce_rows does for these rows
     return functools.partial(row_reducer(op_name, dtype), rows)
 
 

@@ -418,6 +418,25 @@ def test_small_all_reduce_takes_the_cached_one_shot_plan_and_matches_the_general
     assert len(calls) == 3 * len(cases)  # the fast ones only: not async, strided, read-only or invalid
 
 
+def test_the_latency_paths_last_plan_follows_the_op_the_dtype_and_the_shape():
+    """Repeated calls reuse the last plan only for the same dtype, op and shape."""
+    def body(rank, w):
+        x, got = np.full(5, rank + 1, np.int64), []
+        for op in ("SUM", "MAX", "MAX", "SUM", "MIN"):
+            y = x.copy()
+            dist.all_reduce(y, op=getattr(dist.ReduceOp, op))
+            got.append(y.tolist())
+        for y in (x.astype(np.float64), x.astype(np.int32), x.reshape(5, 1).copy(), x[:3].copy()):
+            dist.all_reduce(y)
+            got.append((y.dtype.name, y.shape, y.ravel().tolist()))
+        return got
+
+    for got in run_threads(body, 3):
+        assert got[:5] == [[6] * 5, [3] * 5, [3] * 5, [6] * 5, [1] * 5]
+        assert got[5:] == [("float64", (5,), [6.0] * 5), ("int32", (5,), [6] * 5),
+                           ("int64", (5, 1), [6] * 5), ("int64", (3,), [6] * 3)]
+
+
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_one_shot_plan_handles_0d_and_nd_arrays(world):
     def body(rank, w):

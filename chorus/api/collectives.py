@@ -9,9 +9,12 @@ import functools
 import numpy as np
 
 from chorus import engine
+from chorus.api.groups import resolve
 from chorus.api.launch import member_group, not_member, root_rank, run, writable
+from chorus.api.state import current
 from chorus.buffers import as_buffer
 from chorus.errors import CommTimeoutError, InvalidArgumentError, InvalidTensorError
+from chorus.process_group import ProcessGroup
 from chorus.reductions import ReduceOp, check_op, combiner, divide, rows_into, scale
 from chorus.wire.fingerprint import fingerprint
 from chorus.wire.frames import Kind
@@ -54,12 +57,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     rank 0: [1, 2]   rank 1: [3, 4]   --all_reduce(SUM)-->   both: [4, 6]
     Results are bit-identical on every rank.
     """
+    if type(tensor) is np.ndarray and not async_op and algorithm is None and _all_reduce_one_shot(tensor, op, group):
+        return None
     pg = member_group(group, "all_reduce")
     if pg is None:
         return not_member(async_op)
-    if (pg.shm is not None and type(tensor) is np.ndarray and type(op) is ReduceOp.RedOpType
-            and not async_op and algorithm is None and _all_reduce_one_shot(pg, tensor, op)):
-        return None
     buf = writable(tensor, "all_reduce")
     combine, before, after = _reduction(buf, op, "all_reduce", pg.size())
     return run(pg, "all_reduce", dtype=buf.dtype, count=buf.numel, buffers={"data": buf.array},
@@ -67,17 +69,35 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
                combine=combine, before=before, after=after, result=[tensor], args={"count": buf.numel})
 
 
-def _all_reduce_one_shot(pg, arr: np.ndarray, op) -> bool:
+def _all_reduce_one_shot(arr: np.ndarray, op, group) -> bool:
     """The latency path: a small synchronous all_reduce of a numpy array on a group with a
     shared-memory window runs here, from a plan cached per (dtype, shape, op), and returns
     True; anything else (large, queued behind async ops, recorded, non-contiguous,
-    read-only, PREMUL_SUM, bad arguments) returns False and takes the general path, which
-    gives the same result or the same error."""
-    shm = pg.shm
-    plan = shm.plans.get((arr.dtype, arr.shape, op.name))
-    if plan is None:
-        plan = _one_shot_plan(pg, arr, op)
-    if not plan or pg._queue or engine.recorder is not None:
+    read-only, PREMUL_SUM, not a member, not initialized, bad arguments) returns False and
+    takes the general path, which gives the same result or the same error.
+
+    Every check here is one a repeated call needs: the group's last plan is kept with the
+    dtype, shape and op it was made for (under the key None of the group's plans, so that
+    whatever clears the plans clears it), compared by identity where that is exact (a
+    dtype or op object that is another object looks the plan up)."""
+    pg = current().default_group if group is None else group if type(group) is ProcessGroup else None
+    shm = None if pg is None else pg.shm
+    if shm is None:
+        return False  # not initialized, no window, another group argument: the general path
+    last = shm.plans.get(None)
+    if last is not None and last[0] is arr.dtype and last[1] is op and last[2] == arr.shape:
+        plan = last[3]
+    else:
+        if type(op) is not ReduceOp.RedOpType or resolve(group, "all_reduce") is not pg:
+            return False  # (resolve raises what the general path would: not initialized)
+        key = (arr.dtype, arr.shape, op.name)
+        plan = shm.plans.get(key)
+        if plan is None:
+            plan = _one_shot_plan(pg, arr, op)
+        if not plan:
+            return False
+        shm.plans[None] = (arr.dtype, op, arr.shape, plan)
+    if pg._queue or engine.recorder is not None:
         return False
     flags = arr.flags
     if not (flags.c_contiguous and flags.writeable):

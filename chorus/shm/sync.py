@@ -6,25 +6,29 @@ ranks' lines share a cache line) and is the only one that writes it::
     word  0     ARRIVED    syncs this rank has reached: its generation counter
     words 1-4   OP         (seq + 1, fingerprint) of the shared-memory op it began in a phase
                            of parity 0 | 1 (0: none yet)
-    words 5-7   CURRENT    seq + 1, fingerprint and transport (TCP) of the last op it ran
-                           over TCP instead (group.ShmGroup.announce_tcp)
-    word  8     ABANDONED  seq + 1 of an op it left after an error (0 = none)
-    word  9     PID        its process id (written at window creation; chorus.shm.cma)
-    word  10    SOURCE     address of its buffer that peers read (all_reduce: and write) in
+    words 5-6   TOKEN      per parity: (seq + 1) XOR fingerprint of the op in OP, written
+                           after OP: the first sync's fast check reads one word per rank,
+                           from the cache line it has just read ARRIVED from
+    word  7     ABANDONED  seq + 1 of an op it left after an error (0 = none)
+    word  8     PID        its process id (written at window creation; chorus.shm.cma)
+    word  9     SOURCE     address of its buffer that peers read (all_reduce: and write) in
                            the current single-copy op (chorus.shm.direct); at window
                            creation: of its CMA probe
-    word  11    PROBE      the 8 random bytes at that probe (window creation only)
-    words 12-13 UNIFORM    all_to_all of parity 0 | 1: count + 1 when this rank sends and
+    word  10    PROBE      the 8 random bytes at that probe (window creation only)
+    words 11-12 UNIFORM    all_to_all of parity 0 | 1: count + 1 when this rank sends and
                            receives that count to and from every rank, else 0
                            (chorus.shm.window.Window.declare_counts)
+    words 13-15 CURRENT    seq + 1, fingerprint and transport (TCP) of the last op it ran
+                           over TCP instead (group.ShmGroup.announce_tcp)
     words 16-19 MAPPED     per parity 0 | 1 (16 + 2 x parity): the inode of the registered
                            buffer this rank offers in an op that begins in a phase of that
                            parity (chorus.shm.registered; 0: none), then its descriptor
                            number << 40 | the buffer's byte offset in the file
     words 20-21 MAPPED_DEVICE  per parity: that file's device number (with the inode, what
                            names the file)
-    words 22-23 TOKEN      per parity: (seq + 1) XOR fingerprint of the op in OP, written
-                           after OP: the first sync's fast check reads one word per rank
+
+Words 0-7 share one cache line: what a latency-bound op writes (ARRIVED, OP, TOKEN) and
+what the others read of it cross between cores as one line per rank.
 
 A sync is: raise your counter to ``s``, wait until every other counter is >= ``s``.
 Writes are plain aligned 8-byte stores; a rank that sees a counter also sees everything
@@ -57,12 +61,12 @@ from chorus.errors import AbortedError, CollectiveMismatchError, CommTimeoutErro
 from chorus.wire.fingerprint import describe
 
 WORDS = 24
-ARRIVED, OP, CURRENT, ABANDONED = 0, 1, 5, 8
-PID, SOURCE, PROBE = 9, 10, 11  # single-copy (CMA) words, not used by the sync itself
-UNIFORM = 12  # all_to_all's count words (12 + parity), not used by the sync itself
+ARRIVED, OP, TOKEN, ABANDONED = 0, 1, 5, 7  # TOKEN: (seq + 1) ^ fingerprint of the op in OP (5 + parity)
+PID, SOURCE, PROBE = 8, 9, 10  # single-copy (CMA) words, not used by the sync itself
+UNIFORM = 11  # all_to_all's count words (11 + parity), not used by the sync itself
+CURRENT = 13  # an op run over TCP instead (3 words)
 MAPPED = 16  # a registered buffer's words (16 + 2 x parity, 2 words; chorus.shm.mapped), not used by the sync itself
 MAPPED_DEVICE = 20  # its file's device number (20 + parity)
-TOKEN = 22  # (seq + 1) ^ fingerprint of the op in OP (22 + parity): the first sync's fast check
 SHM, TCP = 1, 2  # CURRENT's transport word
 CHECK_S = 0.002
 NAP_MIN, NAP_MAX = 50e-6, 1e-3
@@ -163,12 +167,17 @@ class Sync:
         times (``_polled``): True if every one arrived and began the same op, and the sync
         is done.  False: finish it with ``settle_first``, which waits, checks and raises.
         (Split so that the latency path builds the op's context only when it has to wait.)"""
-        target = self._arrive()
-        if not self._polled(target):
-            return False
-        c, t, token = self.control, TOKEN + ((target - 1) & 1), (seq + 1) ^ fingerprint
-        for i in self.others:  # one word per rank (a different op's token differs but for a 2^-64 chance)
-            if c[i + t] != token:
+        c, polls = self.control, self.backoff.polls
+        target = self.count + 1  # self._arrive() and self._polled(target), inlined
+        self.count = target
+        c[self.mine] = target
+        t, token = TOKEN + ((target - 1) & 1), (seq + 1) ^ fingerprint
+        for i in self.others:
+            while c[i] < target:
+                if polls <= 0:
+                    return False
+                polls -= 1
+            if c[i + t] != token:  # (in the line ARRIVED came in; another op's token differs but for a 2^-64 chance)
                 return False
         return True
 

@@ -4,7 +4,7 @@ One window per group, created once (chorus.shm.handshake) and reused by every op
 
     offset            size                 what
     0                 4 KiB                magic, world size, slot size, nonce (checked at attach)
-    4 KiB             W x 128 B            control lines: rank r's counters (chorus.shm.sync)
+    4 KiB             W x 192 B            control lines: rank r's counters (chorus.shm.sync)
     ...               2 x 2 x W x W x 8 B  per parity: send and receive count tables (all_to_all)
     (page aligned)    2 x W x slot         data: per parity, one slot per rank
                       2 x slot             result: per parity, one shared slot
@@ -33,7 +33,7 @@ import numpy as np
 from chorus.shm.registered import OFFSET_BITS, Descriptor
 from chorus.shm.sync import ABANDONED, MAPPED, MAPPED_DEVICE, PID, PROBE, SOURCE, UNIFORM, WORDS
 
-MAGIC = b"CHSHM001"
+MAGIC = b"CHSHM002"  # the layout's version: 002 moved the control words (chorus.shm.sync)
 _HEADER = struct.Struct("<8sQQ16s")  # magic, world, slot bytes, nonce
 PAGE = 4096
 CONTROL = PAGE
