@@ -448,3 +448,26 @@ def test_one_shot_plan_handles_0d_and_nd_arrays(world):
 
     for scalar, cube in run_threads(body, world):
         assert scalar == (world + 1) / 2 and np.array_equal(cube, np.full((2, 3, 4), world - 1))
+
+
+@pytest.mark.parametrize("dtype, op", [("float32", "SUM"), ("float64", "PRODUCT"), ("int32", "MAX"),
+                                       ("bool", "BXOR"), ("bfloat16", "SUM")])
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("n", [100, 40000])  # short rows (one reduce call) and long ones (a pair at a time)
+def test_the_row_reducer_may_write_over_one_of_its_rows(dtype, op, world, n):
+    """Single copy passes this rank's own row as one of the rows and as ``out``: the same
+    bits as reducing copies of the rows into another array, whichever row it is."""
+    from chorus.reductions import float32_to_bf16, row_reducer
+
+    rng = np.random.default_rng(world * n)
+    floats = [rng.standard_normal(n).astype(np.float32) * 10 for _ in range(world)]
+    rows = [float32_to_bf16(f) if dtype == "bfloat16" else f > 0 if dtype == "bool" else f.astype(dtype)
+            for f in floats]
+    reduce = row_reducer(op, dtype)
+    expected = np.empty_like(rows[0])
+    reduce(np.stack(rows), expected)
+    for mine in range(world):
+        given = [row.copy() for row in rows]
+        reduce(given, given[mine])
+        assert given[mine].tobytes() == expected.tobytes(), mine
+        assert all(given[q].tobytes() == rows[q].tobytes() for q in range(world) if q != mine)
