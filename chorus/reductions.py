@@ -113,9 +113,8 @@ def combiner(op: _Op, dtype: str) -> Callable[[np.ndarray, np.ndarray], None]:
 def row_reducer(op_name: str, dtype: str) -> Callable[[np.ndarray, np.ndarray], None]:
     """``reduce(rows, out)``: ``out = op(rows[0], rows[1], ...)`` over the first axis of a
     2-D array, in one numpy call (shared-memory collectives reduce W slots at once), or
-    over a list of equal rows (chorus.shm.mapped: rows in W ranks' buffers).  In a list,
-    ``out`` may be one of the rows (the same object, not another view of its memory):
-    it is read before it is written, with the same bits.
+    over a list of equal rows (chorus.shm.mapped: rows in W ranks' buffers).  Two rows
+    take one elementwise call, so ``out`` may be either of them (chorus.shm.direct).
 
     Deterministic: the same rows give the same bits on every rank (the method depends
     only on the shape).  bfloat16 is reduced in float32 and rounded once at the end; AVG
@@ -156,18 +155,11 @@ def _row_reducer(op_name: str, dtype: str) -> Callable[[np.ndarray, np.ndarray],
         # runs at a third of the speed of out = a op b (measured: 2 rows of 1 MiB).
         n = len(rows)  # (rows: an array, or a list of rows; the array's row length costs no view)
         if n == 2 or (n > 2 and (rows.nbytes // n if type(rows) is np.ndarray else rows[0].nbytes) >= _CHAIN_BYTES):
-            own = _index_of(rows, out) if type(rows) is list else -1
-            if own >= 2:  # out is a later row: the rows before it accumulate elsewhere first
-                acc = np.empty_like(out)
-                fn(rows[0], rows[1], out=acc)
-                for row in rows[2:own]:
-                    fn(acc, row, out=acc)
-                rows = [acc, *rows[own:]]
             fn(rows[0], rows[1], out=out)
             for row in rows[2:]:
                 fn(out, row, out=out)
         else:
-            reduce(rows, 0, None, out)  # axis 0, into out (positional: no keyword parsing; a list is copied first)
+            reduce(rows, 0, None, out)  # axis 0, into out (positional: no keyword parsing)
 
     if dtype == "bfloat16":
         def reduce_bf16(rows: np.ndarray, out: np.ndarray) -> None:
@@ -177,14 +169,6 @@ def _row_reducer(op_name: str, dtype: str) -> Callable[[np.ndarray, np.ndarray],
             out[...] = float32_to_bf16(wide)
         return reduce_bf16
     return reduce_rows
-
-
-def _index_of(rows: list, out: np.ndarray) -> int:
-    """The index of ``out`` (the same object) among ``rows``, or -1."""
-    for i, row in enumerate(rows):
-        if row is out:
-            return i
-    return -1
 
 
 def bf16_to_float32(bits: np.ndarray) -> np.ndarray:

@@ -80,16 +80,17 @@ def _all_reduce_one_shot(arr: np.ndarray, op, group) -> bool:
     dtype, shape and op it was made for (under the key None of the group's plans, so that
     whatever clears the plans clears it), compared by identity where that is exact (a
     dtype or op object that is another object looks the plan up)."""
-    pg = current().default_group if group is None else group if type(group) is ProcessGroup else None
-    shm = None if pg is None else pg.shm
+    world = current()
+    pg = world.default_group if group is None else group if type(group) is ProcessGroup else None
+    shm = None if pg is None or world.default_group is None else pg.shm
     if shm is None:
         return False  # not initialized, no window, another group argument: the general path
     last = shm.plans.get(None)
     if last is not None and last[0] is arr.dtype and last[1] is op and last[2] == arr.shape:
         plan = last[3]
     else:
-        if type(op) is not ReduceOp.RedOpType or resolve(group, "all_reduce") is not pg:
-            return False  # (resolve raises what the general path would: not initialized)
+        if type(op) is not ReduceOp.RedOpType or shm.closed or resolve(group, "all_reduce") is not pg:
+            return False  # (a destroyed group, a non-member: the general path raises or warns)
         key = (arr.dtype, arr.shape, op.name)
         plan = shm.plans.get(key)
         if plan is None:

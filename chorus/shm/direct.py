@@ -191,16 +191,20 @@ def _reduce_rows(win: Window, ctx, sources: list[int], offset: int, own: np.ndar
     """``out`` <- reduce over ranks of the ``own.size`` elements at byte ``offset`` of every
     rank's source (``own``: this rank's, here), then the result -> the same place in ranks
     ``writes``' sources.  ``out`` None: private scratch.  The rows are read into private
-    scratch in rank order, beside this rank's own row where it is (``out`` may be that row:
-    chorus.reductions.row_reducer reads it before writing), so ``reduce`` sees the rows
-    the copy path sees (same bits) without copying this rank's row first."""
+    scratch in rank order, so ``reduce`` sees the rows the copy path sees (same bits); in
+    groups of 2 this rank's own row is passed where it is (two rows are reduced by one
+    elementwise call, which may write over an input row), except for complex dtypes."""
     w, me, n, peers = win.world, win.rank, own.size, win.cma
-    scratch = peers.scratch((w + 1) * own.nbytes)[: (w + 1) * own.nbytes].view(own.dtype).reshape(w + 1, n)  # row me: unused
+    scratch = peers.scratch((w + 1) * own.nbytes)[: (w + 1) * own.nbytes].view(own.dtype).reshape(w + 1, n)
     rows = scratch[:w]
     for q in _others(me, w):
         read_from(win, ctx, q, rows[q], sources[q] + offset)
     out = scratch[w] if out is None else out
-    reduce([own if q == me else rows[q] for q in range(w)], out)  # this rank's row where it is
+    if w == 2 and own.dtype.kind != "c":  # one elementwise call: this rank's row is read where it is
+        reduce([own, rows[1]] if me == 0 else [rows[0], own], out)
+    else:  # (numpy's complex multiply of short arrays differs in the last bit when done in place)
+        rows[me] = own
+        reduce(rows, out)
     for q in writes:
         if q != me and not win.gave_up(q, ctx.seq):  # its caller may own the memory again
             peers.write(ctx, q, [(cma.address(out), sources[q] + offset, out.nbytes)])
