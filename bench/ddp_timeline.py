@@ -118,6 +118,8 @@ def rank_main(rank: int, world: int, steps: int, threads: int, workdir: str) -> 
             t = clock()
             real_sleep(s)
             late[1] = max(late[1], (clock() - t - s) * 1e3)
+        # (module-wide for the wait's duration: Sync._wait calls them through os and time; the
+        # group's worker is the only thread that waits then, so the counts are its own)
         os.sched_yield, time.sleep = counted_yield, counted_sleep
         try:
             plain_wait(self, target, ctx)
