@@ -104,9 +104,12 @@ def rank_main(rank: int, world: int, steps: int, threads: int, workdir: str) -> 
         real_yield, real_sleep = os.sched_yield, time.sleep
 
         late = [0.0, 0.0]  # the longest yield; the longest a sleep overran its nap (ms)
+        waiter = threading.get_ident()
 
         def counted_yield():
             nonlocal yields
+            if threading.get_ident() != waiter:
+                return real_yield()
             yields += 1
             t = clock()
             real_yield()
@@ -114,12 +117,14 @@ def rank_main(rank: int, world: int, steps: int, threads: int, workdir: str) -> 
 
         def counted_sleep(s):
             nonlocal sleeps
+            if threading.get_ident() != waiter:
+                return real_sleep(s)
             sleeps += 1
             t = clock()
             real_sleep(s)
             late[1] = max(late[1], (clock() - t - s) * 1e3)
-        # (module-wide for the wait's duration: Sync._wait calls them through os and time; the
-        # group's worker is the only thread that waits then, so the counts are its own)
+        # (module-wide for the wait's duration, since Sync._wait calls them through os and
+        # time; other threads' calls, e.g. the transport's heartbeat, pass through uncounted)
         os.sched_yield, time.sleep = counted_yield, counted_sleep
         try:
             plain_wait(self, target, ctx)
