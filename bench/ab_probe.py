@@ -24,13 +24,13 @@ every op); this only times.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
 import time
 
 import numpy as np
+from ranks import spawn
 
 INF = float("inf")
 VARIANTS = ("copy", "copyc", "copy1", "whole", "cma", "reg", "reg1", "gloo")
@@ -128,17 +128,7 @@ def main(argv: list[str]) -> int:
     world, outdir, rounds = int(argv[0]), argv[1], int(argv[2])
     collectives = argv[3].split(",")
     sizes = [int(float(x) * (1 << 20)) for x in argv[4].split(",")]
-    os.makedirs(outdir, exist_ok=True)
-    for name in ("chorus.rdzv", "gloo.rdzv"):
-        if os.path.exists(os.path.join(outdir, name)):
-            os.unlink(os.path.join(outdir, name))
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(r, world, sizes, collectives, rounds, outdir)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    return max(p.exitcode or 0 for p in procs)
+    return spawn(rank_main, world, outdir, sizes, collectives, rounds, outdir)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -363,17 +364,91 @@ def test_reads_in_batches_of_iov_max_and_after_partial_transfers(monkeypatch):
     assert np.array_equal(dst, src)
 
 
-def test_errors_name_the_op_and_rank_and_say_what_to_do():
+def test_read_one_copies_goes_on_after_a_partial_transfer_and_counts():
+    src = np.arange(70_000, dtype=np.int64)
+    dst = np.zeros_like(src)
+    peers = cma.Peers([os.getpid()] * 2)
+    peers.read_one(Ctx, 1, cma.address(dst), cma.address(src), src.nbytes)
+    assert np.array_equal(dst, src) and (peers.calls, peers.nbytes) == (1, src.nbytes)
+    real, stops = peers.readv, []
+
+    def first_half(pid, local, n, remote, m, flags):  # the kernel may stop early
+        if not stops:
+            stops.append(local.len)
+            local.len = remote.len = local.len // 2
+        return real(pid, local, n, remote, m, flags)
+
+    dst[:] = 0
+    peers.readv = first_half
+    peers.read_one(Ctx, 1, cma.address(dst), cma.address(src), src.nbytes)
+    assert np.array_equal(dst, src) and stops == [src.nbytes]
+    assert (peers.calls, peers.nbytes) == (3, 2 * src.nbytes)
+
+
+def _window_with_crew(rank: int, world: int, threads: int):
+    from types import SimpleNamespace
+
+    from chorus.shm.crew import Crew
+
+    return SimpleNamespace(rank=rank, world=world, crew=Crew(threads))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_from_peers_reads_every_part_of_every_peer_once_and_the_local_share_once(threads):
+    win = _window_with_crew(2, 5, threads)
+    seen, lock = [], threading.Lock()
+
+    def read(q, part, parts):
+        with lock:
+            seen.append((q, part, parts, threading.get_ident()))
+
+    local = []
+    shm_direct.from_peers(win, read, 4 * (3 << 20), lambda: local.append(threading.get_ident()))
+    parts = {p for _, _, p, _ in seen}
+    assert len(parts) == 1 and len(local) == 1
+    (n,) = parts
+    assert n == (1 if threads == 1 else 3)  # 3 MiB from each peer: 1 MiB pieces
+    assert sorted((q, part) for q, part, _, _ in seen) == [(q, k) for q in (0, 1, 3, 4) for k in range(n)]
+    if threads == 1:
+        assert [q for q, _, _, _ in seen] == [3, 4, 0, 1]  # from me + 1 on
+    win.crew.close()
+
+
+def test_from_peers_a_late_helper_reads_less():
+    """The caller's thread takes the local share first and then whatever is left: a helper
+    that starts late does not make the caller wait for a fixed share."""
+    win = _window_with_crew(0, 3, 2)
+    by_thread: dict[int, int] = {}
+    gate = threading.Event()
+    me = threading.get_ident()
+
+    def read(q, part, parts):
+        if threading.get_ident() != me:
+            gate.wait(5)  # the helper is slow to start
+        by_thread[threading.get_ident()] = by_thread.get(threading.get_ident(), 0) + 1
+        if sum(by_thread.values()) >= 7:
+            gate.set()
+
+    shm_direct.from_peers(win, read, 2 * (4 << 20), lambda: None)  # 4 MiB per peer: 4 parts each
+    assert sum(by_thread.values()) == 8
+    assert by_thread[me] >= 7, by_thread
+    win.crew.close()
+
+
+@pytest.mark.parametrize("read", [lambda peers, mine, theirs: peers.read(Ctx, 1, [(mine, theirs, 8)]),
+                                  lambda peers, mine, theirs: peers.read_one(Ctx, 1, mine, theirs, 8)],
+                         ids=["read", "read_one"])
+def test_errors_name_the_op_and_rank_and_say_what_to_do(read):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     buf = np.zeros(4, np.int64)
     peers = cma.Peers([os.getpid(), child.pid])
     with pytest.raises(dist.PeerLostError, match="rank 11") as info:
-        peers.read(Ctx, 1, [(cma.address(buf), cma.address(buf), 8)])
+        read(peers, cma.address(buf), cma.address(buf))
     assert info.value.lost_rank == 11
     peers = cma.Peers([child.pid, os.getpid()])
     with pytest.raises(dist.AbortedError, match="rank 11's buffer is no longer mapped"):
-        peers.read(Ctx, 1, [(cma.address(buf), 8, 8)])  # address 8: never mapped
+        read(peers, cma.address(buf), 8)  # address 8: never mapped
 
     def denied(*args):
         ctypes.set_errno(errno.EPERM)
@@ -408,7 +483,7 @@ def test_a_rank_failing_mid_single_copy_returns_only_after_its_peers_stopped(sma
         shm = dist.group.WORLD.shm
         if shm.window.cma is None:
             return "no single copy here"
-        plain, calls = shm.window.cma.read, []
+        plain, calls = shm.window.cma.read_one, []
 
         def slow_or_failing(*args, **kwargs):
             if rank == 1:
@@ -418,7 +493,7 @@ def test_a_rank_failing_mid_single_copy_returns_only_after_its_peers_stopped(sma
             calls.append(1)
             return plain(*args, **kwargs)
 
-        shm.window.cma.read = slow_or_failing
+        shm.window.cma.read_one = slow_or_failing
         x = np.ones(50_000, np.float32)
         try:
             dist.all_reduce(x)

@@ -211,8 +211,8 @@ def all_gather(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray | 
                     a, b = part_of(count, part, parts)
                     direct.read_from(win, ctx, q, blocks[q, a:b], sources[q] + a * dt.itemsize)
 
-                direct.from_peers(win, read_block, win.world * inp.nbytes)
-                direct.copy_unless_same(blocks[me], inp)
+                direct.from_peers(win, read_block, win.world * inp.nbytes,
+                                  lambda: direct.copy_unless_same(blocks[me], inp))
         return
 
     copy_in = to_my_slot(win, inp, size)

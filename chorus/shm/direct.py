@@ -24,6 +24,8 @@ Names: ``W`` ranks, ``me`` this rank's group rank; ``rank q's x`` is rank q's ow
 
 from __future__ import annotations
 
+import functools
+import queue
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -157,27 +159,56 @@ def _others(me: int, world: int) -> list[int]:
     return [(me + k) % world for k in range(1, world)]
 
 
-def from_peers(win: Window, read: Callable[[int, int, int], None], nbytes: int) -> None:
-    """``read(q, part, parts)`` for every other rank q: reads part ``part`` of ``parts``
-    near-equal parts of what comes from q.  With the crew's threads (chorus.shm.crew), when
-    ``nbytes`` is worth it, thread t reads part t from every peer: the same bytes per thread
-    whatever the number of peers."""
+#: When the crew shares a rank's reads (``from_peers``), each peer's block is cut into
+#: pieces of at least this many bytes (one system call each), at least one per thread.
+#: Measured at W = 8 on the 16-core host (all_to_all, session 7): 256 KiB pieces were no
+#: faster than 1 MiB or one per thread at 4-64 MiB; what the shared queue gained (4 MiB:
+#: 0.73-0.81 ms against 1.03-1.14) came from helpers that wake late reading less.
+SHARE_PIECE_BYTES = 1 << 20
+
+
+def from_peers(win: Window, read: Callable[[int, int, int], None], nbytes: int,
+               local: Callable[[], None] | None = None) -> None:
+    """``read(q, part, parts)`` for every other rank q and every part: reads part ``part``
+    of ``parts`` near-equal parts of what comes from q; and ``local()`` (this rank's own
+    share, a copy in memory) once, if given.
+
+    With the crew's threads (chorus.shm.crew), when ``nbytes`` is worth it, the threads
+    take the next task from one shared queue: ``local`` first (the caller's thread starts
+    on it while the helpers wake up, tens of us on a busy host), then the parts, peer by
+    peer.  A helper that wakes late thus does less instead of finishing last.  Parts are
+    at least ``SHARE_PIECE_BYTES`` of an even share (``nbytes`` over the other ranks), at
+    least one per thread."""
     peers = _others(win.rank, win.world)
-    parts = parts_for(win, nbytes)
-    if parts <= 1:
+    threads = parts_for(win, nbytes)
+    if threads <= 1:
+        if local is not None:
+            local()
         for q in peers:
             read(q, 0, 1)
         return
+    parts = max(threads, nbytes // max(1, len(peers)) // SHARE_PIECE_BYTES)
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    if local is not None:
+        todo.put(local)
+    for q in peers:
+        for part in range(parts):
+            todo.put(functools.partial(read, q, part, parts))
 
-    def share(part: int) -> Callable[[], None]:
-        return lambda: [read(q, part, parts) for q in peers]
+    def share() -> None:
+        while True:
+            try:
+                task = todo.get_nowait()
+            except queue.Empty:
+                return
+            task()
 
-    win.crew.run([share(part) for part in range(parts)])
+    win.crew.run([share] * threads)
 
 
 def read_from(win: Window, ctx, q: int, dst: np.ndarray, src: int) -> None:
     """``dst`` <- ``dst.nbytes`` bytes of rank ``q``'s memory at address ``src``."""
-    win.cma.read(ctx, q, [(cma.address(dst), src, dst.nbytes)])
+    win.cma.read_one(ctx, q, cma.address(dst), src, dst.nbytes)
 
 
 def copy_unless_same(dst: np.ndarray, src: np.ndarray) -> None:
@@ -262,15 +293,17 @@ def all_to_all(win: Window, ctx, inp: np.ndarray, out: np.ndarray, send_table: n
                recv_counts: Sequence[int]) -> None:
     """Phase 1 of all_to_all with single copy: block ``me`` of every rank's ``inp``, read
     into ``out`` (the counts come from the table every rank published)."""
-    me, size = win.rank, out.itemsize
+    me, size, peers = win.rank, out.itemsize, win.cma
     sources = win.words(SOURCE)
     recvs = offsets(recv_counts)
+    starts = send_table[:, :me].sum(axis=1).tolist()  # where block me starts in each rank's inp
+    base = cma.address(out)
 
     def read_block(q: int, part: int, parts: int) -> None:
         a, b = part_of(recv_counts[q], part, parts)
-        block = out[recvs[q] + a: recvs[q] + b]
-        read_from(win, ctx, q, block, sources[q] + (int(send_table[q, :me].sum()) + a) * size)
+        peers.read_one(ctx, q, base + (recvs[q] + a) * size, sources[q] + (starts[q] + a) * size, (b - a) * size)
 
-    from_peers(win, read_block, out.nbytes)
-    sends = int(send_table[me, :me].sum())
-    out[recvs[me]: recvs[me] + recv_counts[me]] = inp[sends: sends + recv_counts[me]]
+    def copy_own() -> None:
+        out[recvs[me]: recvs[me] + recv_counts[me]] = inp[starts[me]: starts[me] + recv_counts[me]]
+
+    from_peers(win, read_block, out.nbytes, copy_own)

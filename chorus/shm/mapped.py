@@ -103,8 +103,7 @@ def all_to_all(win: Window, inp: np.ndarray, out: np.ndarray, send_table: np.nda
         a, b = part_of(recv_counts[q], part, parts)
         out[recvs[q] + a: recvs[q] + b] = views[q][starts[q] + a: starts[q] + b]
 
-    direct.from_peers(win, read_block, out.nbytes)
-    read_block(me, 0, 1)
+    direct.from_peers(win, read_block, out.nbytes, lambda: read_block(me, 0, 1))
 
 
 def _split(win: Window, lo: int, hi: int, itemsize: int, run: Callable[[int, int], None]) -> None:
