@@ -5,8 +5,9 @@ mean, median, 10th and 90th percentile and maximum per library, size and variant
 usage: python3 bench/iter_times.py W OUTDIR COLLECTIVE SIZES_MIB ITERS [VARIANTS]
   e.g. python3 bench/iter_times.py 8 /tmp/it all_to_all 4,16,64 60 reset,keep
 
-Variants: ``reset`` rewrites the input before each op (as ``chorus bench`` does), ``keep``
-leaves it as the op before left it.  Each size runs chorus then gloo, ITERS ops each, as
+Variants: ``reset`` rewrites the input before each op, ``check`` also checks each op's
+result afterwards with ``chorus bench``'s check (as the bench does), ``keep`` leaves the
+input as the op before left it.  Each size runs chorus then gloo, ITERS ops each, as
 the bench does; with 2+ variants they alternate size by size.  Also prints the host's
 transparent-huge-page mode and how much of each rank-0 buffer huge pages back.
 Writes OUTDIR/iter_times.json.  Needs torch.  Results are not checked (chorus bench does).
@@ -22,6 +23,8 @@ import time
 
 import numpy as np
 from ranks import spawn
+
+from chorus.bench.ops import make_buffers
 
 
 def _huge_kib(arr: np.ndarray) -> int:
@@ -68,25 +71,28 @@ def rank_main(rank: int, world: int, collective: str, sizes: list[int], iters: i
         n = nbytes // 4 // world * world
         for variant in variants:
             for lib, api in (("chorus", chorus), ("gloo", tdist)):
-                template = np.arange(n, dtype=np.float32) + rank
-                inp, out = template.copy(), np.zeros(n, np.float32)
+                bufs = make_buffers(collective, n, "float32", rank, world) if variant == "check" else None
+                template = np.arange(n, dtype=np.float32) + rank if bufs is None else bufs.template
+                inp, out = (template.copy(), np.zeros(n, np.float32)) if bufs is None else (bufs.inp, bufs.out)
                 args = (inp, out) if lib == "chorus" else (torch.from_numpy(inp), torch.from_numpy(out))
                 for _ in range(3):
                     inp[...] = template
                     _step(api, collective, *args)
-                times = []
+                times, wrong = [], 0
                 for _ in range(iters):
-                    if variant == "reset":
+                    if variant != "keep":
                         inp[...] = template
                     api.barrier()
                     start = time.perf_counter()
                     _step(api, collective, *args)
                     times.append(time.perf_counter() - start)
+                    if bufs is not None:
+                        wrong += bufs.check()
                 api.barrier()
                 ms = sorted(t * 1e3 for t in times)
                 row = {"lib": lib, "variant": variant, "nbytes": nbytes, "mean": statistics.mean(ms),
                        "median": statistics.median(ms), "p10": ms[len(ms) // 10], "p90": ms[len(ms) * 9 // 10],
-                       "max": ms[-1], "huge_kib_in": _huge_kib(inp), "huge_kib_out": _huge_kib(out), "ms": ms}
+                       "max": ms[-1], "huge_kib_in": _huge_kib(inp), "huge_kib_out": _huge_kib(out), "wrong": wrong, "ms": ms}
                 rows.append(row)
                 if rank == 0:
                     print(f"{collective} {nbytes >> 20:4d}M {variant:6s} {lib:6s} mean {row['mean']:7.3f} "

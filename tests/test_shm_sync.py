@@ -104,3 +104,63 @@ def test_a_later_sync_polls_before_it_waits_and_waits_with_the_deadline_when_pol
     assert waits == []  # found at the first read
     syncs[0].sync(_ctx(0, FP, 1.0))  # sync 3: rank 1 is not there
     assert waits == [3]
+
+
+def _woken_syncs(world: int):
+    """Syncs over a control area and a header page of their own (an anonymous shared
+    mapping, as the window's), each with a Waker; None where futexes are unavailable."""
+    import mmap
+
+    from chorus.shm import wake
+
+    header = mmap.mmap(-1, wake.HEADER_PAGE)
+    wakers = [wake.Waker.make(header, world, r) for r in range(world)]
+    if wakers[0] is None:
+        pytest.skip("no futex system call here")
+    control = memoryview(np.zeros(world * WORDS, np.uint64)).cast("B").cast("Q")
+    transport = _Transport()
+    syncs = [Sync(control, r, tuple(range(world)), transport, 0, Backoff(yield_s=0.0), wakers[r])
+             for r in range(world)]
+    return syncs, wakers
+
+
+def test_a_napping_waiter_is_woken_by_the_last_arrival_not_by_its_nap(monkeypatch):
+    """Rank 1 waits long enough to nap; with naps of 3 s, only the wake-up of rank 0's
+    arrival (chorus.shm.wake) lets it leave the sync within a fraction of that."""
+    import threading
+
+    from chorus.shm import sync as sync_module
+
+    monkeypatch.setattr(sync_module, "NAP_MIN", 3.0)
+    monkeypatch.setattr(sync_module, "NAP_MAX", 3.0)
+    syncs, wakers = _woken_syncs(2)
+    left = []
+
+    def waiter():
+        syncs[1].sync(_ctx(0, FP, 30.0))
+        left.append(time.monotonic())
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not wakers[1].marks[1] and time.monotonic() < deadline:  # rank 1 naps
+        time.sleep(0.001)
+    assert wakers[1].marks[1] == 1
+    arrived = time.monotonic()
+    syncs[0].sync(_ctx(0, FP, 30.0))  # completes the sync: wakes rank 1
+    thread.join(5)
+    assert left and left[0] - arrived < 1.0, left[0] - arrived if left else "never left"
+    assert wakers[0].wakes == 1 and wakers[1].marks[1] == 0
+
+
+def test_nobody_asleep_no_wake_call_and_a_sleep_ends_at_its_timeout():
+    _, wakers = _woken_syncs(3)
+    for w in wakers:  # nobody is marked asleep: no system call
+        w.wake()
+    assert [w.wakes for w in wakers] == [0, 0, 0]
+    start = time.monotonic()
+    wakers[2].sleep(0.05, lambda: False)  # nobody wakes it: its timeout ends the sleep
+    assert 0.04 <= time.monotonic() - start < 1.0 and wakers[2].marks[2] == 0
+    start = time.monotonic()
+    wakers[2].sleep(5.0, lambda: True)  # the condition holds once marked asleep: no sleep at all
+    assert time.monotonic() - start < 0.5

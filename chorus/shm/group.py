@@ -24,6 +24,7 @@ from chorus.shm.crew import Crew
 from chorus.shm.segment import Segment
 from chorus.shm.settings import env_int
 from chorus.shm.sync import TCP, Backoff, Sync
+from chorus.shm.wake import Waker
 from chorus.shm.window import Layout, Window
 
 DEFAULT_SLOT = 1 << 20
@@ -116,7 +117,8 @@ class ShmGroup:
         self.window = Window(segment.buf, layout, rank)
         if threads > 1:
             self.window.crew = Crew(threads)
-        self.sync = Sync(self.window.control, rank, members, transport, group, backoff)
+        self.sync = Sync(self.window.control, rank, members, transport, group, backoff,
+                         Waker.make(segment.buf, layout.world, rank))
         self.broken: str | None = None
         self.closed = False
         self._lock = threading.Lock()
@@ -236,6 +238,8 @@ class ShmGroup:
         if self.window.maps is not None:
             self.window.maps.close()
         self.window.release()
+        if self.sync.waker is not None:
+            self.sync.waker.release()
         self.segment.close()
 
 

@@ -40,7 +40,8 @@ the clock or a system call; only where every rank has a core of its own, or wher
 ``CHORUS_SHM_SPIN_US`` asks for spinning): most
 arrivals come within that.  Then waiting backs off so that an oversubscribed host (more
 ranks than cores) does not stall: spin for ``spin_s``, then ``os.sched_yield()`` until ``yield_s``, then sleep 50 µs,
-doubling up to 1 ms.  Three yields in a row that take more than 50 µs each end yielding
+doubling up to 1 ms — on a futex that the rank completing the sync wakes
+(chorus.shm.wake), so that a napping rank does not find out up to a nap late.  Three yields in a row that take more than 50 µs each end yielding
 for one second (every wait polls for 20 µs, then sleeps): the CPU went to a busy task (a compute thread, another job)
 that keeps it until its time slice ends, milliseconds under Linux's EEVDF scheduler,
 whereas a sleeping waiter's timer wake-up preempts it.  Every wait has the op's deadline (CommTimeoutError naming the op,
@@ -58,6 +59,7 @@ import time
 from dataclasses import dataclass
 
 from chorus.errors import AbortedError, CollectiveMismatchError, CommTimeoutError, PeerLostError
+from chorus.shm.wake import Waker
 from chorus.wire.fingerprint import describe
 
 WORDS = 24
@@ -94,8 +96,10 @@ class Sync:
     """
 
     def __init__(self, control: memoryview, rank: int, members: tuple[int, ...], transport,
-                 group: int, backoff: Backoff):
+                 group: int, backoff: Backoff, waker: Waker | None = None):
         self.control = control
+        self.waker = waker  # chorus.shm.wake: napping waiters sleep until the last arrival (None: they nap)
+        self._asleep = None if waker is None else waker.asleep
         self.rank = rank
         self.members = members
         self.transport = transport
@@ -161,6 +165,8 @@ class Sync:
         target = self._arrive()
         if not self._polled(target):
             self._wait(target, ctx)
+        elif self._asleep is not None and any(self._asleep):  # the last to arrive wakes the sleepers
+            self.waker.wake()
 
     def arrive_first(self, seq: int, fingerprint: int) -> bool:
         """Arrive at the first sync of op ``(seq, fingerprint)`` and poll the others a few
@@ -179,6 +185,8 @@ class Sync:
                 polls -= 1
             if c[i + t] != token:  # (in the line ARRIVED came in; another op's token differs but for a 2^-64 chance)
                 return False
+        if self._asleep is not None and any(self._asleep):  # the last to arrive wakes the sleepers
+            self.waker.wake()
         return True
 
     def settle_first(self, ctx) -> None:
@@ -221,11 +229,14 @@ class Sync:
         nap = NAP_MIN
         polls = 0
         spinning = b.spin_s > 0
+        slept = False
         while True:
             for i in others:
                 if c[i] < target:
                     break
             else:
+                if not slept and self._asleep is not None and any(self._asleep):
+                    self.waker.wake()  # perhaps the last to arrive (it saw the others late)
                 return
             polls += 1
             if spinning and polls & 63:
@@ -257,7 +268,11 @@ class Sync:
                         self.slow_yields = 0
                         self.sleep_only_until = time.monotonic() + SLEEP_ONLY_S
                 continue
-            time.sleep(nap)
+            if self.waker is None:
+                time.sleep(nap)
+            else:
+                self.waker.sleep(nap, lambda: all(c[i] >= target for i in others))
+                slept = True
             nap = min(2 * nap, NAP_MAX)
 
     def _check(self, target: int, ctx) -> None:

@@ -3,7 +3,9 @@
 One window per group, created once (chorus.shm.handshake) and reused by every op::
 
     offset            size                 what
-    0                 4 KiB                magic, world size, slot size, nonce (checked at attach)
+    0                 4 KiB                magic, world size, slot size, nonce (checked at attach);
+                                           at 64 and 128 the wake word and sleep marks
+                                           (chorus.shm.wake)
     4 KiB             W x 192 B            control lines: rank r's counters (chorus.shm.sync)
     ...               2 x 2 x W x W x 8 B  per parity: send and receive count tables (all_to_all)
     (page aligned)    2 x W x slot         data: per parity, one slot per rank
@@ -33,7 +35,7 @@ import numpy as np
 from chorus.shm.registered import OFFSET_BITS, Descriptor
 from chorus.shm.sync import ABANDONED, MAPPED, MAPPED_DEVICE, PID, PROBE, SOURCE, UNIFORM, WORDS
 
-MAGIC = b"CHSHM002"  # the layout's version: 002 moved the control words (chorus.shm.sync)
+MAGIC = b"CHSHM003"  # the layout's version: 002 moved the control words (chorus.shm.sync), 003 woke sleepers
 _HEADER = struct.Struct("<8sQQ16s")  # magic, world, slot bytes, nonce
 PAGE = 4096
 CONTROL = PAGE
