@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -411,6 +412,22 @@ def test_from_peers_reads_every_part_of_every_peer_once_and_the_local_share_once
     assert sorted((q, part) for q, part, _, _ in seen) == [(q, k) for q in (0, 1, 3, 4) for k in range(n)]
     if threads == 1:
         assert [q for q, _, _, _ in seen] == [3, 4, 0, 1]  # from me + 1 on
+    win.crew.close()
+
+
+def test_from_peers_an_error_stops_the_other_threads_after_their_current_part():
+    win = _window_with_crew(0, 3, 2)
+    done, me = [], threading.get_ident()
+
+    def read(q, part, parts):
+        if threading.get_ident() == me:
+            raise RuntimeError("boom")
+        time.sleep(0.01)
+        done.append((q, part))
+
+    with pytest.raises(RuntimeError, match="boom"):
+        shm_direct.from_peers(win, read, 2 * (64 << 20), lambda: None)  # 64 MiB per peer: 128 parts
+    assert len(done) <= 2, done  # the helper's part under way when the caller failed, at most
     win.crew.close()
 
 

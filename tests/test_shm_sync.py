@@ -124,33 +124,90 @@ def _woken_syncs(world: int):
     return syncs, wakers
 
 
-def test_a_napping_waiter_is_woken_by_the_last_arrival_not_by_its_nap(monkeypatch):
-    """Rank 1 waits long enough to nap; with naps of 3 s, only the wake-up of rank 0's
-    arrival (chorus.shm.wake) lets it leave the sync within a fraction of that."""
+def _wait_until_in_futex(task_dir: str) -> None:
+    """Wait until the thread whose /proc ``task_dir`` is given sits in the futex system
+    call (so that a wake-up, not a changed word, is what ends its sleep); where /proc
+    does not say, wait a moment."""
+    from chorus.shm import wake
+
+    number = wake._futex_call()[1]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"{task_dir}/syscall") as f:
+                if f.read().split()[0] == str(number):
+                    return
+        except (OSError, IndexError):
+            time.sleep(0.2)
+            return
+        time.sleep(0.001)
+    raise AssertionError("the waiter never went to sleep")
+
+
+@pytest.mark.parametrize("world, sleeper, how", [(2, 1, "sync"), (3, 0, "first"), (10, 9, "sync"), (10, 2, "first")])
+def test_a_napping_waiter_is_woken_by_the_last_arrival_not_by_its_nap(monkeypatch, world, sleeper, how):
+    """Rank ``sleeper`` waits long enough to nap (naps of 3 s); every other rank has
+    arrived but the last, which completes the sync through ``how`` (a later sync, or an
+    op's first sync).  Only the wake-up (chorus.shm.wake) lets the sleeper leave within
+    a fraction of its nap; with 10 ranks the sleep marks span two words."""
     import threading
 
     from chorus.shm import sync as sync_module
 
     monkeypatch.setattr(sync_module, "NAP_MIN", 3.0)
     monkeypatch.setattr(sync_module, "NAP_MAX", 3.0)
-    syncs, wakers = _woken_syncs(2)
-    left = []
+    syncs, wakers = _woken_syncs(world)
+    last = world - 1 if sleeper != world - 1 else 0
+    left, first = [], how == "first"
+    for s in syncs:
+        s.begin(0, FP)
 
     def waiter():
-        syncs[1].sync(_ctx(0, FP, 30.0))
+        syncs[sleeper].sync(_ctx(0, FP, 30.0), first=first)
         left.append(time.monotonic())
 
+    for r in range(world):
+        if r not in (sleeper, last):
+            syncs[r]._arrive()
     thread = threading.Thread(target=waiter)
     thread.start()
-    deadline = time.monotonic() + 5
-    while not wakers[1].marks[1] and time.monotonic() < deadline:  # rank 1 naps
-        time.sleep(0.001)
-    assert wakers[1].marks[1] == 1
+    _wait_until_in_futex(f"/proc/self/task/{thread.native_id}")
     arrived = time.monotonic()
-    syncs[0].sync(_ctx(0, FP, 30.0))  # completes the sync: wakes rank 1
+    syncs[last].sync(_ctx(0, FP, 30.0), first=first)  # completes the sync: wakes the sleeper
     thread.join(5)
     assert left and left[0] - arrived < 1.0, left[0] - arrived if left else "never left"
-    assert wakers[0].wakes == 1 and wakers[1].marks[1] == 0
+    assert wakers[last].wakes == 1 and wakers[sleeper].marks[sleeper] == 0
+
+
+def test_a_sleeping_process_is_woken_by_another_process():
+    """The futex is shared between processes (not FUTEX_PRIVATE_FLAG): a forked child
+    sleeping on the word is woken by the parent's wake-up."""
+    import mmap
+    import os
+
+    from chorus.shm import wake
+
+    header = mmap.mmap(-1, wake.HEADER_PAGE)  # shared with the child across fork
+    if wake.Waker.make(header, 2, 0) is None:
+        pytest.skip("no futex system call here")
+    pid = os.fork()
+    if pid == 0:  # the child: sleep 3 s unless woken; exit 0 if woken within 1 s
+        code = 1
+        try:
+            start = time.monotonic()
+            wake.Waker.make(header, 2, 1).sleep(3.0, lambda: False)
+            code = 0 if time.monotonic() - start < 1.0 else 3
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 5
+    parent = wake.Waker.make(header, 2, 0)
+    while not parent.marks[1] and time.monotonic() < deadline:
+        time.sleep(0.001)
+    _wait_until_in_futex(f"/proc/{pid}/task/{pid}")
+    parent.wake()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert parent.wakes == 1
 
 
 def test_nobody_asleep_no_wake_call_and_a_sleep_ends_at_its_timeout():

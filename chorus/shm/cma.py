@@ -182,12 +182,14 @@ class Peers:
     def read_one(self, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
         """``read`` of one piece, with this thread's own iovecs (built once, not per call):
         the inner loop of the ops that read many large pieces (chorus.shm.direct)."""
+        if nbytes <= 0:
+            return  # (an empty part of an uneven op: no call, nothing counted)
         iov = self._iov.__dict__.get("pair")
         if iov is None:
             iov = self._iov.pair = (_Iovec(), _Iovec())
         mine, theirs = iov
         mine.base, mine.len, theirs.base, theirs.len = local, nbytes, remote, nbytes
-        moved = self.readv(self.pids[q], mine, 1, theirs, 1, 0) if nbytes else 0
+        moved = self.readv(self.pids[q], mine, 1, theirs, 1, 0)
         if moved != nbytes:  # an error or a partial transfer: the general loop sorts it out
             if moved > 0:
                 with self._counting:

@@ -201,9 +201,21 @@ def from_peers(win: Window, read: Callable[[int, int, int], None], nbytes: int,
                 task = todo.get_nowait()
             except queue.Empty:
                 return
-            task()
+            try:
+                task()
+            except BaseException:
+                _empty(todo)  # the other threads stop after their current part
+                raise
 
     win.crew.run([share] * threads)
+
+
+def _empty(todo: queue.SimpleQueue) -> None:
+    while True:
+        try:
+            todo.get_nowait()
+        except queue.Empty:
+            return
 
 
 def read_from(win: Window, ctx, q: int, dst: np.ndarray, src: int) -> None:

@@ -99,7 +99,8 @@ class Sync:
                  group: int, backoff: Backoff, waker: Waker | None = None):
         self.control = control
         self.waker = waker  # chorus.shm.wake: napping waiters sleep until the last arrival (None: they nap)
-        self._asleep = None if waker is None else waker.asleep
+        self._asleep = None if waker is None else waker.asleep  # the sleep marks, 8 ranks per word
+        self._asleep_word = self._asleep if self._asleep is not None and len(self._asleep) == 1 else None
         self.rank = rank
         self.members = members
         self.transport = transport
@@ -185,7 +186,11 @@ class Sync:
                 polls -= 1
             if c[i + t] != token:  # (in the line ARRIVED came in; another op's token differs but for a 2^-64 chance)
                 return False
-        if self._asleep is not None and any(self._asleep):  # the last to arrive wakes the sleepers
+        word = self._asleep_word  # the last to arrive wakes the sleepers (one word: W <= 8)
+        if word is not None:
+            if word[0]:
+                self.waker.wake()
+        elif self._asleep is not None and any(self._asleep):
             self.waker.wake()
         return True
 

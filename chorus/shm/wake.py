@@ -15,16 +15,18 @@ arrival completes the sync wakes it::
     waiter r (instead of sleeping ``nap``):   v <- WAKE;  ASLEEP[r] <- 1
                                               if every rank arrived: ASLEEP[r] <- 0, done
                                               futex_wait(WAKE, v, timeout nap);  ASLEEP[r] <- 0
-    a rank that finds every rank arrived:     if any ASLEEP: WAKE += 1, futex_wake(WAKE, all)
+    a rank that finds every rank arrived:     if any ASLEEP: futex_wake_op(WAKE += 1, wake all)
 
-The nap stays the timeout, so nothing waits longer than before: a waiter whose mark
-and an arrival cross unseen (x86 may let a load pass an earlier store, and Python has no
-fence) sleeps its nap out, as every waiter did before.  A bump lost to two ranks bumping
-at once still changes the word, which is all a waiter compares.  Spurious wake-ups are
+The kernel adds to the word and wakes in one call (``FUTEX_WAKE_OP``), so the word only
+ever moves forward: a waiter that read it before the bump finds it changed and does not
+sleep.  The nap stays the timeout, so nothing waits longer than before: a waiter whose
+mark and an arrival cross unseen (x86 may let a load pass an earlier store, and Python
+has no fence) sleeps its nap out, as every waiter did before.  Spurious wake-ups are
 harmless: the waiter looks at the counters again.
 
-Where the futex system call is not available (not Linux, an architecture whose call
-number is not known here), ``Waker.make`` returns None and waiters nap as before.
+Where the futex system call is not available (not Linux, a 32-bit process, an
+architecture whose call number is not known here), ``Waker.make`` returns None and
+waiters nap as before.
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ ASLEEP_OFFSET = 128
 HEADER_PAGE = 4096
 MAX_RANKS = HEADER_PAGE - ASLEEP_OFFSET  # one byte per rank in the header page
 
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE_FLAG): the ranks are processes
+_FUTEX_WAIT, _FUTEX_WAKE_OP = 0, 5  # shared (not FUTEX_PRIVATE_FLAG): the ranks are processes
+#: FUTEX_WAKE_OP's operation: add 1 to the word (FUTEX_OP_ADD, oparg 1); its comparison
+#: (FUTEX_OP_CMP_EQ 0) only decides a second wake-up of no waiters (val2 = 0).
+_ADD_ONE = (1 << 28) | (0 << 24) | (1 << 12) | 0
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}
 _WAKE_ALL = 0x7FFFFFFF
 
@@ -55,8 +60,9 @@ _syscall = None
 def _futex_call():
     """libc's ``syscall`` set up for futex, and the call's number; None where unknown."""
     global _syscall
-    number = _SYS_FUTEX.get(platform.machine().lower())
-    if number is None or not sys.platform.startswith("linux"):
+    number = _SYS_FUTEX.get(platform.machine().lower())  # the kernel's architecture ...
+    if number is None or not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return None  # ... which a 32-bit process on a 64-bit kernel does not share
         return None
     if _syscall is None:
         try:
@@ -114,8 +120,7 @@ class Waker:
         """Wake every rank that sleeps on the window, if any is marked asleep."""
         for word in self.asleep:
             if word:
-                self.word[0] = (self.word[0] + 1) & 0xFFFFFFFF
-                self._fn(self._number, self._address, _FUTEX_WAKE, _WAKE_ALL, None, None, 0)
+                self._fn(self._number, self._address, _FUTEX_WAKE_OP, _WAKE_ALL, None, self._address, _ADD_ONE)
                 self.wakes += 1
                 return
 
