@@ -221,3 +221,22 @@ def test_nobody_asleep_no_wake_call_and_a_sleep_ends_at_its_timeout():
     start = time.monotonic()
     wakers[2].sleep(5.0, lambda: True)  # the condition holds once marked asleep: no sleep at all
     assert time.monotonic() - start < 0.5
+
+
+def test_backoff_settings(monkeypatch):
+    """Ranks with a core each poll, then yield 5 ms; oversubscribed hosts and thread ranks
+    yield 1 ms and never poll; CHORUS_SHM_SPIN_US spins; CHORUS_SHM_YIELD_US sets the
+    yield phase of any of them."""
+    from chorus.shm import group
+
+    monkeypatch.setattr(group, "usable_cpus", lambda: 8)
+    for name in ("CHORUS_SHM_SPIN_US", "CHORUS_SHM_YIELD_US"):
+        monkeypatch.delenv(name, raising=False)
+    assert group.backoff_for(8, False) == Backoff(polls=group.POLLS)
+    assert group.backoff_for(9, False) == group.backoff_for(2, True) == Backoff(spin_s=0.0, yield_s=1e-3)
+    monkeypatch.setenv("CHORUS_SHM_YIELD_US", "20000")
+    assert group.backoff_for(8, False) == Backoff(yield_s=0.02, polls=group.POLLS)
+    assert group.backoff_for(2, True).yield_s == 0.02
+    monkeypatch.setenv("CHORUS_SHM_SPIN_US", "50")
+    spinning = group.backoff_for(8, False)
+    assert spinning.spin_s == pytest.approx(50e-6) and (spinning.yield_s, spinning.polls) == (0.02, group.POLLS)
