@@ -172,7 +172,7 @@ class Peers:
         self.calls = 0
         self.nbytes = 0
         self._counting = threading.Lock()  # helper threads (chorus.shm.crew) read at once
-        self._iov = threading.local()  # read_one's iovecs, one pair per thread
+        self._iov = threading.local()  # _one's iovecs, one pair per thread
         self._scratch = None
 
     def read(self, ctx, q: int, pieces: Sequence[tuple[int, int, int]]) -> None:
@@ -180,8 +180,16 @@ class Peers:
         self._move(self.readv, "read", ctx, q, pieces)
 
     def read_one(self, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
-        """``read`` of one piece, with this thread's own iovecs (built once, not per call):
-        the inner loop of the ops that read many large pieces (chorus.shm.direct)."""
+        """``read`` of one piece (the inner loop of ops that move many large pieces)."""
+        self._one(self.readv, "read", ctx, q, local, remote, nbytes)
+
+    def write_one(self, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
+        """``write`` of one piece."""
+        self._one(self.writev, "write", ctx, q, local, remote, nbytes)
+
+    def _one(self, fn, what: str, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
+        """One piece through this thread's own iovecs (built once, not per call); an error
+        or a partial transfer goes on in ``_move``."""
         if nbytes <= 0:
             return  # (an empty part of an uneven op: no call, nothing counted)
         iov = self._iov.__dict__.get("pair")
@@ -189,18 +197,14 @@ class Peers:
             iov = self._iov.pair = (_Iovec(), _Iovec())
         mine, theirs = iov
         mine.base, mine.len, theirs.base, theirs.len = local, nbytes, remote, nbytes
-        moved = self.readv(self.pids[q], mine, 1, theirs, 1, 0)
-        if moved != nbytes:  # an error or a partial transfer: the general loop sorts it out
-            if moved > 0:
-                with self._counting:
-                    self.calls += 1
-                    self.nbytes += moved
-            self._move(self.readv, "read", ctx, q, [(local + max(moved, 0), remote + max(moved, 0),
-                                                     nbytes - max(moved, 0))])
-            return
-        with self._counting:
-            self.calls += 1
-            self.nbytes += moved
+        moved = fn(self.pids[q], mine, 1, theirs, 1, 0)
+        if moved > 0:
+            with self._counting:
+                self.calls += 1
+                self.nbytes += moved
+        if moved != nbytes:
+            done = max(moved, 0)
+            self._move(fn, what, ctx, q, [(local + done, remote + done, nbytes - done)])
 
     def write(self, ctx, q: int, pieces: Sequence[tuple[int, int, int]]) -> None:
         """Copy our memory into rank ``q``'s: ``(local address, remote address, bytes)`` each."""

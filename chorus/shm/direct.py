@@ -250,7 +250,7 @@ def _reduce_rows(win: Window, ctx, sources: list[int], offset: int, own: np.ndar
         reduce(rows, out)
     for q in writes:
         if q != me and not win.gave_up(q, ctx.seq):  # its caller may own the memory again
-            peers.write(ctx, q, [(cma.address(out), sources[q] + offset, out.nbytes)])
+            peers.write_one(ctx, q, cma.address(out), sources[q] + offset, out.nbytes)
 
 
 def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, root: int) -> None:

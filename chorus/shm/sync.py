@@ -99,8 +99,8 @@ class Sync:
                  group: int, backoff: Backoff, waker: Waker | None = None):
         self.control = control
         self.waker = waker  # chorus.shm.wake: napping waiters sleep until the last arrival (None: they nap)
-        self._asleep = None if waker is None else waker.asleep  # the sleep marks, 8 ranks per word
-        self._asleep_word = self._asleep if self._asleep is not None and len(self._asleep) == 1 else None
+        # W <= 8: the one word of sleep marks, read here before calling the waker at all
+        self._marks = waker.asleep if waker is not None and len(waker.asleep) == 1 else None
         self.rank = rank
         self.members = members
         self.transport = transport
@@ -166,8 +166,8 @@ class Sync:
         target = self._arrive()
         if not self._polled(target):
             self._wait(target, ctx)
-        elif self._asleep is not None and any(self._asleep):  # the last to arrive wakes the sleepers
-            self.waker.wake()
+        else:
+            self._wake_sleepers()
 
     def arrive_first(self, seq: int, fingerprint: int) -> bool:
         """Arrive at the first sync of op ``(seq, fingerprint)`` and poll the others a few
@@ -186,12 +186,7 @@ class Sync:
                 polls -= 1
             if c[i + t] != token:  # (in the line ARRIVED came in; another op's token differs but for a 2^-64 chance)
                 return False
-        word = self._asleep_word  # the last to arrive wakes the sleepers (one word: W <= 8)
-        if word is not None:
-            if word[0]:
-                self.waker.wake()
-        elif self._asleep is not None and any(self._asleep):
-            self.waker.wake()
+        self._wake_sleepers()
         return True
 
     def settle_first(self, ctx) -> None:
@@ -223,6 +218,16 @@ class Sync:
                 polls -= 1
         return True
 
+    def _wake_sleepers(self) -> None:
+        """This rank saw every rank arrive: wake the ones that sleep in the sync, if any
+        (chorus.shm.wake; a waker checks the marks itself, this the one word of W <= 8)."""
+        marks = self._marks
+        if marks is not None:
+            if marks[0]:
+                self.waker.wake()
+        elif self.waker is not None:
+            self.waker.wake()
+
     def _pending(self, target: int) -> list[int]:
         c = self.control
         return [i // WORDS for i in self.others if c[i] < target]
@@ -240,8 +245,8 @@ class Sync:
                 if c[i] < target:
                     break
             else:
-                if not slept and self._asleep is not None and any(self._asleep):
-                    self.waker.wake()  # perhaps the last to arrive (it saw the others late)
+                if not slept:
+                    self._wake_sleepers()  # perhaps the last to arrive (it saw the others late)
                 return
             polls += 1
             if spinning and polls & 63:

@@ -63,7 +63,6 @@ def _futex_call():
     number = _SYS_FUTEX.get(platform.machine().lower())  # the kernel's architecture ...
     if number is None or not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
         return None  # ... which a 32-bit process on a 64-bit kernel does not share
-        return None
     if _syscall is None:
         try:
             fn = ctypes.CDLL(None, use_errno=True).syscall
