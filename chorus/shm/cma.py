@@ -105,6 +105,27 @@ def _prctl(option: int, arg: int) -> int:
     return ctypes.CDLL(None, use_errno=True).prctl(option, ctypes.c_ulong(arg), 0, 0, 0)
 
 
+#: Where the destination of the kernel's copy sits a few bytes past the source, modulo a
+#: page (``slow_skew``), the copy is 4-5x slower on the 2-core machine (AMD EPYC, Linux
+#: 6.18, ``bench/skew_probe.py``: 256 KiB in 116-121 us at skews of 8-24 bytes, 26-36 us
+#: at 0 and from 32), as user-space copies are (chorus.shm.window.SKEW).  The 16-core
+#: Intel host showed no such step (18-22 us at every skew).  Two numpy buffers from the
+#: heap sit at random 16-byte offsets, so single copy between them was slow in one run
+#: and not the next (an 8 MiB all_reduce of two ranks: 2.3-3.3 ms, or 5.1-5.5 ms).
+SLOW_SKEW_BYTES = 64
+PAGE = 4096
+#: A piece whose copy would be slow goes through a private buffer in pieces of this size.
+BOUNCE_BYTES = 256 << 10
+
+
+def slow_skew(local: int, remote: int, what: str) -> bool:
+    """Whether the kernel's copy for a ``what`` ("read" or "write") between these addresses
+    would be slow: the destination 1 to ``SLOW_SKEW_BYTES`` - 1 bytes past the source,
+    within a page."""
+    dst, src = (local, remote) if what == "read" else (remote, local)
+    return 0 < (dst - src) % PAGE < SLOW_SKEW_BYTES
+
+
 def address(array) -> int:
     """Where a contiguous numpy array's data starts (0 for None)."""
     return 0 if array is None else array.__array_interface__["data"][0]
@@ -189,9 +210,16 @@ class Peers:
 
     def _one(self, fn, what: str, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
         """One piece through this thread's own iovecs (built once, not per call); an error
-        or a partial transfer goes on in ``_move``."""
+        or a partial transfer goes on in ``_move``.  Where the kernel's copy would be slow
+        (``slow_skew``), the piece goes through this thread's bounce buffer (``_bounced``)."""
         if nbytes <= 0:
             return  # (an empty part of an uneven op: no call, nothing counted)
+        if slow_skew(local, remote, what):
+            self._bounced(fn, what, ctx, q, local, remote, nbytes)
+            return
+        self._call_one(fn, what, ctx, q, local, remote, nbytes)
+
+    def _call_one(self, fn, what: str, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
         iov = self._iov.__dict__.get("pair")
         if iov is None:
             iov = self._iov.pair = (_Iovec(), _Iovec())
@@ -206,15 +234,36 @@ class Peers:
             done = max(moved, 0)
             self._move(fn, what, ctx, q, [(local + done, remote + done, nbytes - done)])
 
+    def _bounced(self, fn, what: str, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
+        """``_call_one`` in pieces of ``BOUNCE_BYTES`` through a private buffer placed half
+        a page from the remote address's offset in its page, and ``memmove`` between it
+        and ``local``: both copies are then far from a slow skew (user-space copies have
+        the same slow skews; chorus.shm.window.SKEW)."""
+        bounce = self._iov.__dict__.get("bounce")
+        if bounce is None:
+            bounce = self._iov.bounce = np.empty(BOUNCE_BYTES + PAGE, np.uint8)
+        for done in range(0, nbytes, BOUNCE_BYTES):
+            size = min(BOUNCE_BYTES, nbytes - done)
+            there = address(bounce) + (remote + done + PAGE // 2 - address(bounce)) % PAGE
+            if what == "read":
+                self._call_one(fn, what, ctx, q, there, remote + done, size)
+                ctypes.memmove(local + done, there, size)
+            else:
+                ctypes.memmove(there, local + done, size)
+                self._call_one(fn, what, ctx, q, there, remote + done, size)
+
     def write(self, ctx, q: int, pieces: Sequence[tuple[int, int, int]]) -> None:
         """Copy our memory into rank ``q``'s: ``(local address, remote address, bytes)`` each."""
         self._move(self.writev, "write", ctx, q, pieces)
 
-    def scratch(self, nbytes: int) -> np.ndarray:
-        """A reusable private byte buffer of at least ``nbytes`` (a numpy uint8 array)."""
-        if self._scratch is None or self._scratch.size < nbytes:
-            self._scratch = np.empty(nbytes, np.uint8)
-        return self._scratch
+    def scratch(self, nbytes: int, like: int = 0) -> np.ndarray:
+        """A reusable private buffer of ``nbytes`` bytes (a numpy uint8 array) that starts at
+        the same offset in its page as address ``like`` (then reads from ``like`` into it
+        are never slowed by ``slow_skew``)."""
+        if self._scratch is None or self._scratch.size < nbytes + PAGE:
+            self._scratch = np.empty(nbytes + PAGE, np.uint8)
+        start = (like - address(self._scratch)) % PAGE
+        return self._scratch[start: start + nbytes]
 
     def _move(self, fn, what: str, ctx, q: int, pieces: Sequence[tuple[int, int, int]]) -> None:
         todo = [p for p in pieces if p[2] > 0]

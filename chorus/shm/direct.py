@@ -238,7 +238,9 @@ def _reduce_rows(win: Window, ctx, sources: list[int], offset: int, own: np.ndar
     groups of 2 this rank's own row is passed where it is (two rows are reduced by one
     elementwise call, which may write over an input row), except for complex dtypes."""
     w, me, n, peers = win.world, win.rank, own.size, win.cma
-    scratch = peers.scratch((w + 1) * own.nbytes)[: (w + 1) * own.nbytes].view(own.dtype).reshape(w + 1, n)
+    first = (me + 1) % w  # (row q starts at the offset in its page of rank q's source, for the first peer)
+    like = sources[first] + offset - first * own.nbytes
+    scratch = peers.scratch((w + 1) * own.nbytes, like).view(own.dtype).reshape(w + 1, n)
     rows = scratch[:w]
     for q in _others(me, w):
         read_from(win, ctx, q, rows[q], sources[q] + offset)
