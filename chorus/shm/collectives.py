@@ -20,6 +20,7 @@ from chorus.errors import BufferMismatchError
 from chorus.shm import cma, direct, mapped, registered
 from chorus.shm.phases import (
     Reduce,
+    Stage,
     chunks,
     offsets,
     part_of,
@@ -341,10 +342,71 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
     ``inp`` and ``out`` may be one buffer: then ``inp`` is copied first (others read it
     while this rank writes ``out``).
     """
-    me, w, dt = win.rank, win.world, out.dtype
-    piece = win.capacity(dt) // w
     p = sync.parity
     uniform = win.declare_counts(p, send_counts, recv_counts)  # one count to and from every rank
+    if win.cma is not None:
+        if np.may_share_memory(inp, out):
+            inp = inp.copy()
+        win.publish(cma.address(inp))
+    copy_in, _ = _all_to_all_stages(win, inp, out, send_counts, recv_counts, uniform)
+    my_bytes = sum(send_counts) * out.itemsize
+    mine = registered.find(inp) if mapped.use(win, my_bytes, "all_to_all") else None
+    if win.maps is not None:
+        win.publish_mapped(p, mine)
+    if mine is None and not direct.use(win, "all_to_all", my_bytes):
+        copy_in(0, p, 0, 1)
+    sync.sync(ctx, first=True)
+    all_to_all_rest(win, sync, ctx, inp, out, send_counts, recv_counts, p)
+
+
+def all_to_all_in_one_round(win: Window, dtype: np.dtype, count: int) -> int:
+    """The block size when all_to_all of ``count`` elements per rank, in W equal blocks,
+    takes the copy path in one round (the latency path's case: chorus.shm.group.ShmGroup.
+    all_to_all_fast); 0 otherwise."""
+    w = win.world
+    if count <= 0 or count % w:
+        return 0
+    nbytes = count * dtype.itemsize
+    if count // w > win.capacity(dtype) // w or direct.use(win, "all_to_all", nbytes) or \
+            mapped.use(win, nbytes, "all_to_all"):
+        return 0
+    return count // w
+
+
+def all_to_all_rest(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
+                    send_counts: Sequence[int], recv_counts: Sequence[int], p: int) -> None:
+    """all_to_all after its first sync (which ended phase 0, of parity ``p``): check the
+    counts every rank declared, then read the peers' inputs (mapped or single copy) or run
+    the copy path's remaining rounds."""
+    w, dt = win.world, out.dtype
+    piece = win.capacity(dt) // w
+    common = win.common_count(p)  # every rank sends one count everywhere: nothing to check
+    if common is None:
+        send_table, recv_table = win.counts(p)
+        if not np.array_equal(send_table, recv_table.T):
+            _counts_disagree(send_table, recv_table, ctx)
+        most, largest = int(send_table.max()), int(send_table.sum(axis=1).max())
+    else:
+        most, largest = common, common * w
+    where = win.mapped(p) if mapped.use(win, largest * dt.itemsize, "all_to_all") else None
+    if where is not None or direct.use(win, "all_to_all", largest * dt.itemsize):
+        table = send_table if common is None else np.full((w, w), common, np.uint64)
+        _in_place(sync, ctx, where, lambda: mapped.all_to_all(win, inp, out, table, recv_counts, where),
+                  lambda: direct.all_to_all(win, ctx, inp, out, table, recv_counts))
+        return
+    uniform = len(set(send_counts) | set(recv_counts)) == 1
+    copy_in, copy_out = _all_to_all_stages(win, inp, out, send_counts, recv_counts, uniform)
+    parts = parts_for(win, w * min(piece, most) * dt.itemsize, message=inp.nbytes)
+    again = win.maps is not None and win.offered(p)  # some rank skipped round 0's copy: all run it again
+    pipeline(sync, ctx, chunks(most, piece), (copy_in, copy_out), start=0 if again else 1, win=win, parts=parts,
+             began=True)
+
+
+def _all_to_all_stages(win: Window, inp: np.ndarray, out: np.ndarray, send_counts: Sequence[int],
+                       recv_counts: Sequence[int], uniform: bool) -> tuple[Stage, Stage]:
+    """The copy path's two stages of all_to_all: (copy_in, copy_out)."""
+    me, w, dt = win.rank, win.world, out.dtype
+    piece = win.capacity(dt) // w
     if not uniform:
         sends, recvs = offsets(send_counts), offsets(recv_counts)
     c = send_counts[0]
@@ -371,35 +433,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
             a, b = sub(0, hi - lo, part, parts)
             out[recvs[r] + lo + a: recvs[r] + lo + b] = win.slot_of(p ^ 1, r, dt, me * piece + a, b - a)
 
-    if win.cma is not None:
-        if np.may_share_memory(inp, out):
-            inp = inp.copy()
-        win.publish(cma.address(inp))
-    my_bytes = sum(send_counts) * dt.itemsize
-    mine = registered.find(inp) if mapped.use(win, my_bytes, "all_to_all") else None
-    if win.maps is not None:
-        win.publish_mapped(p, mine)
-    if mine is None and not direct.use(win, "all_to_all", my_bytes):
-        copy_in(0, p, 0, 1)
-    sync.sync(ctx, first=True)
-    common = win.common_count(p)  # every rank sends one count everywhere: nothing to check
-    if common is None:
-        send_table, recv_table = win.counts(p)
-        if not np.array_equal(send_table, recv_table.T):
-            _counts_disagree(send_table, recv_table, ctx)
-        most, largest = int(send_table.max()), int(send_table.sum(axis=1).max())
-    else:
-        most, largest = common, common * w
-    where = win.mapped(p) if mapped.use(win, largest * dt.itemsize, "all_to_all") else None
-    if where is not None or direct.use(win, "all_to_all", largest * dt.itemsize):
-        table = send_table if common is None else np.full((w, w), common, np.uint64)
-        _in_place(sync, ctx, where, lambda: mapped.all_to_all(win, inp, out, table, recv_counts, where),
-                  lambda: direct.all_to_all(win, ctx, inp, out, table, recv_counts))
-        return
-    parts = parts_for(win, w * min(piece, most) * dt.itemsize, message=inp.nbytes)
-    again = win.maps is not None and win.offered(p)  # some rank skipped round 0's copy: all run it again
-    pipeline(sync, ctx, chunks(most, piece), (copy_in, copy_out), start=0 if again else 1, win=win, parts=parts,
-             began=True)
+    return copy_in, copy_out
 
 
 def _in_place(sync: Sync, ctx, where, on_mapped, on_direct) -> None:

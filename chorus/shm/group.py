@@ -21,6 +21,7 @@ import threading
 
 from chorus.errors import AbortedError
 from chorus.shm import collectives as algo
+from chorus.shm.cma import address
 from chorus.shm.crew import Crew
 from chorus.shm.segment import Segment
 from chorus.shm.settings import env_int
@@ -164,6 +165,65 @@ class ShmGroup:
                        tuple(bind(s.reshape((self.window.world, *shape))) for s in stacks),
                        fingerprint, average)
 
+    def all_to_all_plan(self, dtype, count: int, fingerprint: int) -> Exchange | None:
+        """An :class:`Exchange` for all_to_all of ``count`` elements of ``dtype`` per rank in
+        equal blocks, or None when that is not one round of the copy path."""
+        block = algo.all_to_all_in_one_round(self.window, dtype, count)
+        if not block:
+            return None
+        return Exchange(*self.window.exchange(dtype, block), block, fingerprint)
+
+    def all_to_all_fast(self, pg, seq: int, plan: Exchange, inp, out) -> None:
+        """all_to_all of ``inp`` into ``out`` (C-contiguous, apart, ``out`` writable, the
+        plan's dtype and size) as op ``seq`` of ``pg``: the latency path of equal blocks
+        that fit one round.  Phase 0 is chorus.shm.collectives.all_to_all's with the views
+        built once (the same words published, so that ranks on either path agree); after
+        the first sync, when every rank declared this block size, one copy out::
+
+            rank r:  slot[r].piece[q] <- inp[block q]     for every q   (parity p)
+            sync     (checks every rank called the same op)
+            rank r:  out[block q] <- slot[q].piece[r]     for every q
+
+        Otherwise the general path's rest (``all_to_all_rest``) checks the counts and
+        raises, or goes on, as it would have."""
+        t, win = self.transport, self.window
+        if t._dead or t._broken or t._closed is not None:
+            self._check_transport(pg.context("all_to_all", seq, plan.fingerprint))
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self.broken is not None:
+                raise AbortedError(f"{pg.context('all_to_all', seq, plan.fingerprint).describe()}: {self.broken}")
+            sync, ctx = self.sync, None
+            p = sync.count & 1
+            try:
+                sync.begin(seq, plan.fingerprint)
+                if win.cma is not None:
+                    win.publish(address(inp))
+                if win.maps is not None:
+                    win.publish_mapped(p, None)
+                win.declare_common(p, plan.block)
+                mine = plan.pieces[p]
+                mine[...] = inp.reshape(mine.shape)
+                if not sync.arrive_first(seq, plan.fingerprint):
+                    ctx = pg.context("all_to_all", seq, plan.fingerprint)
+                    sync.settle_first(ctx)
+                if win.common_count(p) == plan.block:
+                    theirs = plan.blocks[p]
+                    out.reshape(theirs.shape)[...] = theirs
+                else:
+                    ctx = ctx or pg.context("all_to_all", seq, plan.fingerprint)
+                    counts = [plan.block] * win.world
+                    algo.all_to_all_rest(win, sync, ctx, inp, out, counts, counts, p)
+            except algo.CountsDisagree:
+                raise  # raised by every rank at the same sync: still in step
+            except BaseException as exc:
+                self._failed(ctx or pg.context("all_to_all", seq, plan.fingerprint), exc)
+                raise
+        finally:
+            lock.release()
+        t._finished[self.group] = seq
+
     def all_reduce_one_shot(self, pg, seq: int, plan: OneShot, data) -> None:
         """all_reduce of ``data`` (C-contiguous, writable, the plan's dtype and shape) as op
         ``seq`` of ``pg`` (its sequence number taken already): the latency path of small
@@ -247,6 +307,20 @@ class ShmGroup:
         if self.sync.waker is not None:
             self.sync.waker.release()
         self.segment.close()
+
+
+class Exchange:
+    """What an all_to_all in one round of one (dtype, size) needs, built once per group:
+    per parity, this rank's slot cut into W pieces and the stack of the pieces meant for
+    this rank (chorus.shm.window.Window.exchange); the block size and the fingerprint."""
+
+    __slots__ = ("pieces", "blocks", "block", "fingerprint")
+
+    def __init__(self, pieces: tuple, blocks: tuple, block: int, fingerprint: int):
+        self.pieces = pieces
+        self.blocks = blocks
+        self.block = block
+        self.fingerprint = fingerprint
 
 
 def _context(pg, seq: int, plan: OneShot):

@@ -186,13 +186,18 @@ class Window:
         rows of the tables of ``parity`` as well (returns False)."""
         first = send_counts[0]
         if send_counts.count(first) == len(send_counts) and recv_counts.count(first) == len(recv_counts):
-            self.control[self.rank * WORDS + UNIFORM + parity] = first + 1
+            self.declare_common(parity, first)
             return True
         self.control[self.rank * WORDS + UNIFORM + parity] = 0
         send, recv = self.tables(parity)
         send[self.rank] = send_counts
         recv[self.rank] = recv_counts
         return False
+
+    def declare_common(self, parity: int, count: int) -> None:
+        """``declare_counts`` of a rank that sends and receives ``count`` elements to and
+        from every rank."""
+        self.control[self.rank * WORDS + UNIFORM + parity] = count + 1
 
     def common_count(self, parity: int) -> int | None:
         """The count every rank declared (``declare_counts``) when all declared the same
@@ -224,6 +229,21 @@ class Window:
                 self._cache.clear()
             views = tuple(self.slot_of(p, self.rank, dtype, 0, n) for p in (0, 1)), \
                 tuple(self.stack(p, dtype, 0, n) for p in (0, 1))
+            self._cache[key] = views
+        return views
+
+    def exchange(self, dtype: np.dtype, block: int) -> tuple:
+        """Cached ``(pieces, blocks)`` for all_to_all in one round of ``block`` elements per
+        rank pair: per parity, this rank's slot as (W, block) pieces, one for each rank, and
+        the (W, block) stack of the pieces every rank filled for this one."""
+        key = ("all_to_all", dtype, block)
+        views = self._cache.get(key)
+        if views is None:
+            if len(self._cache) >= 256:
+                self._cache.clear()
+            piece = self.capacity(dtype) // self.world
+            views = tuple(self.pieces(p, self.rank, dtype, piece, block) for p in (0, 1)), \
+                tuple(self.stack(p, dtype, self.rank * piece, block) for p in (0, 1))
             self._cache[key] = views
         return views
 
