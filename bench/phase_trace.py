@@ -19,18 +19,10 @@ import statistics
 import sys
 import time
 
+from iter_times import _step  # all_to_all or all_reduce, as iter_times times them
 from ranks import spawn
 
 from chorus.bench.ops import make_buffers
-
-
-def _step(api, collective: str, inp, out) -> None:
-    if collective == "all_to_all":
-        api.all_to_all_single(out, inp)
-    elif collective == "all_reduce":
-        api.all_reduce(inp)
-    else:
-        raise SystemExit(f"unknown collective {collective!r}")
 
 
 def rank_main(rank: int, world: int, collective: str, mib: float, iters: int, outdir: str) -> None:
