@@ -30,6 +30,12 @@ from chorus.shm.wake import Waker
 from chorus.shm.window import Layout, Window
 
 DEFAULT_SLOT = 1 << 20
+#: Two ranks get 2 MiB slots (a window of 12 MiB): all_reduce up to 2 MiB is then one-shot
+#: in one chunk (chorus.shm.collectives.one_shot), one sync instead of three.  Measured on
+#: the 2-core machine (2026-11-26, session 8; 2 MiB all_reduce, chorus bench's medians of
+#: 3-4 runs, 2 MiB against 1 MiB slots in the same runs): 353-427 us against 520-660 us,
+#: in four series of runs; 1, 4, 8 and 16 MiB within the noise either way.
+PAIR_SLOT = 2 << 20
 MIN_SLOT = 64 << 10
 
 
@@ -49,9 +55,9 @@ def platform_ok() -> bool:
 
 
 def slot_bytes(world: int) -> int:
-    """Bytes per slot: ``CHORUS_SHM_SLOT_BYTES``, else 1 MiB, shrunk so that the window stays
-    within ``CHORUS_SHM_BYTES`` (default 64 MiB) for large groups; at least 64 KiB, which a
-    group of one rank (nothing to share, only copies) gets."""
+    """Bytes per slot: ``CHORUS_SHM_SLOT_BYTES``, else 1 MiB (2 MiB for 2 ranks: ``PAIR_SLOT``),
+    shrunk so that the window stays within ``CHORUS_SHM_BYTES`` (default 64 MiB) for large
+    groups; at least 64 KiB, which a group of one rank (nothing to share, only copies) gets."""
     explicit = env_int("CHORUS_SHM_SLOT_BYTES", 0)
     if explicit:
         slot = explicit
@@ -59,7 +65,7 @@ def slot_bytes(world: int) -> int:
         slot = MIN_SLOT
     else:
         budget = env_int("CHORUS_SHM_BYTES", 64 << 20)
-        slot = min(DEFAULT_SLOT, budget // (2 * (world + 1)))
+        slot = min(PAIR_SLOT if world == 2 else DEFAULT_SLOT, budget // (2 * (world + 1)))
     return max(MIN_SLOT, slot // 4096 * 4096)
 
 
