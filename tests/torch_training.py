@@ -80,7 +80,7 @@ def shared_buckets(rank, world, gloo):
     taken, real = [], mapped.all_reduce
     mapped.all_reduce = lambda win, *args: taken.append(1) or real(win, *args)
     try:
-        t = torch.zeros(1 << 19)  # 2 MiB: more than a slot (at W = 2 a message that fits one is one-shot)
+        t = torch.zeros(3 << 18)  # 3 MiB: more than a slot (2 MiB at W = 2, where a message that fits one is one-shot)
         view = t[5:10]
         right = []
         for i in range(3):

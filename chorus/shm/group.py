@@ -33,8 +33,9 @@ DEFAULT_SLOT = 1 << 20
 #: Two ranks get 2 MiB slots (a window of 12 MiB): all_reduce up to 2 MiB is then one-shot
 #: in one chunk (chorus.shm.collectives.one_shot), one sync instead of three.  Measured on
 #: the 2-core machine (2026-11-26, session 8; 2 MiB all_reduce, chorus bench's medians of
-#: 3-4 runs, 2 MiB against 1 MiB slots in the same runs): 353-427 us against 520-660 us,
-#: in four series of runs; 1, 4, 8 and 16 MiB within the noise either way.
+#: 3-4 runs, 2 MiB against 1 MiB slots in the same runs): 353-427 us against 520-746 us,
+#: in five series of runs; 1, 4, 8 and 16 MiB within the noise either way.  (Messages
+#: that are one-shot take no registered buffer: chorus.shm.mapped starts above a slot here.)
 PAIR_SLOT = 2 << 20
 MIN_SLOT = 64 << 10
 
