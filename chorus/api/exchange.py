@@ -164,7 +164,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
 def _all_to_all_fast(out: np.ndarray, inp: np.ndarray, group) -> bool:
     """The latency path of all_to_all_single: numpy arrays of one dtype and shape, in
-    equal blocks that fit one round of the shared-memory copy path or copy once, run from a plan cached
+    equal blocks that fit one round of the shared-memory copy path, run from a plan cached
     per (dtype, shape) (chorus.shm.group.ShmGroup.all_to_all_fast), and True is returned;
     anything else (False) takes the general path, which gives the same result or error.
     Like all_reduce's latency path (chorus.api.collectives), the group's last plan is
@@ -189,7 +189,7 @@ def _all_to_all_fast(out: np.ndarray, inp: np.ndarray, group) -> bool:
     if pg._queue or engine.recorder is not None or out.dtype is not inp.dtype or out.shape != inp.shape:
         return False
     if not (inp.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable) or \
-            np.may_share_memory(inp, out) or not shm.serves(plan, inp):
+            np.may_share_memory(inp, out):
         return False
     shm.all_to_all_fast(pg, pg.take_seq(), plan, inp, out)
     return True

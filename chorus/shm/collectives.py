@@ -359,22 +359,18 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
     all_to_all_rest(win, sync, ctx, inp, out, send_counts, recv_counts, p)
 
 
-def all_to_all_served(win: Window, dtype: np.dtype, count: int) -> tuple[int, bool, bool]:
-    """``(block, single, offers)`` for all_to_all of ``count`` elements per rank in W equal
-    blocks, when the latency path serves it (chorus.shm.group.ShmGroup.all_to_all_fast):
-    in one round of the copy path, or with single copy (``single``); ``offers``: the general
-    path would offer a registered input (the latency path then takes only inputs that are
-    not registered).  ``block`` 0: not served."""
+def all_to_all_in_one_round(win: Window, dtype: np.dtype, count: int) -> int:
+    """The block size when all_to_all of ``count`` elements per rank, in W equal blocks,
+    takes the copy path in one round (the latency path's case: chorus.shm.group.ShmGroup.
+    all_to_all_fast); 0 otherwise."""
     w = win.world
     if count <= 0 or count % w:
-        return 0, False, False
+        return 0
     nbytes = count * dtype.itemsize
-    offers = mapped.use(win, nbytes, "all_to_all")
-    if direct.use(win, "all_to_all", nbytes):
-        return count // w, True, offers
-    if count // w > win.capacity(dtype) // w or offers:
-        return 0, False, False
-    return count // w, False, False
+    if count // w > win.capacity(dtype) // w or direct.use(win, "all_to_all", nbytes) or \
+            mapped.use(win, nbytes, "all_to_all"):
+        return 0
+    return count // w
 
 
 def all_to_all_rest(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,

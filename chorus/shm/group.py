@@ -21,7 +21,6 @@ import threading
 
 from chorus.errors import AbortedError
 from chorus.shm import collectives as algo
-from chorus.shm import registered
 from chorus.shm.cma import address
 from chorus.shm.crew import Crew
 from chorus.shm.segment import Segment
@@ -175,26 +174,18 @@ class ShmGroup:
 
     def all_to_all_plan(self, dtype, count: int, fingerprint: int) -> Exchange | None:
         """An :class:`Exchange` for all_to_all of ``count`` elements of ``dtype`` per rank in
-        equal blocks, or None when the latency path does not serve it."""
-        block, single, offers = algo.all_to_all_served(self.window, dtype, count)
+        equal blocks, or None when that is not one round of the copy path."""
+        block = algo.all_to_all_in_one_round(self.window, dtype, count)
         if not block:
             return None
-        views = ((), ()) if single else self.window.exchange(dtype, block)
-        return Exchange(*views, block, fingerprint, single, offers)
-
-    @staticmethod
-    def serves(plan: Exchange, inp) -> bool:
-        """Whether ``all_to_all_fast`` may run ``plan`` on ``inp``: not when the general path
-        would offer it as a registered input."""
-        return not plan.offers or registered.find(inp) is None
+        return Exchange(*self.window.exchange(dtype, block), block, fingerprint)
 
     def all_to_all_fast(self, pg, seq: int, plan: Exchange, inp, out) -> None:
         """all_to_all of ``inp`` into ``out`` (C-contiguous, apart, ``out`` writable, the
-        plan's dtype and size) as op ``seq`` of ``pg``: the latency path of equal blocks.
-        Phase 0 is chorus.shm.collectives.all_to_all's with the views built once (the same
-        words published, so that ranks on either path agree).  Single copy then goes on as
-        the general path does (``all_to_all_rest``); one round of the copy path, when every
-        rank declared this block size, is one copy out::
+        plan's dtype and size) as op ``seq`` of ``pg``: the latency path of equal blocks
+        that fit one round.  Phase 0 is chorus.shm.collectives.all_to_all's with the views
+        built once (the same words published, so that ranks on either path agree); after
+        the first sync, when every rank declared this block size, one copy out::
 
             rank r:  slot[r].piece[q] <- inp[block q]     for every q   (parity p)
             sync     (checks every rank called the same op)
@@ -219,13 +210,12 @@ class ShmGroup:
                 if win.maps is not None:
                     win.publish_mapped(p, None)
                 win.declare_common(p, plan.block)
-                if not plan.single:
-                    mine = plan.pieces[p]
-                    mine[...] = inp.reshape(mine.shape)
+                mine = plan.pieces[p]
+                mine[...] = inp.reshape(mine.shape)
                 if not sync.arrive_first(seq, plan.fingerprint):
                     ctx = pg.context("all_to_all", seq, plan.fingerprint)
                     sync.settle_first(ctx)
-                if not plan.single and win.common_count(p) == plan.block:
+                if win.common_count(p) == plan.block:
                     theirs = plan.blocks[p]
                     out.reshape(theirs.shape)[...] = theirs
                 else:
@@ -327,21 +317,17 @@ class ShmGroup:
 
 
 class Exchange:
-    """What an all_to_all of one (dtype, size) in equal blocks needs, built once per group:
-    the block size and the fingerprint; ``single``: it copies once (chorus.shm.direct),
-    else it fits one round of the copy path, with per parity this rank's slot cut into W
-    pieces and the stack of the pieces meant for this rank (chorus.shm.window.Window.
-    exchange); ``offers``: the general path would offer a registered input."""
+    """What an all_to_all in one round of one (dtype, size) needs, built once per group:
+    per parity, this rank's slot cut into W pieces and the stack of the pieces meant for
+    this rank (chorus.shm.window.Window.exchange); the block size and the fingerprint."""
 
-    __slots__ = ("pieces", "blocks", "block", "fingerprint", "single", "offers")
+    __slots__ = ("pieces", "blocks", "block", "fingerprint")
 
-    def __init__(self, pieces: tuple, blocks: tuple, block: int, fingerprint: int, single: bool, offers: bool):
+    def __init__(self, pieces: tuple, blocks: tuple, block: int, fingerprint: int):
         self.pieces = pieces
         self.blocks = blocks
         self.block = block
         self.fingerprint = fingerprint
-        self.single = single
-        self.offers = offers
 
 
 def _context(pg, seq: int, plan: OneShot):
