@@ -6,7 +6,9 @@ usage: python3 bench/phase_trace.py W OUTDIR COLLECTIVE MIB ITERS
   e.g. python3 bench/phase_trace.py 8 /tmp/pt all_to_all 1 200
 
 Rank 0 prints the op's median, p10 and p90 (us) and, per rank, the median of each
-segment ("w" work, "s" wait in a sync) over the ops.  Every rank's clock is
+segment ("w" work, "s" wait in a sync) over the ops.  The latency paths (small
+all_reduce, all_to_all in one round) sync without ``Sync.sync``: their ops show one
+segment.  Every rank's clock is
 ``time.perf_counter`` (CLOCK_MONOTONIC: one clock for every process of a host).
 Writes OUTDIR/phase_trace.json.
 """

@@ -671,3 +671,27 @@ def test_all_to_all_single_latency_path_raises_what_the_general_path_raises():
         return errors
 
     assert run_threads(body, 2) == [["NotInitializedError"]] * 2
+
+
+def test_all_to_all_single_latency_path_with_nd_arrays_goes_on_with_single_copy(monkeypatch):
+    """Rank 1 (latency path, 2-D arrays) and rank 0 (splits that send itself more than
+    single copy's threshold): the counts agree, the op continues with single copy, and
+    rank 1's rows arrive where they belong."""
+    calls = _spy_exchange(monkeypatch)
+    big = shm_algo.direct.cma_bytes("all_to_all", 2) // 8
+
+    def body(rank, w):
+        if rank == 0:
+            inp = np.arange(big + 3, dtype=np.int64)
+            out = np.full(big + 3, -1, np.int64)
+            dist.all_to_all_single(out, inp, output_split_sizes=[big, 3], input_split_sizes=[big, 3])
+            return out[big:].tolist(), bool(np.array_equal(out[:big], inp[:big]))
+        inp = np.arange(6, dtype=np.int64).reshape(2, 3) + 100
+        out = np.full((2, 3), -1, np.int64)
+        dist.all_to_all_single(out, inp)
+        return out.tolist()
+
+    first, second = run_threads(body, 2)
+    assert first == ([100, 101, 102], True)
+    assert second == [[big, big + 1, big + 2], [103, 104, 105]]
+    assert len(calls) == 1

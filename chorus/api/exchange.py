@@ -172,7 +172,10 @@ def _all_to_all_fast(out: np.ndarray, inp: np.ndarray, group) -> bool:
     world = current()
     pg = world.default_group if group is None else group if type(group) is ProcessGroup else None
     shm = None if pg is None or world.default_group is None else pg.shm
-    if shm is None:
+    if shm is None or out.dtype is not inp.dtype or out.shape != inp.shape:
+        return False
+    if not (inp.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable) or \
+            np.may_share_memory(inp, out):
         return False
     last = shm.plans.get("all_to_all")
     if last is not None and last[0] is inp.dtype and last[1] == inp.shape:
@@ -186,10 +189,7 @@ def _all_to_all_fast(out: np.ndarray, inp: np.ndarray, group) -> bool:
         if not plan:
             return False
         shm.plans["all_to_all"] = (inp.dtype, inp.shape, plan)
-    if pg._queue or engine.recorder is not None or out.dtype is not inp.dtype or out.shape != inp.shape:
-        return False
-    if not (inp.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable) or \
-            np.may_share_memory(inp, out):
+    if pg._queue or engine.recorder is not None:
         return False
     shm.all_to_all_fast(pg, pg.take_seq(), plan, inp, out)
     return True

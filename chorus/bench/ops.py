@@ -148,7 +148,7 @@ class Buffers:
     template: np.ndarray  # the input as it must be before each step
     inp: np.ndarray
     out: np.ndarray  # empty when the collective works in place
-    expect: np.ndarray | None  # the exact expectation (floats: in float64)
+    expect: np.ndarray | None  # the expectation (reductions of floats: in float64)
     rtol: float  # floating-point results may differ from float64 by rounding
     shared: bool = False  # inp and out from chorus.empty_shared (--registered)
     exact: np.ndarray | None = None  # ``expect`` in the checked dtype (NaN where that overflows)

@@ -240,6 +240,7 @@ def _reduce_rows(win: Window, ctx, sources: list[int], offset: int, own: np.ndar
     w, me, n, peers = win.world, win.rank, own.size, win.cma
     first = (me + 1) % w  # (row q starts at the offset in its page of rank q's source, for the first peer)
     like = sources[first] + offset - first * own.nbytes
+    like -= like % own.itemsize  # (a peer's unaligned array: keep the scratch rows aligned)
     scratch = peers.scratch((w + 1) * own.nbytes, like).view(own.dtype).reshape(w + 1, n)
     rows = scratch[:w]
     for q in _others(me, w):

@@ -221,7 +221,7 @@ class ShmGroup:
                 else:
                     ctx = ctx or pg.context("all_to_all", seq, plan.fingerprint)
                     counts = [plan.block] * win.world
-                    algo.all_to_all_rest(win, sync, ctx, inp, out, counts, counts, p)
+                    algo.all_to_all_rest(win, sync, ctx, inp.reshape(-1), out.reshape(-1), counts, counts, p)  # flat, as the general path's
             except algo.CountsDisagree:
                 raise  # raised by every rank at the same sync: still in step
             except BaseException as exc:
