@@ -458,6 +458,29 @@ def test_a_bounced_piece_goes_on_after_a_partial_transfer():
     assert np.array_equal(dst, src) and cut == [cma.BOUNCE_BYTES]
 
 
+@pytest.mark.parametrize("nbytes", [1000, 64 << 10, (100 << 10) + 3, 300 << 10, 1 << 20])
+@pytest.mark.parametrize("dst_past", [0, 16, 40, 2048])
+def test_skew_copy_copies_whole_and_bounces_only_slow_copies_in_its_range(nbytes, dst_past):
+    from chorus.shm import skew
+
+    src, dst = _skewed_pair(nbytes, dst_past)
+    bounced = []
+
+    def run():
+        skew.copy(dst, src)
+        bounced.append("bounce" in skew._local.__dict__)  # a fresh thread: its own buffer
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert np.array_equal(dst, src)
+    assert bounced == [dst_past in (16, 40) and skew.MIN_BYTES <= nbytes < skew.MAX_BYTES]
+    wide = src[: nbytes // 4 * 4].view(np.float32)  # other dtypes: copied as bytes
+    out = np.zeros_like(wide)
+    skew.copy(out, wide)
+    assert out.tobytes() == wide.tobytes()
+
+
 def test_scratch_starts_at_the_page_offset_asked_for_and_is_reused():
     peers = cma.Peers([os.getpid()] * 2)
     first = peers.scratch(10_000, like=0x1234)

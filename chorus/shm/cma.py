@@ -46,6 +46,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chorus.errors import AbortedError, ChorusError, PeerLostError
+from chorus.shm import skew
 
 IOV_MAX = 1024  # iovec entries per call (Linux's UIO_MAXIOV)
 _YAMA = "/proc/sys/kernel/yama/ptrace_scope"
@@ -108,22 +109,19 @@ def _prctl(option: int, arg: int) -> int:
 #: Where the destination of the kernel's copy sits a few bytes past the source, modulo a
 #: page (``slow_skew``), the copy is 4-5x slower on the 2-core machine (AMD EPYC, Linux
 #: 6.18, ``bench/skew_probe.py``: 256 KiB in 116-121 us at skews of 8-24 bytes, 26-36 us
-#: at 0 and from 32), as user-space copies are (chorus.shm.window.SKEW).  The 16-core
+#: at 0 and from 32), at every size, as user-space copies are below 512 KiB (chorus.shm.skew).  The 16-core
 #: Intel host showed no such step (18-22 us at every skew).  Two numpy buffers from the
 #: heap sit at random 16-byte offsets, so single copy between them was slow in one run
 #: and not the next (an 8 MiB all_reduce of two ranks: 2.3-3.3 ms, or 5.1-5.5 ms).
-SLOW_SKEW_BYTES = 64
-PAGE = 4096
+PAGE = skew.PAGE
 #: A piece whose copy would be slow goes through a private buffer in pieces of this size.
 BOUNCE_BYTES = 256 << 10
 
 
 def slow_skew(local: int, remote: int, what: str) -> bool:
     """Whether the kernel's copy for a ``what`` ("read" or "write") between these addresses
-    would be slow: the destination 1 to ``SLOW_SKEW_BYTES`` - 1 bytes past the source,
-    within a page."""
-    dst, src = (local, remote) if what == "read" else (remote, local)
-    return 0 < (dst - src) % PAGE < SLOW_SKEW_BYTES
+    would be slow (chorus.shm.skew.slow)."""
+    return skew.slow(local, remote) if what == "read" else skew.slow(remote, local)
 
 
 def address(array) -> int:

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from chorus.errors import AbortedError, PeerLostError
-from chorus.shm import cma
+from chorus.shm import cma, skew
 from chorus.shm.phases import Reduce, chunks, offsets, part_of, parts_for, span
 from chorus.shm.settings import env_int
 from chorus.shm.sync import SOURCE, Sync
@@ -226,7 +226,7 @@ def read_from(win: Window, ctx, q: int, dst: np.ndarray, src: int) -> None:
 def copy_unless_same(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` unless they are the same memory (in-place all_gather)."""
     if cma.address(dst) != cma.address(src):
-        dst[...] = src
+        skew.copy(dst, src)
 
 
 def _reduce_rows(win: Window, ctx, sources: list[int], offset: int, own: np.ndarray,
@@ -319,6 +319,6 @@ def all_to_all(win: Window, ctx, inp: np.ndarray, out: np.ndarray, send_table: n
         peers.read_one(ctx, q, base + (recvs[q] + a) * size, sources[q] + (starts[q] + a) * size, (b - a) * size)
 
     def copy_own() -> None:
-        out[recvs[me]: recvs[me] + recv_counts[me]] = inp[starts[me]: starts[me] + recv_counts[me]]
+        skew.copy(out[recvs[me]: recvs[me] + recv_counts[me]], inp[starts[me]: starts[me] + recv_counts[me]])
 
     from_peers(win, read_block, out.nbytes, copy_own)

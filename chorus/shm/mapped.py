@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from chorus.shm import direct
+from chorus.shm import direct, skew
 from chorus.shm.phases import Reduce, offsets, part_of, parts_for, sub
 from chorus.shm.registered import Descriptor
 from chorus.shm.settings import env_int
@@ -101,7 +101,7 @@ def all_to_all(win: Window, inp: np.ndarray, out: np.ndarray, send_table: np.nda
 
     def read_block(q: int, part: int, parts: int) -> None:
         a, b = part_of(recv_counts[q], part, parts)
-        out[recvs[q] + a: recvs[q] + b] = views[q][starts[q] + a: starts[q] + b]
+        skew.copy(out[recvs[q] + a: recvs[q] + b], views[q][starts[q] + a: starts[q] + b])
 
     direct.from_peers(win, read_block, out.nbytes, lambda: read_block(me, 0, 1))
 
