@@ -150,9 +150,9 @@ class Buffers:
     out: np.ndarray  # empty when the collective works in place
     expect: np.ndarray | None  # the expectation (reductions of floats: in float64)
     rtol: float  # floating-point results may differ from float64 by rounding
+    exact: np.ndarray | None  # ``expect`` in the checked dtype (NaN where that overflows)
+    same: np.ndarray  # the check's verdicts, one piece at a time (bools)
     shared: bool = False  # inp and out from chorus.empty_shared (--registered)
-    exact: np.ndarray | None = None  # ``expect`` in the checked dtype (NaN where that overflows)
-    same: np.ndarray | None = None  # the check's verdicts, one piece at a time (bools)
 
     @property
     def checked(self) -> np.ndarray:
@@ -163,7 +163,7 @@ class Buffers:
         from the same allocator."""
         copy = _shared_copy if self.shared else np.copy
         return Buffers(self.template, copy(self.template), copy(np.zeros_like(self.out)), self.expect, self.rtol,
-                       self.shared, self.exact, self.same)
+                       self.exact, self.same, self.shared)
 
     def reset(self) -> None:
         self.inp[...] = self.template
@@ -234,7 +234,7 @@ def make_buffers(collective: str, size_elems: int, dtype: str, rank: int, world:
     if registered_buffers:
         inp, out = _shared_copy(inp), _shared_copy(out)
     same = np.empty(min(_CHECK_ELEMS, max(n_in, n_out)), bool)
-    return Buffers(template, inp, out, expect, rtol, registered_buffers, _exact(expect, dtype), same)
+    return Buffers(template, inp, out, expect, rtol, _exact(expect, dtype), same, registered_buffers)
 
 
 Case = tuple[Callable[[], None], Callable[[], Any], Callable[[], int]]

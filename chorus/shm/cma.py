@@ -115,7 +115,7 @@ def _prctl(option: int, arg: int) -> int:
 #: and not the next (an 8 MiB all_reduce of two ranks: 2.3-3.3 ms, or 5.1-5.5 ms).
 PAGE = skew.PAGE
 #: A piece whose copy would be slow goes through a private buffer in pieces of this size.
-BOUNCE_BYTES = 256 << 10
+BOUNCE_BYTES = skew.BOUNCE_BYTES
 
 
 def slow_skew(local: int, remote: int, what: str) -> bool:
@@ -124,9 +124,7 @@ def slow_skew(local: int, remote: int, what: str) -> bool:
     return skew.slow(local, remote) if what == "read" else skew.slow(remote, local)
 
 
-def address(array) -> int:
-    """Where a contiguous numpy array's data starts (0 for None)."""
-    return 0 if array is None else array.__array_interface__["data"][0]
+address = skew.address
 
 
 class Probe:
@@ -233,16 +231,13 @@ class Peers:
             self._move(fn, what, ctx, q, [(local + done, remote + done, nbytes - done)])
 
     def _bounced(self, fn, what: str, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
-        """``_call_one`` in pieces of ``BOUNCE_BYTES`` through a private buffer placed half
-        a page from the remote address's offset in its page, and ``memmove`` between it
+        """``_call_one`` in pieces of ``BOUNCE_BYTES`` through this thread's bounce buffer,
+        half a page from the remote address (``skew.beside``), and ``memmove`` between it
         and ``local``: both copies are then far from a slow skew (user-space copies have
-        the same slow skews; chorus.shm.window.SKEW)."""
-        bounce = self._iov.__dict__.get("bounce")
-        if bounce is None:
-            bounce = self._iov.bounce = np.empty(BOUNCE_BYTES + PAGE, np.uint8)
+        the same slow skews)."""
         for done in range(0, nbytes, BOUNCE_BYTES):
             size = min(BOUNCE_BYTES, nbytes - done)
-            there = address(bounce) + (remote + done + PAGE // 2 - address(bounce)) % PAGE
+            there = address(skew.beside(remote + done, size))
             if what == "read":
                 self._call_one(fn, what, ctx, q, there, remote + done, size)
                 ctypes.memmove(local + done, there, size)

@@ -288,20 +288,8 @@ def reduce_scatter(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarra
     if direct.use(win, "reduce_scatter", inp.nbytes):
         direct.reduce_scatter(win, sync, ctx, inp, out, counts, reduce, piece)
         return
-    uniform = len(set(counts)) <= 1
-    starts = None if uniform else offsets(counts)
+    copy_in = _to_my_pieces(win, inp, counts, len(set(counts)) <= 1)
     mine = counts[me]
-
-    def copy_in(j: int, p: int, part: int, parts: int) -> None:
-        if uniform:
-            lo, hi = span(j, piece, counts[0])
-            a, b = sub(0, hi - lo, part, parts)
-            win.pieces(p, me, dt, piece, hi - lo)[:, a:b] = inp.reshape(w, counts[0])[:, lo + a: lo + b]
-            return
-        for q in range(w):
-            lo, hi = span(j, piece, counts[q])
-            a, b = sub(0, hi - lo, part, parts)
-            win.slot_of(p, me, dt, q * piece + a, b - a)[...] = inp[starts[q] + lo + a: starts[q] + lo + b]
 
     def reduce_mine(j: int, p: int, part: int, parts: int) -> None:
         lo, hi = span(j, piece, mine)
@@ -348,7 +336,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         if np.may_share_memory(inp, out):
             inp = inp.copy()
         win.publish(cma.address(inp))
-    copy_in, _ = _all_to_all_stages(win, inp, out, send_counts, recv_counts, uniform)
+    copy_in = _to_my_pieces(win, inp, send_counts, uniform)
     my_bytes = sum(send_counts) * out.itemsize
     mine = registered.find(inp) if mapped.use(win, my_bytes, "all_to_all") else None
     if win.maps is not None:
@@ -407,20 +395,8 @@ def _all_to_all_stages(win: Window, inp: np.ndarray, out: np.ndarray, send_count
     """The copy path's two stages of all_to_all: (copy_in, copy_out)."""
     me, w, dt = win.rank, win.world, out.dtype
     piece = win.capacity(dt) // w
-    if not uniform:
-        sends, recvs = offsets(send_counts), offsets(recv_counts)
+    recvs = None if uniform else offsets(recv_counts)
     c = send_counts[0]
-
-    def copy_in(j: int, p: int, part: int, parts: int) -> None:
-        if uniform:
-            lo, hi = span(j, piece, c)
-            a, b = sub(0, hi - lo, part, parts)
-            win.pieces(p, me, dt, piece, hi - lo)[:, a:b] = inp.reshape(w, c)[:, lo + a: lo + b]
-            return
-        for q in range(w):
-            lo, hi = span(j, piece, send_counts[q])
-            a, b = sub(0, hi - lo, part, parts)
-            win.slot_of(p, me, dt, q * piece + a, b - a)[...] = inp[sends[q] + lo + a: sends[q] + lo + b]
 
     def copy_out(j: int, p: int, part: int, parts: int) -> None:
         if uniform:
@@ -433,7 +409,29 @@ def _all_to_all_stages(win: Window, inp: np.ndarray, out: np.ndarray, send_count
             a, b = sub(0, hi - lo, part, parts)
             out[recvs[r] + lo + a: recvs[r] + lo + b] = win.slot_of(p ^ 1, r, dt, me * piece + a, b - a)
 
-    return copy_in, copy_out
+    return _to_my_pieces(win, inp, send_counts, uniform), copy_out
+
+
+def _to_my_pieces(win: Window, inp: np.ndarray, counts: Sequence[int], uniform: bool) -> Stage:
+    """The stage that copies round j of every block q of ``inp`` (``counts[q]`` elements,
+    one count for all when ``uniform``) into piece q of this rank's slot: the first stage
+    of reduce_scatter and of all_to_all."""
+    me, w, dt = win.rank, win.world, inp.dtype
+    piece = win.capacity(dt) // w
+    starts = None if uniform else offsets(counts)
+
+    def copy_in(j: int, p: int, part: int, parts: int) -> None:
+        if uniform:
+            lo, hi = span(j, piece, counts[0])
+            a, b = sub(0, hi - lo, part, parts)
+            win.pieces(p, me, dt, piece, hi - lo)[:, a:b] = inp.reshape(w, counts[0])[:, lo + a: lo + b]
+            return
+        for q in range(w):
+            lo, hi = span(j, piece, counts[q])
+            a, b = sub(0, hi - lo, part, parts)
+            win.slot_of(p, me, dt, q * piece + a, b - a)[...] = inp[starts[q] + lo + a: starts[q] + lo + b]
+
+    return copy_in
 
 
 def _in_place(sync: Sync, ctx, where, on_mapped, on_direct) -> None:

@@ -192,7 +192,10 @@ class ShmGroup:
             rank r:  out[block q] <- slot[q].piece[r]     for every q
 
         Otherwise the general path's rest (``all_to_all_rest``) checks the counts and
-        raises, or goes on, as it would have."""
+        raises, or goes on, as it would have.  ``_run``'s frame is inlined, as in
+        ``all_reduce_one_shot``, so that the op's context is built only to wait or raise:
+        through ``_run`` a 4 KiB all_to_all of 2 ranks on the 2-core machine took 21.1-21.5
+        us instead of 16.9-17.1."""
         t, win = self.transport, self.window
         if t._dead or t._broken or t._closed is not None:
             self._check_transport(pg.context("all_to_all", seq, plan.fingerprint))

@@ -29,6 +29,9 @@ MIN_BYTES = 64 << 10
 MAX_BYTES = 512 << 10
 #: A bounced copy moves in pieces of this size (they stay in the first-level caches).
 PIECE_BYTES = 64 << 10
+#: The per-thread bounce buffer's size (``beside``; chorus.shm.cma bounces kernel copies
+#: in pieces of this size).
+BOUNCE_BYTES = 256 << 10
 
 _local = threading.local()
 
@@ -38,8 +41,20 @@ def slow(dst: int, src: int) -> bool:
     return 0 < (dst - src) % PAGE < SLOW_BYTES
 
 
-def address(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
+def address(array) -> int:
+    """Where a contiguous numpy array's data starts (0 for None)."""
+    return 0 if array is None else array.__array_interface__["data"][0]
+
+
+def beside(where: int, nbytes: int) -> np.ndarray:
+    """``nbytes`` (at most ``BOUNCE_BYTES``) of this thread's bounce buffer, starting half a
+    page from ``where``'s offset in its page: a copy between it and ``where``, or between
+    it and an address at a slow offset from ``where``, is far from a slow offset."""
+    bounce = _local.__dict__.get("bounce")
+    if bounce is None:
+        bounce = _local.bounce = np.empty(BOUNCE_BYTES + PAGE, np.uint8)
+    start = (where + PAGE // 2 - address(bounce)) % PAGE
+    return bounce[start: start + nbytes]
 
 
 def copy(dst: np.ndarray, src: np.ndarray) -> None:
@@ -50,11 +65,7 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = src
         return
     to, frm = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
-    bounce = _local.__dict__.get("bounce")
-    if bounce is None:
-        bounce = _local.bounce = np.empty(PIECE_BYTES + PAGE, np.uint8)
-    start = (address(frm) + PAGE // 2 - address(bounce)) % PAGE  # (pieces start whole pages apart)
-    middle, size = bounce[start: start + PIECE_BYTES], to.size
+    middle, size = beside(address(frm), PIECE_BYTES), to.size  # (pieces start whole pages apart)
     for lo in range(0, size, PIECE_BYTES):
         hi = min(lo + PIECE_BYTES, size)
         part = middle[: hi - lo]

@@ -1,0 +1,116 @@
+"""Copies at slow offsets (chorus.shm.skew, and chorus.shm.cma's use of it): the rule, the
+kernel copies that bounce through a buffer half a page away, whole and after partial
+transfers, user-space copies that bounce only where glibc's copy is slow, and single
+copy's scratch placed at its source's offset."""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+from cma_support import Ctx
+
+from chorus.shm import cma
+
+
+def test_slow_skew_is_a_destination_just_past_its_source_within_a_page():
+    base = 1 << 20
+    assert not cma.slow_skew(base, base, "read")
+    for dst_past in (8, 16, 24, 56, 4096 + 16):
+        assert cma.slow_skew(base + dst_past, base, "read")  # read: the local buffer is written
+        assert cma.slow_skew(base, base + dst_past, "write")  # write: the remote one is
+        assert not cma.slow_skew(base, base + dst_past, "read")
+    for fine in (64, 80, 256, 2048, 4096 - 16):
+        assert not cma.slow_skew(base + fine, base, "read")
+
+
+def _skewed_pair(nbytes: int, dst_past: int) -> tuple[np.ndarray, np.ndarray]:
+    """A source and a destination of ``nbytes`` bytes whose page offsets differ by ``dst_past``."""
+    src_mem, dst_mem = np.zeros(nbytes + 8192, np.uint8), np.zeros(nbytes + 8192, np.uint8)
+    src = src_mem[(-cma.address(src_mem)) % 4096:][:nbytes]
+    dst = dst_mem[(dst_past - cma.address(dst_mem)) % 4096:][:nbytes]
+    src[...] = np.arange(nbytes) % 251
+    return src, dst
+
+
+@pytest.mark.parametrize("what", ["read", "write"])
+def test_pieces_at_a_slow_skew_go_through_the_bounce_buffer_whole(what, monkeypatch):
+    nbytes = 2 * cma.BOUNCE_BYTES + 1000
+    src, dst = _skewed_pair(nbytes, 16)
+    peers = cma.Peers([os.getpid()] * 2)
+    if what == "read":
+        assert cma.slow_skew(cma.address(dst), cma.address(src), "read")
+        peers.read_one(Ctx, 1, cma.address(dst), cma.address(src), nbytes)
+    else:
+        assert cma.slow_skew(cma.address(src), cma.address(dst), "write")
+        peers.write_one(Ctx, 1, cma.address(src), cma.address(dst), nbytes)
+    assert np.array_equal(dst, src) and (peers.calls, peers.nbytes) == (3, nbytes)  # 3 bounced pieces
+    # the kernel's copies were made at a fast skew: from or into the bounce buffer at the remote's offset
+    seen = []
+    real = peers.readv if what == "read" else peers.writev
+
+    def spy(pid, local, n, remote, m, flags):
+        seen.append(cma.slow_skew(local.base, remote.base, what))
+        return real(pid, local, n, remote, m, flags)
+
+    real_move, moves = cma.ctypes.memmove, []
+
+    def move_spy(to, frm, size):  # the copy in user space is as slow at those skews
+        moves.append(cma.slow_skew(to, frm, "read"))
+        return real_move(to, frm, size)
+
+    monkeypatch.setattr(peers, "readv" if what == "read" else "writev", spy)
+    monkeypatch.setattr(cma.ctypes, "memmove", move_spy)
+    dst[...] = 0
+    (peers.read_one if what == "read" else peers.write_one)(
+        Ctx, 1, *((cma.address(dst), cma.address(src)) if what == "read" else (cma.address(src), cma.address(dst))),
+        nbytes)
+    assert np.array_equal(dst, src) and seen == [False] * 3 and moves == [False] * 3
+
+
+def test_a_bounced_piece_goes_on_after_a_partial_transfer():
+    nbytes = cma.BOUNCE_BYTES + 4096
+    src, dst = _skewed_pair(nbytes, 8)
+    peers = cma.Peers([os.getpid()] * 2)
+    real, cut = peers.readv, []
+
+    def first_half(pid, local, n, remote, m, flags):
+        if not cut:
+            cut.append(local.len)
+            local.len = remote.len = local.len // 2
+        return real(pid, local, n, remote, m, flags)
+
+    peers.readv = first_half
+    peers.read_one(Ctx, 1, cma.address(dst), cma.address(src), nbytes)
+    assert np.array_equal(dst, src) and cut == [cma.BOUNCE_BYTES]
+
+
+@pytest.mark.parametrize("nbytes", [1000, 64 << 10, (100 << 10) + 3, 300 << 10, 1 << 20])
+@pytest.mark.parametrize("dst_past", [0, 16, 40, 2048])
+def test_skew_copy_copies_whole_and_bounces_only_slow_copies_in_its_range(nbytes, dst_past):
+    from chorus.shm import skew
+
+    src, dst = _skewed_pair(nbytes, dst_past)
+    bounced = []
+
+    def run():
+        skew.copy(dst, src)
+        bounced.append("bounce" in skew._local.__dict__)  # a fresh thread: its own buffer
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert np.array_equal(dst, src)
+    assert bounced == [dst_past in (16, 40) and skew.MIN_BYTES <= nbytes < skew.MAX_BYTES]
+    wide = src[: nbytes // 4 * 4].view(np.float32)  # other dtypes: copied as bytes
+    out = np.zeros_like(wide)
+    skew.copy(out, wide)
+    assert out.tobytes() == wide.tobytes()
+
+
+def test_scratch_starts_at_the_page_offset_asked_for_and_is_reused():
+    peers = cma.Peers([os.getpid()] * 2)
+    first = peers.scratch(10_000, like=0x1234)
+    assert first.size == 10_000 and cma.address(first) % 4096 == 0x234
+    again = peers.scratch(5_000, like=0x10)
+    assert cma.address(again) % 4096 == 0x10 and again.base is first.base
