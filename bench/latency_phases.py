@@ -6,6 +6,8 @@ on a tiny float32 array back to back (as ``bench/latency_loop.py``) with the fir
     wait  the sync itself (reading the other ranks' words until all arrived)
     post  the reduction and the return, and the loop's reset of the array
 
+``LATENCY_CPUS=a,b,...`` pins rank r to the r-th CPU of the list.
+
 Rank 0 prints, per rank, the medians of the three (us) and how many syncs fell back to
 the slow path (``settle_first``); the wrapper adds its own call (about 0.1 us to pre).
 
@@ -36,6 +38,9 @@ def rank_main(rank: int, world: int, n: int, iters: int, outdir: str) -> None:
     import chorus
     from chorus.shm import sync as shm_sync
 
+    if os.environ.get("LATENCY_CPUS"):
+        cpus = [int(c) for c in os.environ["LATENCY_CPUS"].split(",")]
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     chorus.init_process_group("chorus", init_method=f"file://{outdir}/chorus.rdzv", rank=rank, world_size=world)
     clock = time.perf_counter_ns
     entered, left, slow = [0] * iters, [0] * iters, [0]

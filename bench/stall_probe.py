@@ -81,7 +81,7 @@ def rank_main(rank: int, world: int, collective: str, sizes: list[int], iters: i
         rows.append({"bytes": nbytes, "mean_us": float(us.mean()), "median_us": float(np.median(us)),
                      "over20": int((us > 20).sum()), "over200": int((us > 200).sum()),
                      "excess_over20_us": float((us[us > 20] - np.median(us)).sum()),
-                     "first_in_batch_over20": int(sum(1 for t, k in zip(us, where) if t > 20 and k == 0)),
+                     "first_in_batch_over20": int(sum(1 for t, k in zip(us, where, strict=True) if t > 20 and k == 0)),
                      "max_us": float(us.max()), "slow_waits": len(waits),
                      "slow_wait_median_us": statistics.median(waits) / 1e3 if waits else 0.0,
                      "naps": naps[0], "sleep_only_modes": modes[0], "wrong": wrong})

@@ -11,7 +11,7 @@ import numpy as np
 from chorus import engine
 from chorus.api.groups import resolve
 from chorus.api.launch import member_group, not_member, root_rank, run, writable
-from chorus.api.state import current
+from chorus.api.state import process_world, thread_world
 from chorus.buffers import as_buffer
 from chorus.errors import CommTimeoutError, InvalidArgumentError, InvalidTensorError
 from chorus.process_group import ProcessGroup
@@ -73,19 +73,23 @@ def _all_reduce_one_shot(arr: np.ndarray, op, group) -> bool:
     """The latency path: a small synchronous all_reduce of a numpy array on a group with a
     shared-memory window runs here, from a plan cached per (dtype, shape, op), and returns
     True; anything else (large, queued behind async ops, recorded, non-contiguous,
-    read-only, PREMUL_SUM, not a member, not initialized, bad arguments) returns False and
-    takes the general path, which gives the same result or the same error.
+    misaligned, read-only, PREMUL_SUM, not a member, not initialized, bad arguments)
+    returns False and takes the general path, which gives the same result or the same
+    error.
 
     Every check here is one a repeated call needs: the group's last plan is kept with the
-    dtype, shape and op it was made for (under the key None of the group's plans, so that
-    whatever clears the plans clears it), compared by identity where that is exact (a
-    dtype or op object that is another object looks the plan up)."""
-    world = current()
+    dtype, op and shape it was made for (``ShmGroup.last_one_shot``, dropped with the
+    group's plans when the group closes), compared by identity where that is exact (a
+    dtype or op object that is another object looks the plan up).  ``current()`` is
+    inlined, and ``flags.carray`` is C-contiguous, aligned and writeable in one read."""
+    world = thread_world()
+    if world is None:
+        world = process_world
     pg = world.default_group if group is None else group if type(group) is ProcessGroup else None
     shm = None if pg is None or world.default_group is None else pg.shm
     if shm is None:
         return False  # not initialized, no window, another group argument: the general path
-    last = shm.plans.get(None)
+    last = shm.last_one_shot
     if last is not None and last[0] is arr.dtype and last[1] is op and last[2] == arr.shape:
         plan = last[3]
     else:
@@ -97,11 +101,8 @@ def _all_reduce_one_shot(arr: np.ndarray, op, group) -> bool:
             plan = _one_shot_plan(pg, arr, op)
         if not plan:
             return False
-        shm.plans[None] = (arr.dtype, op, arr.shape, plan)
-    if pg._queue or engine.recorder is not None:
-        return False
-    flags = arr.flags
-    if not (flags.c_contiguous and flags.writeable):
+        shm.last_one_shot = (arr.dtype, op, arr.shape, plan)
+    if pg._queue or engine.recorder is not None or not arr.flags.carray:
         return False
     shm.all_reduce_one_shot(pg, pg.take_seq(), plan, arr)  # the context is built only if needed
     if plan.average:

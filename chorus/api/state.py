@@ -31,6 +31,12 @@ _process_world = World()
 _thread_world: contextvars.ContextVar[World | None] = contextvars.ContextVar("chorus_world", default=None)
 
 
+#: The World set for this thread (``use_world``), or None: the process's (``process_world``).
+#: ``current()`` in one C call, for the latency paths (chorus.api.collectives).
+thread_world = _thread_world.get
+process_world = _process_world
+
+
 def current() -> World:
     """The World of this rank (thread-local when ranks are threads)."""
     w = _thread_world.get()

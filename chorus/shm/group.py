@@ -137,6 +137,7 @@ class ShmGroup:
         self.closed = False
         self._lock = threading.Lock()
         self.plans: dict = {}  # the API layer's cached one-shot plans (chorus.api.collectives)
+        self.last_one_shot: tuple | None = None  # (dtype, op, shape, plan) of its last one
         # Collectives forced onto a TCP algorithm by CHORUS_ALGO_<NAME> (read once, here:
         # a per-call environment lookup would cost more than the whole one-shot op).
         # "hierarchical" is no TCP algorithm: inside one host it means shared memory.
@@ -309,6 +310,7 @@ class ShmGroup:
         self.closed = True
         self.broken = "the group was destroyed"
         self.plans.clear()  # their views of the window would keep it mapped
+        self.last_one_shot = None
         if self.window.crew is not None:
             self.window.crew.close()
         if self.window.maps is not None:
