@@ -78,8 +78,8 @@ def _all_reduce_one_shot(arr: np.ndarray, op, group) -> bool:
     error.
 
     Every check here is one a repeated call needs: the group's last plan is kept with the
-    dtype, op and shape it was made for (``ShmGroup.last_one_shot``, dropped with the
-    group's plans when the group closes), compared by identity where that is exact (a
+    dtype, op and shape it was made for (``ShmGroup.last_one_shot``, which
+    ``ShmGroup.forget_plans`` drops with the others), compared by identity where that is exact (a
     dtype or op object that is another object looks the plan up).  ``current()`` is
     inlined, and ``flags.carray`` is C-contiguous, aligned and writeable in one read."""
     world = thread_world()
@@ -114,7 +114,7 @@ def _one_shot_plan(pg, arr: np.ndarray, op):
     """The group's cached OneShot for ``arr``'s dtype and shape and ``op``, or False."""
     shm = pg.shm
     if len(shm.plans) >= 256:
-        shm.plans.clear()
+        shm.forget_plans()
     key = (arr.dtype, arr.shape, op.name)
     shm.plans[key] = False
     if "all_reduce" in shm.tcp_only or op.name == "PREMUL_SUM":

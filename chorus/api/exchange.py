@@ -199,7 +199,7 @@ def _exchange_plan(pg, inp: np.ndarray):
     """The group's cached Exchange for ``inp``'s dtype and shape, or False."""
     shm = pg.shm
     if len(shm.plans) >= 256:
-        shm.plans.clear()
+        shm.forget_plans()
     key = ("all_to_all", inp.dtype, inp.shape)
     shm.plans[key] = False
     if "all_to_all" in shm.tcp_only or inp.ndim == 0 or inp.shape[0] % pg.size():

@@ -299,6 +299,11 @@ class ShmGroup:
                        "unusable: create a new group")
         self.sync.abandon(ctx.seq)
 
+    def forget_plans(self) -> None:
+        """Drop the API layer's cached plans (all of them, the last one-shot plan included)."""
+        self.plans.clear()
+        self.last_one_shot = None
+
     def _check_transport(self, ctx) -> None:
         error = self.transport._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
         if error is not None:
@@ -309,8 +314,7 @@ class ShmGroup:
         left (an op still running on another thread fails with AbortedError)."""
         self.closed = True
         self.broken = "the group was destroyed"
-        self.plans.clear()  # their views of the window would keep it mapped
-        self.last_one_shot = None
+        self.forget_plans()  # their views of the window would keep it mapped
         if self.window.crew is not None:
             self.window.crew.close()
         if self.window.maps is not None:
