@@ -21,6 +21,7 @@ import threading
 
 from chorus.errors import AbortedError
 from chorus.shm import collectives as algo
+from chorus.shm import cpus
 from chorus.shm.cma import address
 from chorus.shm.crew import Crew
 from chorus.shm.segment import Segment
@@ -72,15 +73,7 @@ def slot_bytes(world: int) -> int:
 
 def usable_cpus() -> int:
     """CPUs this process may run on (affinity, and a cgroup v2 quota if one is set)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        if quota != "max":
-            cpus = min(cpus, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return cpus
+    return cpus.usable()
 
 
 #: A sync reads a missing rank's counter this many times (a few us) before it starts
@@ -89,16 +82,18 @@ def usable_cpus() -> int:
 POLLS = env_int("CHORUS_SHM_POLLS", 200)
 
 
-def backoff_for(ranks_here: int, threads: bool) -> Backoff:
-    """Spin only when every rank on the host has a core of its own.  Ranks that are threads
-    of one process share the GIL: they never spin.  ``CHORUS_SHM_SPIN_US`` overrides;
+def backoff_for(ranks_here: int, threads: bool, cpus_here: int | None = None) -> Backoff:
+    """Spin only when every rank on the host has a core of its own: ``ranks_here`` ranks
+    on ``cpus_here`` CPUs (default: this process's, ``usable_cpus``; the handshake passes
+    what the members may use together, chorus.shm.cpus).  Ranks that are threads of one
+    process share the GIL: they never spin.  ``CHORUS_SHM_SPIN_US`` overrides;
     ``CHORUS_SHM_YIELD_US`` sets how long a waiter yields before it naps (default 5 ms, 1
     ms with more ranks than CPUs)."""
     spin = os.environ.get("CHORUS_SHM_SPIN_US", "").strip()
     yield_us = env_int("CHORUS_SHM_YIELD_US", 0)
     if spin:
         backoff = Backoff(spin_s=float(spin) * 1e-6, polls=POLLS)
-    elif threads or ranks_here > usable_cpus():
+    elif threads or ranks_here > (usable_cpus() if cpus_here is None else cpus_here):
         backoff = Backoff(spin_s=0.0, yield_s=1e-3)
     else:
         backoff = Backoff(polls=POLLS)

@@ -5,11 +5,12 @@ over the group's transport::
 
     member m > 0                               group rank 0
     --- host digest (chorus.shm.hostid), ---->
-        algorithm settings                     all digests equal and usable, all settings
+        algorithm settings, CPU affinity       all digests equal and usable, all settings
                                                equal? (settings differ: every member
                                                raises InvalidArgumentError naming them)
                                                  create the file, write a random nonce
-    <-- offer: path, size, nonce (or none) --
+    <-- offer: path, size, nonce (or none), -
+        the members' CPUs (chorus.shm.cpus)
     map it, check the nonce
     --- attached / failed ----------------->
                                                UNLINK the file: every member has mapped
@@ -47,7 +48,7 @@ import struct
 import time
 
 from chorus.errors import InvalidArgumentError
-from chorus.shm import cma, crew, direct, mapped
+from chorus.shm import cma, cpus, crew, direct, mapped
 from chorus.shm import collectives as algo
 from chorus.shm.group import (
     ShmGroup,
@@ -67,7 +68,9 @@ from chorus.wire.frames import Kind
 log = logging.getLogger("chorus")
 
 TAG = -0x43485348  # "CHSH": the handshake's point-to-point tag (users' tags are other numbers)
-_OFFER = struct.Struct("<QQ16s256s")  # window bytes (0: no window), slot bytes, nonce, path
+#: window bytes (0: no window), slot bytes, nonce, path, and the CPUs the members may use
+#: together (0: unknown) and whether no two share one (chorus.shm.cpus)
+_OFFER = struct.Struct("<QQ16s256sQB")
 _NO_HOST_INDEX = 0xFFFFFFFF  # in the hosts table: a member without usable shared memory
 NO, YES, FORCED_BUT_IMPOSSIBLE, SETTINGS_DIFFER = 0, 1, 2, 3
 #: The settings that choose a shared-memory algorithm (and so the number of syncs of an
@@ -120,8 +123,10 @@ def _settings_error(group: int, who: str, theirs: bytes, mine: bytes) -> Invalid
 def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tuple[ShmGroup | None, Hosts]:
     world = len(members)
     mine = _settings()
-    first = talk.gather(32 + _SETTINGS.size)
-    digests, theirs = [m[:32] for m in first], [m[32:] for m in first]
+    first = talk.gather(32 + _SETTINGS.size + cpus.INFO_BYTES)
+    digests, theirs = [m[:32] for m in first], [m[32:32 + _SETTINGS.size] for m in first]
+    shared = cpus.combine([cpus.info(), *(m[32 + _SETTINGS.size:] for m in first)])
+    cpus_here, disjoint = shared if shared is not None else (0, False)
     why = _refusal([digest, *digests], members)
     odd = [i for i, t in enumerate(theirs) if t != mine] if why is None else []
     if odd:
@@ -136,14 +141,14 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
             why, trouble = str(exc), True
     try:
         if segment is None:
-            talk.scatter(_OFFER.pack(0, 0, b"", b""))
+            talk.scatter(_OFFER.pack(0, 0, b"", b"", 0, 0))
             talk.gather(1)
             verdict = SETTINGS_DIFFER if odd else FORCED_BUT_IMPOSSIBLE if mode == "shm" else NO
         else:
             nonce = secrets.token_bytes(16)
             write_header(segment.buf, layout, nonce)
             probe = _publish_probe(segment.buf, layout, 0)
-            talk.scatter(_OFFER.pack(layout.size, layout.slot, nonce, segment.path.encode()))
+            talk.scatter(_OFFER.pack(layout.size, layout.slot, nonce, segment.path.encode(), cpus_here, disjoint))
             acks = talk.gather(1)
             failed = [members[i + 1] for i, a in enumerate(acks) if a != b"\x01"]
             if failed:
@@ -159,8 +164,8 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
         talk.scatter(mine)
         raise _settings_error(talk.group, f"rank {members[odd[0] + 1]}", theirs[odd[0]], mine)
     if verdict == YES:
-        shm = ShmGroup(segment, layout, 0, members, talk.transport, talk.group, _backoff(talk, world),
-                       _threads(talk, world))
+        shm = ShmGroup(segment, layout, 0, members, talk.transport, talk.group,
+                       _backoff(talk, world, cpus_here, disjoint), _threads(talk, world))
         _single_copy(talk, shm, probe)
         return shm, (0,) * world
     hosts = _host_table([digest, *digests])
@@ -177,8 +182,8 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
 
 def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hosts]:
     mine = _settings()
-    talk.send_to_lead(digest + mine)
-    size, slot, nonce, path = _OFFER.unpack(talk.recv_from_lead(_OFFER.size))
+    talk.send_to_lead(digest + mine + cpus.info())
+    size, slot, nonce, path, cpus_here, disjoint = _OFFER.unpack(talk.recv_from_lead(_OFFER.size))
     segment, layout = None, Layout(len(talk.members), slot) if size else None
     probe = None  # this member's CMA probe: alive until the group agreed on single copy
     if size:
@@ -206,7 +211,7 @@ def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hos
             "Set them the same on every rank, or on none.")
     if verdict == YES:
         shm = ShmGroup(segment, layout, rank, talk.members, talk.transport, talk.group,
-                       _backoff(talk, world), _threads(talk, world))
+                       _backoff(talk, world, cpus_here, bool(disjoint)), _threads(talk, world))
         _single_copy(talk, shm, probe)
         return shm, (0,) * world
     if segment is not None:
@@ -269,9 +274,13 @@ def _refusal(digests: list[bytes], members: tuple[int, ...]) -> str | None:
     return None
 
 
-def _backoff(talk: _Talk, world: int):
+def _backoff(talk: _Talk, world: int, cpus_here: int, disjoint: bool):
+    """How this member waits: the job's ranks (or, where no two members share a CPU, the
+    members) against the CPUs the members may use together (``cpus_here``, 0: unknown,
+    then this process's own; chorus.shm.cpus)."""
     threads = talk.transport.name == "loopback"  # ranks are threads of this process
-    return backoff_for(max(world, talk.transport.world_size), threads)
+    ranks_here = world if disjoint else max(world, talk.transport.world_size)
+    return backoff_for(ranks_here, threads, cpus_here or None)
 
 
 def _threads(talk: _Talk, world: int) -> int:

@@ -36,8 +36,8 @@ its owner wrote before raising it (x86-64 keeps stores in order; ``chorus.shm.gr
 enables shared memory only there unless forced).
 
 A sync first reads a missing counter up to ``Backoff.polls`` times (a few µs, without
-the clock or a system call; only where every rank has a core of its own, or where
-``CHORUS_SHM_SPIN_US`` asks for spinning): most
+the clock or a system call; only where every rank has a core of its own, judged on the
+members' CPUs together (chorus.shm.cpus), or where ``CHORUS_SHM_SPIN_US`` asks for spinning): most
 arrivals come within that.  Then waiting backs off so that an oversubscribed host (more
 ranks than cores) does not stall: spin for ``spin_s``, then ``os.sched_yield()`` until ``yield_s``, then sleep 50 µs,
 doubling up to 1 ms — on a futex that the rank completing the sync wakes
