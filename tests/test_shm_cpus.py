@@ -1,5 +1,6 @@
 """How the members' CPUs decide whether a group polls (chorus.shm.cpus): ranks pinned to
-CPUs of their own poll although each sees one CPU; ranks that share too few CPUs never do."""
+CPUs of their own poll although each sees one CPU; ranks that share CPUs, and subgroups
+(whose non-members may share them), decide as each rank sees it alone."""
 
 import os
 
@@ -12,26 +13,28 @@ from chorus.shm.sync import Backoff
 from chorus.testing import run_processes
 
 
-def _info(cpu_set, quota=0):
+def _info(cpu_set, quota=0, beyond=False):
     mask = sum(1 << c for c in cpu_set)
-    return mask.to_bytes(cpus.MASK_BYTES, "little") + quota.to_bytes(8, "little")
+    return mask.to_bytes(cpus.MASK_BYTES, "little") + quota.to_bytes(8, "little") + bytes([beyond])
 
 
-def test_combine_counts_the_cpus_of_all_members_and_whether_any_two_share_one():
+def test_combine_gives_the_cpus_of_members_pinned_apart_and_0_otherwise():
+    assert cpus.combine([_info({0}), _info({1}), _info({2, 3})]) == 4
+    assert cpus.combine([_info({0, 1}), _info({2, 3}, quota=1)]) == 1  # the smallest quota caps it
+    assert cpus.combine([_info({5})]) == 1  # a group of one
     every = range(16)
-    assert cpus.combine([_info(every), _info(every)]) == (16, False)
-    assert cpus.combine([_info({0}), _info({1}), _info({2, 3})]) == (4, True)
-    assert cpus.combine([_info({0, 1}), _info({1, 2})]) == (3, False)
-    assert cpus.combine([_info({0, 1}), _info({0, 1}, quota=1)]) == (1, False)  # the smallest quota caps it
-    assert cpus.combine([_info({5})]) == (1, True)  # a group of one
-    assert cpus.combine([_info({0}), _info(set())]) is None  # a member on CPUs from 1024 on: unknown
+    assert cpus.combine([_info(every), _info(every)]) == 0  # unpinned: each rank's own view decides
+    assert cpus.combine([_info({0}), _info({0}), _info({1, 2})]) == 0  # two ranks share CPU 0
+    assert cpus.combine([_info({0, 1}), _info({1, 2})]) == 0
+    assert cpus.combine([_info({0}), _info(set())]) == 0  # a member only on CPUs from 1024 on
+    assert cpus.combine([_info({0}), _info({1}, beyond=True)]) == 0  # ... or also on them
 
 
 def test_this_process_info_describes_its_affinity():
     mine = cpus.affinity()
-    shared, disjoint = cpus.combine([cpus.info()])
-    assert disjoint and shared == min(len(mine), cpus.quota() or len(mine))
-    assert cpus.usable() == shared
+    if max(mine) >= cpus.MAX_CPU:
+        pytest.skip("CPUs from 1024 on")
+    assert cpus.combine([cpus.info()]) == cpus.usable() == min(len(mine), cpus.quota() or len(mine))
 
 
 def test_backoff_counts_the_cpus_it_is_given(monkeypatch):
@@ -43,24 +46,31 @@ def test_backoff_counts_the_cpus_it_is_given(monkeypatch):
     assert group.backoff_for(8, True, 8) == Backoff(spin_s=0.0, yield_s=1e-3)  # thread ranks never poll
 
 
-def _pinned_group(rank, world, spread):
-    """Pin this rank (to CPU ``rank``, or every rank to the first CPU), create a group,
-    run an all_reduce on it; (polls of its sync, the result)."""
+def _pinned_group(rank, world, placement):
+    """Pin this rank ("spread": to CPU ``rank``; "one": every rank to the first CPU;
+    "pairs": rank r to CPU r % 2), create the world's group again (or, for "pairs", the
+    group of ranks 0 and 1), run an all_reduce on it; (polls of its sync, the result)."""
     first = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {first + rank} if spread else {first})
-    g = dist.new_group(list(range(world)))
+    cpu = {"spread": first + rank, "one": first, "pairs": first + rank % 2}[placement]
+    os.sched_setaffinity(0, {cpu})
+    members = [0, 1] if placement == "pairs" else list(range(world))
+    g = dist.new_group(members)
     x = np.full(4, rank + 1.0, np.float32)
-    dist.all_reduce(x, group=g)
-    return g.shm.sync.backoff.polls, x.tolist()
+    if rank in members:
+        dist.all_reduce(x, group=g)
+    return (g.shm.sync.backoff.polls if rank in members else None), x.tolist()
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2
                     or min(os.sched_getaffinity(0)) + 1 not in os.sched_getaffinity(0),
                     reason="needs two neighbouring CPUs to pin ranks to")
-@pytest.mark.parametrize("spread", [True, False])
-def test_ranks_pinned_to_cpus_of_their_own_poll_and_ranks_on_one_cpu_do_not(spread, monkeypatch):
-    for name in ("CHORUS_SHM_SPIN_US", "CHORUS_SHM_YIELD_US", "CHORUS_TRANSPORT"):
+@pytest.mark.parametrize("placement, world, polls", [("spread", 2, group.POLLS), ("one", 2, 0), ("pairs", 4, 0)])
+def test_ranks_pinned_to_cpus_of_their_own_poll_and_ranks_sharing_cpus_do_not(placement, world, polls,
+                                                                              monkeypatch):
+    """"pairs": ranks 0 and 1 have a CPU each, but ranks 2 and 3 run on the same two CPUs:
+    their group must not poll."""
+    for name in ("CHORUS_SHM_SPIN_US", "CHORUS_SHM_YIELD_US", "CHORUS_SHM_POLLS", "CHORUS_TRANSPORT"):
         monkeypatch.delenv(name, raising=False)
-    results = run_processes(_pinned_group, 2, spread)
-    assert [r[1] for r in results] == [[3.0] * 4] * 2
-    assert {r[0] for r in results} == ({group.POLLS} if spread else {0})
+    results = run_processes(_pinned_group, world, placement)
+    assert [r[1] for r in results[:2]] == [[3.0] * 4] * 2
+    assert {r[0] for r in results[:2]} == {polls}

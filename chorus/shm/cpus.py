@@ -5,23 +5,24 @@ Each rank knows only its own CPU affinity.  A rank pinned to one CPU (``taskset`
 ``numactl``, a launcher that binds each rank to a core) sees one usable CPU, yet it has
 that CPU to itself: judged alone it would count the host as oversubscribed and never
 poll.  So at group creation every member sends its affinity, as a bit mask of CPUs
-0..1023, and its cgroup CPU quota; group rank 0 combines them (``combine``) into
+0..1023, and its cgroup CPU quota; group rank 0 combines them (``combine``): the members
+are *apart* when no two masks share a CPU (each rank has CPUs of its own), and then
+``cpus`` is the CPUs in their masks, at most the smallest quota.  Both go back to every
+member (chorus.shm.handshake).
 
-    cpus      the CPUs in any member's mask, at most the smallest quota
-    disjoint  True if no two members' masks share a CPU (each rank has CPUs of its own)
+A group that holds every rank of the job and whose members are apart polls when its ranks
+do not outnumber ``cpus``.  Any other group (a subgroup, whose non-members may be pinned
+to the same CPUs; masks that overlap without being apart; a CPU from 1024 on) decides as
+each rank sees it alone: the job's ranks against this process's usable CPUs.
 
-and sends both back.  Members whose masks are disjoint poll whatever the rest of the job
-does; otherwise a group polls if the job's ranks on its host do not outnumber ``cpus``.
-A mask that lists no CPU below 1024 (a host with more CPUs) makes the combination fall
-back to each rank's own count.
-
-    member  affinity   quota            combined
+    member  affinity   quota        combined
     0       {0..15}    none
-    1       {0..15}    none        ->   cpus 16, disjoint False   (ranks share 16 CPUs)
+    1       {0..15}    none    ->   not apart: each rank's own view (16 CPUs)
     0       {0}        none
-    1       {1}        none        ->   cpus 2, disjoint True     (a CPU each: poll)
-    0       {0, 1}     none
-    1       {0, 1}     1.5 CPUs    ->   cpus 1, disjoint False
+    1       {1}        none    ->   apart, cpus 2: the job's 2 ranks poll
+    0       {0}        none
+    1       {0}        none
+    2       {1, 2}     none    ->   not apart: each rank's own view (ranks 0 and 1 share CPU 0)
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import struct
 
 MAX_CPU = 1024
 MASK_BYTES = MAX_CPU // 8
-_QUOTA = struct.Struct("<Q")
-#: One member's message: its affinity mask, then its quota in whole CPUs (0: none).
-INFO_BYTES = MASK_BYTES + _QUOTA.size
+_TAIL = struct.Struct("<QB")  # quota in whole CPUs (0: none); 1 if this rank may run on CPUs from MAX_CPU on
+#: One member's message: its affinity mask, then ``_TAIL``.
+INFO_BYTES = MASK_BYTES + _TAIL.size
 
 
 def affinity() -> set[int]:
@@ -64,22 +65,21 @@ def usable() -> int:
 
 def info() -> bytes:
     """This rank's message for ``combine``."""
-    mask = sum(1 << c for c in affinity() if c < MAX_CPU)
-    return mask.to_bytes(MASK_BYTES, "little") + _QUOTA.pack(quota() or 0)
+    cpus = affinity()
+    mask = sum(1 << c for c in cpus if c < MAX_CPU)
+    return mask.to_bytes(MASK_BYTES, "little") + _TAIL.pack(quota() or 0, any(c >= MAX_CPU for c in cpus))
 
 
-def combine(infos: list[bytes]) -> tuple[int, bool] | None:
-    """``(cpus, disjoint)`` over every member's ``info()`` (see the module docstring), or
-    None when some member's mask lists no CPU (it runs on CPUs from ``MAX_CPU`` on)."""
-    union, total, quotas = 0, 0, []
+def combine(infos: list[bytes]) -> int:
+    """The CPUs of members that are apart (no two masks share a CPU), at most the smallest
+    quota; 0 when they are not apart or some mask does not list every CPU of its rank."""
+    union, quotas = 0, []
     for blob in infos:
         mask = int.from_bytes(blob[:MASK_BYTES], "little")
-        if mask == 0:
-            return None
+        q, beyond = _TAIL.unpack_from(blob, MASK_BYTES)
+        if mask == 0 or beyond or union & mask:
+            return 0
         union |= mask
-        total += mask.bit_count()
-        (q,) = _QUOTA.unpack_from(blob, MASK_BYTES)
         if q:
             quotas.append(q)
-    cpus = union.bit_count()
-    return (min([cpus, *quotas]), total == cpus)
+    return min([union.bit_count(), *quotas])

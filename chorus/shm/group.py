@@ -85,7 +85,7 @@ POLLS = env_int("CHORUS_SHM_POLLS", 200)
 def backoff_for(ranks_here: int, threads: bool, cpus_here: int | None = None) -> Backoff:
     """Spin only when every rank on the host has a core of its own: ``ranks_here`` ranks
     on ``cpus_here`` CPUs (default: this process's, ``usable_cpus``; the handshake passes
-    what the members may use together, chorus.shm.cpus).  Ranks that are threads of one
+    the CPUs of members pinned apart, chorus.shm.cpus).  Ranks that are threads of one
     process share the GIL: they never spin.  ``CHORUS_SHM_SPIN_US`` overrides;
     ``CHORUS_SHM_YIELD_US`` sets how long a waiter yields before it naps (default 5 ms, 1
     ms with more ranks than CPUs)."""

@@ -68,9 +68,9 @@ from chorus.wire.frames import Kind
 log = logging.getLogger("chorus")
 
 TAG = -0x43485348  # "CHSH": the handshake's point-to-point tag (users' tags are other numbers)
-#: window bytes (0: no window), slot bytes, nonce, path, and the CPUs the members may use
-#: together (0: unknown) and whether no two share one (chorus.shm.cpus)
-_OFFER = struct.Struct("<QQ16s256sQB")
+#: window bytes (0: no window), slot bytes, nonce, path, and the CPUs of members whose
+#: affinities do not overlap (0: they overlap, or unknown; chorus.shm.cpus)
+_OFFER = struct.Struct("<QQ16s256sQ")
 _NO_HOST_INDEX = 0xFFFFFFFF  # in the hosts table: a member without usable shared memory
 NO, YES, FORCED_BUT_IMPOSSIBLE, SETTINGS_DIFFER = 0, 1, 2, 3
 #: The settings that choose a shared-memory algorithm (and so the number of syncs of an
@@ -125,8 +125,7 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
     mine = _settings()
     first = talk.gather(32 + _SETTINGS.size + cpus.INFO_BYTES)
     digests, theirs = [m[:32] for m in first], [m[32:32 + _SETTINGS.size] for m in first]
-    shared = cpus.combine([cpus.info(), *(m[32 + _SETTINGS.size:] for m in first)])
-    cpus_here, disjoint = shared if shared is not None else (0, False)
+    apart = cpus.combine([cpus.info(), *(m[32 + _SETTINGS.size:] for m in first)])
     why = _refusal([digest, *digests], members)
     odd = [i for i, t in enumerate(theirs) if t != mine] if why is None else []
     if odd:
@@ -141,14 +140,14 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
             why, trouble = str(exc), True
     try:
         if segment is None:
-            talk.scatter(_OFFER.pack(0, 0, b"", b"", 0, 0))
+            talk.scatter(_OFFER.pack(0, 0, b"", b"", 0))
             talk.gather(1)
             verdict = SETTINGS_DIFFER if odd else FORCED_BUT_IMPOSSIBLE if mode == "shm" else NO
         else:
             nonce = secrets.token_bytes(16)
             write_header(segment.buf, layout, nonce)
             probe = _publish_probe(segment.buf, layout, 0)
-            talk.scatter(_OFFER.pack(layout.size, layout.slot, nonce, segment.path.encode(), cpus_here, disjoint))
+            talk.scatter(_OFFER.pack(layout.size, layout.slot, nonce, segment.path.encode(), apart))
             acks = talk.gather(1)
             failed = [members[i + 1] for i, a in enumerate(acks) if a != b"\x01"]
             if failed:
@@ -165,7 +164,7 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
         raise _settings_error(talk.group, f"rank {members[odd[0] + 1]}", theirs[odd[0]], mine)
     if verdict == YES:
         shm = ShmGroup(segment, layout, 0, members, talk.transport, talk.group,
-                       _backoff(talk, world, cpus_here, disjoint), _threads(talk, world))
+                       _backoff(talk, world, apart), _threads(talk, world))
         _single_copy(talk, shm, probe)
         return shm, (0,) * world
     hosts = _host_table([digest, *digests])
@@ -183,7 +182,7 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
 def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hosts]:
     mine = _settings()
     talk.send_to_lead(digest + mine + cpus.info())
-    size, slot, nonce, path, cpus_here, disjoint = _OFFER.unpack(talk.recv_from_lead(_OFFER.size))
+    size, slot, nonce, path, apart = _OFFER.unpack(talk.recv_from_lead(_OFFER.size))
     segment, layout = None, Layout(len(talk.members), slot) if size else None
     probe = None  # this member's CMA probe: alive until the group agreed on single copy
     if size:
@@ -211,7 +210,7 @@ def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hos
             "Set them the same on every rank, or on none.")
     if verdict == YES:
         shm = ShmGroup(segment, layout, rank, talk.members, talk.transport, talk.group,
-                       _backoff(talk, world, cpus_here, bool(disjoint)), _threads(talk, world))
+                       _backoff(talk, world, apart), _threads(talk, world))
         _single_copy(talk, shm, probe)
         return shm, (0,) * world
     if segment is not None:
@@ -274,13 +273,15 @@ def _refusal(digests: list[bytes], members: tuple[int, ...]) -> str | None:
     return None
 
 
-def _backoff(talk: _Talk, world: int, cpus_here: int, disjoint: bool):
-    """How this member waits: the job's ranks (or, where no two members share a CPU, the
-    members) against the CPUs the members may use together (``cpus_here``, 0: unknown,
-    then this process's own; chorus.shm.cpus)."""
+def _backoff(talk: _Talk, world: int, apart: int):
+    """How this member waits: the job's ranks against this process's usable CPUs, or,
+    when the group holds every rank of the job and no two members' affinities overlap,
+    against the ``apart`` CPUs they have (chorus.shm.cpus)."""
     threads = talk.transport.name == "loopback"  # ranks are threads of this process
-    ranks_here = world if disjoint else max(world, talk.transport.world_size)
-    return backoff_for(ranks_here, threads, cpus_here or None)
+    job = talk.transport.world_size
+    if apart and world >= job:
+        return backoff_for(world, threads, apart)
+    return backoff_for(max(world, job), threads)
 
 
 def _threads(talk: _Talk, world: int) -> int:
