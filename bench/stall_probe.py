@@ -7,6 +7,10 @@ Rank 0 prints per size the mean and median op (us), the ops over 20 us and 200 u
 (and where in their batch they fell), and per rank the slow waits, naps and whether the
 sync went into sleep-only mode (after slow yields).
 
+Python's garbage collections during the timed batches are counted and timed too.
+``STALL_GLOO=1`` also runs torch gloo in the same ranks, the same ops after chorus's at
+each size, as ``chorus bench --baseline gloo`` does (needs torch).
+
 usage: python3 bench/stall_probe.py W OUTDIR COLLECTIVE SIZES ITERS
   e.g. python3 bench/stall_probe.py 8 /tmp/sp all_reduce 4,16,64,256,1024 4000
 (sizes in bytes).  Writes OUTDIR/stall_probe.json.
@@ -14,6 +18,7 @@ usage: python3 bench/stall_probe.py W OUTDIR COLLECTIVE SIZES ITERS
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -31,7 +36,22 @@ def rank_main(rank: int, world: int, collective: str, sizes: list[int], iters: i
     from chorus.shm import wake
 
     chorus.init_process_group("chorus", init_method=f"file://{outdir}/chorus.rdzv", rank=rank, world_size=world)
+    gloo = None
+    if os.environ.get("STALL_GLOO"):
+        import torch.distributed as gloo
+
+        gloo.init_process_group("gloo", init_method=f"file://{outdir}/gloo.rdzv", rank=rank, world_size=world)
     clock = time.perf_counter_ns
+    collections: list[int] = []
+    gc_started = [0]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            gc_started[0] = clock()
+        else:
+            collections.append(clock() - gc_started[0])
+
+    gc.callbacks.append(on_gc)
     waits: list[int] = []
     naps = [0]
     modes = [0]
@@ -62,6 +82,7 @@ def rank_main(rank: int, world: int, collective: str, sizes: list[int], iters: i
             step()
         chorus.barrier()
         waits.clear()
+        collections.clear()
         naps[0] = modes[0] = 0
         times, where, wrong, done = [], [], 0, 0
         while done < iters:
@@ -84,13 +105,22 @@ def rank_main(rank: int, world: int, collective: str, sizes: list[int], iters: i
                      "first_in_batch_over20": int(sum(1 for t, k in zip(us, where, strict=True) if t > 20 and k == 0)),
                      "max_us": float(us.max()), "slow_waits": len(waits),
                      "slow_wait_median_us": statistics.median(waits) / 1e3 if waits else 0.0,
-                     "naps": naps[0], "sleep_only_modes": modes[0], "wrong": wrong})
+                     "naps": naps[0], "sleep_only_modes": modes[0], "wrong": wrong,
+                     "collections": len(collections), "collection_ms": sum(collections) / 1e6})
+        if gloo is not None:
+            for reset, step, _ in make_cases(gloo, "gloo", collective, count, "float32", rank, world, "sum",
+                                             copies)[:1] * min(iters, 2000):
+                reset()
+                step()
     with open(os.path.join(outdir, f"sp-{rank}.json"), "w") as f:
         json.dump(rows, f)
     shm_sync.Sync._wait, wake.Waker.sleep = plain_wait, plain_sleep
+    gc.callbacks.remove(on_gc)
     chorus.barrier()
     if rank == 0:
         _report(world, iters, outdir)
+    if gloo is not None:
+        gloo.destroy_process_group()
     chorus.destroy_process_group()
 
 
@@ -106,7 +136,8 @@ def _report(world: int, iters: int, outdir: str) -> None:
         for r in range(world):
             x = ranks[r][i]
             print(f"    rank {r}: slow waits {x['slow_waits']} (median {x['slow_wait_median_us']:.1f} us), "
-                  f"naps {x['naps']}, sleep-only modes {x['sleep_only_modes']}, wrong {x['wrong']}")
+                  f"naps {x['naps']}, sleep-only modes {x['sleep_only_modes']}, wrong {x['wrong']}, "
+                  f"GC {x['collections']} ({x['collection_ms']:.2f} ms)")
     with open(os.path.join(outdir, "stall_probe.json"), "w") as f:
         json.dump(ranks, f)
 
