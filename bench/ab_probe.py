@@ -94,7 +94,7 @@ def rank_main(rank: int, world: int, sizes: list[int], collectives: list[str], r
                     if variant != "gloo":
                         (direct.CMA_BYTES, crew.ENABLED, phases.COPY_PATH_CREW_BYTES,
                          shm_collectives.WHOLE_CHUNKS_WORLD) = settings[variant]
-                        chorus.group.WORLD.shm.forget_plans()  # one-shot plans depend on WHOLE_CHUNKS_WORLD
+                        chorus.group.WORLD.shm.plans.clear()  # one-shot plans depend on WHOLE_CHUNKS_WORLD
                     (shared if variant.startswith("reg") else data)[...] = template
                     api.barrier()
                     start = time.perf_counter()

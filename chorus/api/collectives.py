@@ -11,7 +11,7 @@ import numpy as np
 from chorus import engine
 from chorus.api.groups import resolve
 from chorus.api.launch import member_group, not_member, root_rank, run, writable
-from chorus.api.state import process_world, thread_world
+from chorus.api.state import current
 from chorus.buffers import as_buffer
 from chorus.errors import CommTimeoutError, InvalidArgumentError, InvalidTensorError
 from chorus.process_group import ProcessGroup
@@ -78,18 +78,16 @@ def _all_reduce_one_shot(arr: np.ndarray, op, group) -> bool:
     error.
 
     Every check here is one a repeated call needs: the group's last plan is kept with the
-    dtype, op and shape it was made for (``ShmGroup.last_one_shot``, which
-    ``ShmGroup.forget_plans`` drops with the others), compared by identity where that is exact (a
-    dtype or op object that is another object looks the plan up).  ``current()`` is
-    inlined, and ``flags.carray`` is C-contiguous, aligned and writeable in one read."""
-    world = thread_world()
-    if world is None:
-        world = process_world
+    dtype, shape and op it was made for (under the key None of the group's plans, so that
+    whatever clears the plans clears it), compared by identity where that is exact (a
+    dtype or op object that is another object looks the plan up); ``flags.carray`` is
+    C-contiguous, aligned and writeable in one read."""
+    world = current()
     pg = world.default_group if group is None else group if type(group) is ProcessGroup else None
     shm = None if pg is None or world.default_group is None else pg.shm
     if shm is None:
         return False  # not initialized, no window, another group argument: the general path
-    last = shm.last_one_shot
+    last = shm.plans.get(None)
     if last is not None and last[0] is arr.dtype and last[1] is op and last[2] == arr.shape:
         plan = last[3]
     else:
@@ -101,7 +99,7 @@ def _all_reduce_one_shot(arr: np.ndarray, op, group) -> bool:
             plan = _one_shot_plan(pg, arr, op)
         if not plan:
             return False
-        shm.last_one_shot = (arr.dtype, op, arr.shape, plan)
+        shm.plans[None] = (arr.dtype, op, arr.shape, plan)
     if pg._queue or engine.recorder is not None or not arr.flags.carray:
         return False
     shm.all_reduce_one_shot(pg, pg.take_seq(), plan, arr)  # the context is built only if needed
@@ -114,7 +112,7 @@ def _one_shot_plan(pg, arr: np.ndarray, op):
     """The group's cached OneShot for ``arr``'s dtype and shape and ``op``, or False."""
     shm = pg.shm
     if len(shm.plans) >= 256:
-        shm.forget_plans()
+        shm.plans.clear()
     key = (arr.dtype, arr.shape, op.name)
     shm.plans[key] = False
     if "all_reduce" in shm.tcp_only or op.name == "PREMUL_SUM":

@@ -174,8 +174,7 @@ def _all_to_all_fast(out: np.ndarray, inp: np.ndarray, group) -> bool:
     shm = None if pg is None or world.default_group is None else pg.shm
     if shm is None or out.dtype is not inp.dtype or out.shape != inp.shape:
         return False
-    if not (inp.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable) or \
-            np.may_share_memory(inp, out):
+    if not (inp.flags.c_contiguous and out.flags.carray) or np.may_share_memory(inp, out):
         return False
     last = shm.plans.get("all_to_all")
     if last is not None and last[0] is inp.dtype and last[1] == inp.shape:
@@ -199,7 +198,7 @@ def _exchange_plan(pg, inp: np.ndarray):
     """The group's cached Exchange for ``inp``'s dtype and shape, or False."""
     shm = pg.shm
     if len(shm.plans) >= 256:
-        shm.forget_plans()
+        shm.plans.clear()
     key = ("all_to_all", inp.dtype, inp.shape)
     shm.plans[key] = False
     if "all_to_all" in shm.tcp_only or inp.ndim == 0 or inp.shape[0] % pg.size():

@@ -28,19 +28,12 @@ class World:
 
 
 _process_world = World()
-_thread_world: contextvars.ContextVar[World | None] = contextvars.ContextVar("chorus_world", default=None)
+_thread_world: contextvars.ContextVar[World] = contextvars.ContextVar("chorus_world", default=_process_world)
 
-
-#: The World set for this thread (``use_world``), or None: the process's (``process_world``).
-#: ``current()`` in one C call, for the latency paths (chorus.api.collectives).
-thread_world = _thread_world.get
-process_world = _process_world
-
-
-def current() -> World:
-    """The World of this rank (thread-local when ranks are threads)."""
-    w = _thread_world.get()
-    return w if w is not None else _process_world
+#: ``current()``: the World of this rank — the one ``use_world`` set for this thread (ranks
+#: that are threads), else the process's.  The context variable's own ``get``: one C call,
+#: as the latency paths (chorus.api.collectives, chorus.api.exchange) want.
+current = _thread_world.get
 
 
 def use_world(world: World) -> None:

@@ -132,7 +132,6 @@ class ShmGroup:
         self.closed = False
         self._lock = threading.Lock()
         self.plans: dict = {}  # the API layer's cached one-shot plans (chorus.api.collectives)
-        self.last_one_shot: tuple | None = None  # (dtype, op, shape, plan) of its last one
         # Collectives forced onto a TCP algorithm by CHORUS_ALGO_<NAME> (read once, here:
         # a per-call environment lookup would cost more than the whole one-shot op).
         # "hierarchical" is no TCP algorithm: inside one host it means shared memory.
@@ -294,11 +293,6 @@ class ShmGroup:
                        "unusable: create a new group")
         self.sync.abandon(ctx.seq)
 
-    def forget_plans(self) -> None:
-        """Drop the API layer's cached plans (all of them, the last one-shot plan included)."""
-        self.plans.clear()
-        self.last_one_shot = None
-
     def _check_transport(self, ctx) -> None:
         error = self.transport._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
         if error is not None:
@@ -309,7 +303,7 @@ class ShmGroup:
         left (an op still running on another thread fails with AbortedError)."""
         self.closed = True
         self.broken = "the group was destroyed"
-        self.forget_plans()  # their views of the window would keep it mapped
+        self.plans.clear()  # their views of the window would keep it mapped
         if self.window.crew is not None:
             self.window.crew.close()
         if self.window.maps is not None:

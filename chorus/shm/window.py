@@ -29,6 +29,7 @@ reduce or copy.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import numpy as np
 
@@ -222,29 +223,27 @@ class Window:
     def small(self, dtype: np.dtype, n: int) -> tuple:
         """Cached ``(mine, stacks)`` for one-shot ops on ``n`` elements of ``dtype``: this
         rank's slot and the (W, n) stack, for each parity."""
-        key = (dtype, n)
-        views = self._cache.get(key)
-        if views is None:
-            if len(self._cache) >= 256:
-                self._cache.clear()
-            views = tuple(self.slot_of(p, self.rank, dtype, 0, n) for p in (0, 1)), \
-                tuple(self.stack(p, dtype, 0, n) for p in (0, 1))
-            self._cache[key] = views
-        return views
+        return self._cached((dtype, n), lambda: (
+            tuple(self.slot_of(p, self.rank, dtype, 0, n) for p in (0, 1)),
+            tuple(self.stack(p, dtype, 0, n) for p in (0, 1))))
 
     def exchange(self, dtype: np.dtype, block: int) -> tuple:
         """Cached ``(pieces, blocks)`` for all_to_all in one round of ``block`` elements per
         rank pair: per parity, this rank's slot as (W, block) pieces, one for each rank, and
         the (W, block) stack of the pieces every rank filled for this one."""
-        key = ("all_to_all", dtype, block)
+        piece = self.capacity(dtype) // self.world
+        return self._cached(("all_to_all", dtype, block), lambda: (
+            tuple(self.pieces(p, self.rank, dtype, piece, block) for p in (0, 1)),
+            tuple(self.stack(p, dtype, self.rank * piece, block) for p in (0, 1))))
+
+    def _cached(self, key: tuple, build: Callable[[], tuple]) -> tuple:
+        """The views cached under ``key``, built by ``build()`` the first time (at most 256
+        kept: then the cache starts over)."""
         views = self._cache.get(key)
         if views is None:
             if len(self._cache) >= 256:
                 self._cache.clear()
-            piece = self.capacity(dtype) // self.world
-            views = tuple(self.pieces(p, self.rank, dtype, piece, block) for p in (0, 1)), \
-                tuple(self.stack(p, dtype, self.rank * piece, block) for p in (0, 1))
-            self._cache[key] = views
+            views = self._cache[key] = build()
         return views
 
     def release(self) -> None:
