@@ -1,7 +1,10 @@
 """Sync's first-sync fast path (``arrive_first``) against a control area written by hand:
 it finishes the sync only when every other rank arrived at it and began the same op, and
-otherwise leaves the waiting and the checking to ``settle_first``."""
+otherwise leaves the waiting and the checking to ``settle_first``.  Each such test runs
+with the tokens in the control lines (groups of more than 8 ranks) and with the arrival
+blocks (``packed``: groups of up to 8)."""
 
+import sys
 import time
 
 import numpy as np
@@ -29,27 +32,33 @@ class _Transport:
         self.mismatches.append((culprit, seq, fp))
 
 
-def _syncs(world: int, polls: int):
+def _syncs(world: int, polls: int, packed: bool = False):
     control = memoryview(np.zeros(world * WORDS, np.uint64)).cast("B").cast("Q")
+    arrivals = memoryview(np.zeros(32, np.uint64)).cast("B") if packed else None
     transport = _Transport()
-    return [Sync(control, r, tuple(range(world)), transport, 0, Backoff(polls=polls)) for r in range(world)], control
+    return [Sync(control, r, tuple(range(world)), transport, 0, Backoff(polls=polls), None, arrivals)
+            for r in range(world)], control
 
 
 def _begun(sync: Sync, seq: int, fp: int, arrived: bool) -> None:
-    """Rank ``sync.rank`` began op ``seq`` and, if ``arrived``, reached its first sync."""
+    """Rank ``sync.rank`` began op ``seq`` and, if ``arrived``, reached its first sync
+    (its counter, and its word of the parity's arrival block where there is one)."""
     sync.begin(seq, fp)
     if arrived:
         sync.count += 1
         sync.control[sync.mine + ARRIVED] = sync.count
+        if sync._blocks is not None:
+            sync._arrivals[sync._arrival_word[(sync.count - 1) & 1]] = sync.count
 
 
 def _ctx(seq: int, fp: int, timeout: float) -> OpContext:
     return OpContext("all_reduce", 0, seq, fp, (0, 1, 2), time.monotonic() + timeout)
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("polls", [0, 50])
-def test_arrive_first_finishes_only_when_every_rank_began_the_same_op(polls):
-    syncs, _ = _syncs(3, polls)
+def test_arrive_first_finishes_only_when_every_rank_began_the_same_op(polls, packed):
+    syncs, _ = _syncs(3, polls, packed)
     for s in syncs[1:]:
         _begun(s, 0, FP, arrived=True)
     syncs[0].begin(0, FP)
@@ -57,8 +66,9 @@ def test_arrive_first_finishes_only_when_every_rank_began_the_same_op(polls):
     assert syncs[0].count == 1
 
 
-def test_arrive_first_leaves_a_missing_rank_to_settle_first_which_times_out_naming_it():
-    syncs, _ = _syncs(3, polls=50)
+@pytest.mark.parametrize("packed", [False, True])
+def test_arrive_first_leaves_a_missing_rank_to_settle_first_which_times_out_naming_it(packed):
+    syncs, _ = _syncs(3, polls=50, packed=packed)
     _begun(syncs[1], 0, FP, arrived=True)  # rank 2 never arrives
     syncs[0].begin(0, FP)
     assert not syncs[0].arrive_first(0, FP)  # polled 50 times, then gave up without a clock
@@ -66,8 +76,9 @@ def test_arrive_first_leaves_a_missing_rank_to_settle_first_which_times_out_nami
         syncs[0].settle_first(_ctx(0, FP, timeout=0.05))
 
 
-def test_arrive_first_does_not_accept_a_rank_that_began_another_op_and_settle_first_names_it():
-    syncs, _ = _syncs(3, polls=50)
+@pytest.mark.parametrize("packed", [False, True])
+def test_arrive_first_does_not_accept_a_rank_that_began_another_op_and_settle_first_names_it(packed):
+    syncs, _ = _syncs(3, polls=50, packed=packed)
     _begun(syncs[1], 0, FP, arrived=True)
     _begun(syncs[2], 0, OTHER_FP, arrived=True)  # same sync, another call
     syncs[0].begin(0, FP)
@@ -77,8 +88,9 @@ def test_arrive_first_does_not_accept_a_rank_that_began_another_op_and_settle_fi
     assert syncs[0].transport.mismatches == [(2, 0, OTHER_FP)]
 
 
-def test_the_op_words_of_the_other_parity_are_not_mistaken_for_this_op():
-    syncs, control = _syncs(2, polls=5)
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_op_words_of_the_other_parity_are_not_mistaken_for_this_op(packed):
+    syncs, control = _syncs(2, polls=5, packed=packed)
     _begun(syncs[1], 0, FP, arrived=True)
     syncs[0].begin(0, FP)
     assert syncs[0].arrive_first(0, FP)
@@ -89,6 +101,24 @@ def test_the_op_words_of_the_other_parity_are_not_mistaken_for_this_op():
     assert not syncs[0].arrive_first(1, FP)
     with pytest.raises(CollectiveMismatchError):
         syncs[0].settle_first(_ctx(1, FP, timeout=1.0))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_rank_already_in_the_next_op_still_counts_as_arrived_at_this_one(packed):
+    syncs, _ = _syncs(3, polls=5, packed=packed)
+    _begun(syncs[0], 0, FP, arrived=True)
+    _begun(syncs[1], 0, FP, arrived=True)
+    _begun(syncs[0], 1, OTHER_FP, arrived=True)  # rank 0 saw the sync end and ran on (parity 1)
+    syncs[2].begin(0, FP)  # rank 2, late to op 0, must still find everyone arrived at it
+    assert syncs[2].arrive_first(0, FP)
+    if packed:
+        assert syncs[2]._blocks[0].tobytes() == (1).to_bytes(8, sys.byteorder) * 3 + (1 ^ FP).to_bytes(8, sys.byteorder) * 3
+
+
+def test_groups_of_up_to_8_ranks_have_arrival_blocks_and_larger_ones_do_not():
+    from chorus.shm.window import Layout
+
+    assert [Layout(w, 1 << 16).counts - Layout(w, 1 << 16).arrivals for w in (1, 2, 8, 9, 64)] == [256, 256, 256, 0, 0]
 
 
 def test_a_later_sync_polls_before_it_waits_and_waits_with_the_deadline_when_polls_run_out(monkeypatch):

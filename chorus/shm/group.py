@@ -127,7 +127,7 @@ class ShmGroup:
         if threads > 1:
             self.window.crew = Crew(threads)
         self.sync = Sync(self.window.control, rank, members, transport, group, backoff,
-                         Waker.make(segment.buf, layout.world, rank))
+                         Waker.make(segment.buf, layout.world, rank), self.window.arrivals)
         self.broken: str | None = None
         self.closed = False
         self._lock = threading.Lock()
@@ -308,6 +308,7 @@ class ShmGroup:
             self.window.crew.close()
         if self.window.maps is not None:
             self.window.maps.close()
+        self.sync.release()
         self.window.release()
         if self.sync.waker is not None:
             self.sync.waker.release()

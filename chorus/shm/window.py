@@ -7,6 +7,8 @@ One window per group, created once (chorus.shm.handshake) and reused by every op
                                            at 64 and 128 the wake word and sleep marks
                                            (chorus.shm.wake)
     4 KiB             W x 192 B            control lines: rank r's counters (chorus.shm.sync)
+    ...               2 x 128 B            W <= 8 only: per parity, every rank's first-sync
+                                           arrival and op token side by side (chorus.shm.sync)
     ...               2 x 2 x W x W x 8 B  per parity: send and receive count tables (all_to_all)
     (page aligned)    2 x W x slot         data: per parity, one slot per rank
                       2 x slot             result: per parity, one shared slot
@@ -36,11 +38,16 @@ import numpy as np
 from chorus.shm.registered import OFFSET_BITS, Descriptor
 from chorus.shm.sync import ABANDONED, MAPPED, MAPPED_DEVICE, PID, PROBE, SOURCE, UNIFORM, WORDS
 
-MAGIC = b"CHSHM003"  # the layout's version: 002 moved the control words (chorus.shm.sync), 003 woke sleepers
+MAGIC = b"CHSHM004"  # the layout's version: 002 moved the control words (chorus.shm.sync), 003 woke
+# sleepers, 004 added the arrival blocks
 _HEADER = struct.Struct("<8sQQ16s")  # magic, world, slot bytes, nonce
 PAGE = 4096
 CONTROL = PAGE
 LINE = WORDS * 8
+#: Groups of up to this many ranks get the arrival blocks (one 64-byte line of arrivals
+#: and one of tokens per parity).
+PACKED_MAX = 8
+ARRIVAL_BLOCK = 128
 
 
 #: The data area starts this far into a page.  glibc's memcpy (``rep movsb``) runs at a
@@ -63,7 +70,8 @@ class Layout:
     def __init__(self, world: int, slot: int):
         self.world = world
         self.slot = slot
-        self.counts = CONTROL + world * LINE
+        self.arrivals = CONTROL + world * LINE
+        self.counts = self.arrivals + (2 * ARRIVAL_BLOCK if world <= PACKED_MAX else 0)
         self.data = _up(self.counts + 2 * 2 * world * world * 8) + SKEW
         self.result = self.data + 2 * world * slot
         self.size = self.result + 2 * slot
@@ -96,6 +104,9 @@ class Window:
         self.world = layout.world
         self.slot = layout.slot
         self.control = memoryview(buf)[CONTROL: CONTROL + layout.world * LINE].cast("Q")
+        a = layout.arrivals
+        #: the arrival blocks (chorus.shm.sync.Sync's ``arrivals``), None above PACKED_MAX ranks
+        self.arrivals = memoryview(buf)[a: a + 2 * ARRIVAL_BLOCK] if layout.counts > a else None
         self._cache: dict[tuple, tuple] = {}
         self.cma = None  # chorus.shm.cma.Peers when the members read each other directly
         self.crew = None  # chorus.shm.crew.Crew when this rank splits large copies among threads
@@ -250,3 +261,5 @@ class Window:
         """Drop the cached views and the control view (so that the mapping can go)."""
         self._cache.clear()
         self.control.release()
+        if self.arrivals is not None:
+            self.arrivals.release()
