@@ -114,3 +114,23 @@ def test_scratch_starts_at_the_page_offset_asked_for_and_is_reused():
     assert first.size == 10_000 and cma.address(first) % 4096 == 0x234
     again = peers.scratch(5_000, like=0x10)
     assert cma.address(again) % 4096 == 0x10 and again.base is first.base
+
+
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    arr.flags.writeable = False
+    return arr
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(100, dtype=np.float32),             # through ctypes' view of the buffer
+    lambda: np.arange(100, dtype=np.float32)[3:],          # a view starting inside its base
+    lambda: np.arange(100, dtype=np.float16)[::2],         # not contiguous: numpy's interface
+    lambda: np.empty(0, np.float64),                       # empty: numpy's interface
+    lambda: _read_only(np.arange(10, dtype=np.int64)[1:]),  # read-only: numpy's interface
+], ids=["whole", "view", "strided", "empty", "read-only"])
+def test_address_is_where_numpy_says_the_data_starts(make):
+    from chorus.shm import skew
+
+    arr = make()
+    assert skew.address(arr) == arr.__array_interface__["data"][0]
+    assert skew.address(None) == 0

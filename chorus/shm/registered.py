@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chorus.shm import skew
+
 #: Descriptor numbers and offsets are packed into one 64-bit word of the window
 #: (chorus.shm.window.Window.publish_mapped): ``fd << OFFSET_BITS | offset``.
 OFFSET_BITS = 40
@@ -93,7 +95,7 @@ def unregister(address: int) -> None:
 
 def find(array: np.ndarray) -> Descriptor | None:
     """The registered buffer holding all of ``array`` (C-contiguous), or None."""
-    start = array.__array_interface__["data"][0]
+    start = skew.address(array)
     with _lock:
         i = bisect.bisect_right(_starts, start) - 1
         entry = _entries.get(_starts[i]) if i >= 0 else None

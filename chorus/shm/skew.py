@@ -12,6 +12,7 @@ from the source when their offsets are slow (two fast copies instead of one slow
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import numpy as np
@@ -41,9 +42,20 @@ def slow(dst: int, src: int) -> bool:
     return 0 < (dst - src) % PAGE < SLOW_BYTES
 
 
+_from_buffer, _addressof = ctypes.c_char.from_buffer, ctypes.addressof
+
+
 def address(array) -> int:
-    """Where a contiguous numpy array's data starts (0 for None)."""
-    return 0 if array is None else array.__array_interface__["data"][0]
+    """Where a contiguous numpy array's data starts (0 for None).  Through ctypes' view of
+    its buffer where numpy lends one (writable, C-contiguous, not empty): 0.36 us, against
+    1.7 us for ``__array_interface__``, which builds a dict (2-core machine); every
+    single-copy op asks this once or twice."""
+    if array is None:
+        return 0
+    try:
+        return _addressof(_from_buffer(array))
+    except (TypeError, ValueError, BufferError):  # read-only, empty or not contiguous
+        return array.__array_interface__["data"][0]
 
 
 def beside(where: int, nbytes: int) -> np.ndarray:
