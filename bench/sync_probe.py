@@ -1,15 +1,18 @@
-"""How much of a small all_reduce's time the layout of the arrival words costs: W forked
-processes run a bare one-shot all_reduce of ELEMENTS float32 (copy in, sync, reduce
-the W rows) in pure Python over an anonymous shared mapping, with the sync's words laid
-out one of two ways, alternating rounds:
+"""How much of a small all_reduce's time the layout of the first sync's words costs: W
+forked processes run a bare one-shot all_reduce of ELEMENTS float32 (copy in, sync,
+reduce the W rows) in pure Python over an anonymous shared mapping, with the sync's words
+laid out one of two ways, alternating rounds:
 
     lines   each rank's counter and token in a cache line of its own (chorus.shm.sync's
-            layout): the last rank to arrive reads W - 1 lines
-    packed  every rank's counter in one 64-byte line (W <= 8): one read and one bytes
-            comparison, falling back to word by word when a rank is already one ahead
+            layout above 8 ranks): the last rank to arrive reads W - 1 counters and W - 1
+            tokens from W - 1 lines
+    packed  per parity, every rank's counter in one 64-byte line and its token in the
+            next (chorus.shm.sync's arrival blocks, W <= 8): one read of 16 x W bytes
+            compared with the bytes they must hold
 
-Prints, per round, the mean time per op (us) of the slowest rank.  No chorus code runs:
-this isolates the sync's reads from everything else on the latency path.
+Each rank writes its token, then its counter, every op, in both layouts.  Prints, per
+round, the mean time per op (us) of the slowest rank.  No chorus code runs: this
+isolates the sync's reads from everything else on the latency path.
 
 usage: python3 bench/sync_probe.py W [ELEMENTS] [ITERS] [ROUNDS]
 """
@@ -30,9 +33,9 @@ TOKEN = 5
 def run(variant: str, rank: int, world: int, mm: mmap.mmap, n: int, iters: int, base: int,
         results) -> None:
     words = memoryview(mm).cast("q")
-    packed_at = world * LINE_WORDS  # word index of the packed line (64-byte aligned: 192 * W)
-    packed = memoryview(mm)[packed_at * 8: packed_at * 8 + 8 * world]
-    slots_at = (packed_at + 8) * 8
+    packed_at = world * LINE_WORDS  # word index of the blocks (64-byte aligned: 192 * W)
+    blocks = [memoryview(mm)[(packed_at + 16 * p) * 8: (packed_at + 16 * p + 2 * world) * 8] for p in (0, 1)]
+    slots_at = (packed_at + 32) * 8
     rows = np.frombuffer(mm, np.float32, 2 * world * n, slots_at).reshape(2, world, n)
     mine = [rows[0, rank], rows[1, rank]]
     data = np.full(n, rank + 1, np.float32)
@@ -44,28 +47,30 @@ def run(variant: str, rank: int, world: int, mm: mmap.mmap, n: int, iters: int, 
     if variant == "lines":
         for _ in range(iters):
             p = count & 1
+            words[me + TOKEN + p] = count ^ 0x5A5A  # the op's token (here: any word of the op)
             mine[p][...] = data
             count += 1
-            words[me + TOKEN + p] = count
             words[me] = count
+            token = (count - 1) ^ 0x5A5A
             for i in others:
                 while words[i] < count:
                     pass
-                if words[i + TOKEN + p] != count:
+                if words[i + TOKEN + p] != token:
                     raise RuntimeError("token")
             reduce(rows[p], axis=0, out=data)
             data.fill(rank + 1)
     else:
-        at = packed_at + rank
         for _ in range(iters):
             p = count & 1
+            token = count ^ 0x5A5A
+            words[packed_at + 16 * p + world + rank] = token
             mine[p][...] = data
             count += 1
-            expect = count.to_bytes(8, "little") * world
-            words[at] = count
-            while packed != expect:
-                if min(words[packed_at: packed_at + world]) >= count:
-                    break
+            words[packed_at + 16 * p + rank] = count
+            expect = count.to_bytes(8, sys.byteorder) * world + token.to_bytes(8, sys.byteorder) * world
+            block = blocks[p]
+            while block.tobytes() != expect:
+                pass
             reduce(rows[p], axis=0, out=data)
             data.fill(rank + 1)
     results[rank] = (time.perf_counter() - start) / iters
@@ -77,7 +82,7 @@ def main(argv: list[str]) -> int:
     iters = int(argv[2]) if len(argv) > 2 else 20000
     rounds = int(argv[3]) if len(argv) > 3 else 3
     assert world <= 8
-    size = (world * LINE_WORDS + 8) * 8 + 2 * world * n * 4 + 4096
+    size = (world * LINE_WORDS + 32) * 8 + 2 * world * n * 4 + 4096
     mm = mmap.mmap(-1, size)
     out = mmap.mmap(-1, 8 * world * 2)
     times = memoryview(out).cast("d")
@@ -99,11 +104,12 @@ def main(argv: list[str]) -> int:
                 _, status = os.waitpid(pid, 0)
                 assert status == 0
             count += 2000 + iters
-            # reset the packed words too: both variants continue from count
+            # every counter, in both layouts, continues from count (the blocks' parities too)
             w = memoryview(mm).cast("q")
             for q in range(world):
                 w[q * LINE_WORDS] = count
-                w[world * LINE_WORDS + q] = count
+                for p in (0, 1):
+                    w[world * LINE_WORDS + 16 * p + q] = count
             per = [times[q] * 1e6 for q in range(world)]
             print(f"round {r} {variant:7s} W={world} n={n}: slowest {max(per):.2f} us, "
                   f"ranks {min(per):.2f}-{max(per):.2f}", flush=True)

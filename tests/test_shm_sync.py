@@ -12,7 +12,7 @@ import pytest
 
 from chorus.engine import OpContext
 from chorus.errors import CollectiveMismatchError, CommTimeoutError
-from chorus.shm.sync import ARRIVED, OP, WORDS, Backoff, Sync
+from chorus.shm.sync import ARRIVED, OP, WORDS, Backoff, Sync, token
 from chorus.wire.fingerprint import fingerprint
 
 FP = fingerprint("all_reduce", "float32", 4, -1, "SUM")
@@ -112,7 +112,43 @@ def test_a_rank_already_in_the_next_op_still_counts_as_arrived_at_this_one(packe
     syncs[2].begin(0, FP)  # rank 2, late to op 0, must still find everyone arrived at it
     assert syncs[2].arrive_first(0, FP)
     if packed:
-        assert syncs[2]._blocks[0].tobytes() == (1).to_bytes(8, sys.byteorder) * 3 + (1 ^ FP).to_bytes(8, sys.byteorder) * 3
+        assert syncs[2]._blocks[0].tobytes() == (1).to_bytes(8, sys.byteorder) * 3 + token(0, FP).to_bytes(8, sys.byteorder) * 3
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_two_calls_whose_fingerprints_differ_in_a_low_bit_are_told_apart_one_seq_apart(packed):
+    """gather and scatter of the same arguments differ in bit 0 of their fingerprints, as
+    seq + 1 = 2 and 3 do: a rank one seq ahead (a monitored_barrier that timed out on it
+    alone took one) in gather must not take its peer's scatter for the same op."""
+    gather, scatter = fingerprint("gather", "float32", 1024, 0), fingerprint("scatter", "float32", 1024, 0)
+    assert (2 + 1) ^ gather == (1 + 1) ^ scatter  # the plain XOR the token was: equal
+    syncs, _ = _syncs(2, polls=5, packed=packed)
+    _begun(syncs[1], 1, scatter, arrived=True)
+    syncs[0].begin(2, gather)
+    assert not syncs[0].arrive_first(2, gather)
+    with pytest.raises(CollectiveMismatchError, match="rank 1 called scatter"):
+        syncs[0].settle_first(_ctx(2, gather, timeout=1.0))
+
+
+def test_tokens_differ_for_another_seq_or_another_fingerprint():
+    fps = [fingerprint(op, dt, n, root) for op in ("gather", "scatter", "broadcast", "all_reduce")
+           for dt in ("float32", "int64") for n in (1, 2, 1024) for root in (0, 1)]
+    tokens = {token(seq, fp) for seq in range(64) for fp in fps}
+    assert len(tokens) == 64 * len(set(fps))
+
+
+@pytest.mark.parametrize("world, blocks", [(2, True), (8, True), (9, False)])
+def test_a_group_s_syncs_use_the_arrival_blocks_up_to_8_ranks(job, world, blocks):
+    import chorus as dist
+    from chorus.testing import run_threads
+
+    def body(rank, w):
+        data = np.full(3, rank + 1.0)
+        dist.all_reduce(data)
+        return dist.group.WORLD.shm.sync._blocks is not None, data.tolist()
+
+    for used, data in run_threads(body, world):
+        assert used is blocks and data == [world * (world + 1) / 2] * 3
 
 
 def test_groups_of_up_to_8_ranks_have_arrival_blocks_and_larger_ones_do_not():
@@ -136,9 +172,10 @@ def test_a_later_sync_polls_before_it_waits_and_waits_with_the_deadline_when_pol
     assert waits == [3]
 
 
-def _woken_syncs(world: int):
+def _woken_syncs(world: int, packed: bool = False):
     """Syncs over a control area and a header page of their own (an anonymous shared
-    mapping, as the window's), each with a Waker; None where futexes are unavailable."""
+    mapping, as the window's), each with a Waker, and with arrival blocks if ``packed``;
+    the test is skipped where futexes are unavailable."""
     import mmap
 
     from chorus.shm import wake
@@ -149,7 +186,8 @@ def _woken_syncs(world: int):
         pytest.skip("no futex system call here")
     control = memoryview(np.zeros(world * WORDS, np.uint64)).cast("B").cast("Q")
     transport = _Transport()
-    syncs = [Sync(control, r, tuple(range(world)), transport, 0, Backoff(yield_s=0.0), wakers[r])
+    arrivals = memoryview(np.zeros(32, np.uint64)).cast("B") if packed else None
+    syncs = [Sync(control, r, tuple(range(world)), transport, 0, Backoff(yield_s=0.0), wakers[r], arrivals)
              for r in range(world)]
     return syncs, wakers
 
@@ -174,8 +212,10 @@ def _wait_until_in_futex(task_dir: str) -> None:
     raise AssertionError("the waiter never went to sleep")
 
 
-@pytest.mark.parametrize("world, sleeper, how", [(2, 1, "sync"), (3, 0, "first"), (10, 9, "sync"), (10, 2, "first")])
-def test_a_napping_waiter_is_woken_by_the_last_arrival_not_by_its_nap(monkeypatch, world, sleeper, how):
+@pytest.mark.parametrize("world, sleeper, how, packed", [
+    (2, 1, "sync", False), (3, 0, "first", False), (3, 0, "first", True), (8, 5, "first", True),
+    (10, 9, "sync", False), (10, 2, "first", False)])
+def test_a_napping_waiter_is_woken_by_the_last_arrival_not_by_its_nap(monkeypatch, world, sleeper, how, packed):
     """Rank ``sleeper`` waits long enough to nap (naps of 3 s); every other rank has
     arrived but the last, which completes the sync through ``how`` (a later sync, or an
     op's first sync).  Only the wake-up (chorus.shm.wake) lets the sleeper leave within
@@ -186,7 +226,7 @@ def test_a_napping_waiter_is_woken_by_the_last_arrival_not_by_its_nap(monkeypatc
 
     monkeypatch.setattr(sync_module, "NAP_MIN", 3.0)
     monkeypatch.setattr(sync_module, "NAP_MAX", 3.0)
-    syncs, wakers = _woken_syncs(world)
+    syncs, wakers = _woken_syncs(world, packed)
     last = world - 1 if sleeper != world - 1 else 0
     left, first = [], how == "first"
     for s in syncs:
@@ -198,7 +238,10 @@ def test_a_napping_waiter_is_woken_by_the_last_arrival_not_by_its_nap(monkeypatc
 
     for r in range(world):
         if r not in (sleeper, last):
-            syncs[r]._arrive()
+            if first:
+                _begun(syncs[r], 0, FP, arrived=True)  # (its arrival block word too)
+            else:
+                syncs[r]._arrive()
     thread = threading.Thread(target=waiter)
     thread.start()
     _wait_until_in_futex(f"/proc/self/task/{thread.native_id}")

@@ -47,15 +47,17 @@ _from_buffer, _addressof = ctypes.c_char.from_buffer, ctypes.addressof
 
 def address(array) -> int:
     """Where a contiguous numpy array's data starts (0 for None).  Through ctypes' view of
-    its buffer where numpy lends one (writable, C-contiguous, not empty): 0.36 us, against
-    1.7 us for ``__array_interface__``, which builds a dict (2-core machine); every
-    single-copy op asks this once or twice."""
+    its buffer where numpy lends one (writable, C-contiguous, not empty): 0.45 us with the
+    check, against 1.7 us for ``__array_interface__``, which builds a dict (2-core
+    machine); every single-copy op asks this once or twice."""
     if array is None:
         return 0
-    try:
-        return _addressof(_from_buffer(array))
-    except (TypeError, ValueError, BufferError):  # read-only, empty or not contiguous
-        return array.__array_interface__["data"][0]
+    if array.flags.carray and array.size:  # C-contiguous, aligned and writable, not empty
+        try:
+            return _addressof(_from_buffer(array))
+        except (TypeError, ValueError, BufferError):  # (a dtype without a buffer format)
+            pass
+    return array.__array_interface__["data"][0]
 
 
 def beside(where: int, nbytes: int) -> np.ndarray:

@@ -6,7 +6,7 @@ ranks' lines share a cache line) and is the only one that writes it::
     word  0     ARRIVED    syncs this rank has reached: its generation counter
     words 1-4   OP         (seq + 1, fingerprint) of the shared-memory op it began in a phase
                            of parity 0 | 1 (0: none yet)
-    words 5-6   TOKEN      per parity: (seq + 1) XOR fingerprint of the op in OP, written
+    words 5-6   TOKEN      per parity: the token of the op in OP (``token``), written
                            after OP: the first sync's fast check reads one word per rank,
                            from the cache line it has just read ARRIVED from (groups of
                            more than 8 ranks; smaller ones use the arrival blocks below)
@@ -79,7 +79,7 @@ from chorus.shm.wake import Waker
 from chorus.wire.fingerprint import describe
 
 WORDS = 24
-ARRIVED, OP, TOKEN, ABANDONED = 0, 1, 5, 7  # TOKEN: (seq + 1) ^ fingerprint of the op in OP (5 + parity)
+ARRIVED, OP, TOKEN, ABANDONED = 0, 1, 5, 7  # TOKEN: the token of the op in OP (5 + parity)
 PID, SOURCE, PROBE = 8, 9, 10  # single-copy (CMA) words, not used by the sync itself
 UNIFORM = 11  # all_to_all's count words (11 + parity), not used by the sync itself
 CURRENT = 13  # an op run over TCP instead (3 words)
@@ -93,6 +93,22 @@ SLOW_YIELDS = 3  # ... and after this many in a row ...
 SLEEP_ONLY_S = 1.0  # ... waits skip yielding this long (polling 20 µs, then sleeping), then try again
 SLEEPER_SPIN_S = 20e-6
 ORDER = sys.byteorder  # of the words, as the arrival blocks' expected bytes are built
+
+
+#: ``token``'s multiplier (odd, so a bijection of 64-bit words) and the words' mask.
+SPREAD, MASK = 0x9E3779B97F4A7C15, (1 << 64) - 1
+
+
+def token(seq: int, fingerprint: int) -> int:
+    """The word that says which op a rank began: one for every (seq, fingerprint) the
+    first sync compares.  Fingerprints are bit fields (chorus.wire.fingerprint): gather and
+    scatter of the same arguments differ in bit 0, as do seq + 1 = 2 and 3, so a plain
+    ``(seq + 1) ^ fingerprint`` let a rank one seq ahead in gather take a peer in scatter
+    for the same op.  Multiplied by an odd constant, fingerprints that differ from bit j on
+    differ in bit j and, all but certainly, in bits far above those of any two seqs a few
+    ops apart.  The same fingerprint with another seq, or the same seq with another
+    fingerprint, always gives another token."""
+    return (seq + 1) ^ (fingerprint * SPREAD & MASK)
 
 
 @dataclass(frozen=True)
@@ -169,7 +185,7 @@ class Sync:
         m = self.mine + OP + 2 * p
         c[m + 1] = fingerprint
         c[m] = seq + 1
-        self._tokens[self._token_word[p]] = (seq + 1) ^ fingerprint
+        self._tokens[self._token_word[p]] = (seq + 1) ^ (fingerprint * SPREAD & MASK)  # token(seq, fingerprint)
 
     def abandon(self, seq: int) -> None:
         """Tell the others this rank left op ``seq`` half-way (they stop waiting for it)."""
@@ -212,7 +228,7 @@ class Sync:
         target = self.count + 1  # self._arrive() and self._polled(target), inlined
         self.count = target
         c[self.mine] = target
-        t, token = TOKEN + ((target - 1) & 1), (seq + 1) ^ fingerprint
+        t, token = TOKEN + ((target - 1) & 1), (seq + 1) ^ (fingerprint * SPREAD & MASK)  # token(), inlined
         blocks = self._blocks
         if blocks is not None:  # one read of the parity's arrival block (see the module's doc)
             p = (target - 1) & 1
@@ -231,7 +247,7 @@ class Sync:
                 if polls <= 0:
                     return False
                 polls -= 1
-            if c[i + t] != token:  # (in the line ARRIVED came in; another op's token differs but for a 2^-64 chance)
+            if c[i + t] != token:  # (in the line ARRIVED came in)
                 return False
         self._wake_sleepers()
         return True
