@@ -2,7 +2,7 @@
 it finishes the sync only when every other rank arrived at it and began the same op, and
 otherwise leaves the waiting and the checking to ``settle_first``.  Each such test runs
 with the tokens in the control lines (groups of more than 8 ranks) and with the arrival
-blocks (``packed``: groups of up to 8)."""
+blocks (``packed``: groups of 6 to 8)."""
 
 import sys
 import time
@@ -137,8 +137,8 @@ def test_tokens_differ_for_another_seq_or_another_fingerprint():
     assert len(tokens) == 64 * len(set(fps))
 
 
-@pytest.mark.parametrize("world, blocks", [(2, True), (8, True), (9, False)])
-def test_a_group_s_syncs_use_the_arrival_blocks_up_to_8_ranks(job, world, blocks):
+@pytest.mark.parametrize("world, blocks", [(2, False), (6, True), (8, True), (9, False)])
+def test_a_group_s_syncs_use_the_arrival_blocks_from_6_to_8_ranks(job, world, blocks):
     import chorus as dist
     from chorus.testing import run_threads
 
@@ -151,10 +151,11 @@ def test_a_group_s_syncs_use_the_arrival_blocks_up_to_8_ranks(job, world, blocks
         assert used is blocks and data == [world * (world + 1) / 2] * 3
 
 
-def test_groups_of_up_to_8_ranks_have_arrival_blocks_and_larger_ones_do_not():
+def test_groups_of_6_to_8_ranks_have_arrival_blocks_and_others_do_not():
     from chorus.shm.window import Layout
 
-    assert [Layout(w, 1 << 16).counts - Layout(w, 1 << 16).arrivals for w in (1, 2, 8, 9, 64)] == [256, 256, 256, 0, 0]
+    assert [Layout(w, 1 << 16).counts - Layout(w, 1 << 16).arrivals for w in (1, 2, 5, 6, 8, 9, 64)] == \
+        [0, 0, 0, 256, 256, 0, 0]
 
 
 def test_a_later_sync_polls_before_it_waits_and_waits_with_the_deadline_when_polls_run_out(monkeypatch):

@@ -31,7 +31,7 @@ ranks' lines share a cache line) and is the only one that writes it::
 Words 0-7 share one cache line: what a latency-bound op writes (ARRIVED, OP, TOKEN) and
 what the others read of it cross between cores as one line per rank.
 
-Groups of up to 8 ranks also have *arrival blocks* beside the control lines (chorus.shm.
+Groups of 6 to 8 ranks also have *arrival blocks* beside the control lines (chorus.shm.
 window): per parity, one 64-byte line with every rank's latest first-sync number and one
 with every rank's op token (instead of its TOKEN words)::
 
@@ -40,10 +40,13 @@ with every rank's op token (instead of its TOKEN words)::
 
 so that the first sync's check that every rank arrived and began the same op is one
 read of 16 x W bytes compared with the bytes it must hold, instead of W - 1 counters and
-W - 1 tokens read one by one from W - 1 lines (at 8 ranks the last rank to arrive saved
-about 0.5 us that way in ``bench/sync_probe.py``).  A rank one sync ahead writes the other
+W - 1 tokens read one by one from W - 1 lines.  A rank one sync ahead writes the other
 parity's block, so the block only changes as ranks arrive.  Waiting, checks and error
-messages still read the control lines.
+messages still read the control lines.  Measured on the 16-core host, alternating with
+the control lines alone (``bench/latency_phases.py W OUT 1 20000``): 8 ranks 9.07-9.77 ->
+8.37-8.81 us per op, 6 ranks 7.66-9.05 -> 7.65-7.88, but 5 ranks 7.46-7.94 -> 7.93-8.13
+and 4 ranks 6.64-8.08 -> 8.10-9.15: fewer lines to save than the block costs to build
+and to share (at 4 ranks arrivals and tokens fill one line).  Hence 6 to 8.
 
 A sync is: raise your counter to ``s``, wait until every other counter is >= ``s``.
 Writes are plain aligned 8-byte stores; a rank that sees a counter also sees everything

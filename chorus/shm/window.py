@@ -7,7 +7,7 @@ One window per group, created once (chorus.shm.handshake) and reused by every op
                                            at 64 and 128 the wake word and sleep marks
                                            (chorus.shm.wake)
     4 KiB             W x 192 B            control lines: rank r's counters (chorus.shm.sync)
-    ...               2 x 128 B            W <= 8 only: per parity, every rank's first-sync
+    ...               2 x 128 B            6 <= W <= 8 only: per parity, every rank's first-sync
                                            arrival and op token side by side (chorus.shm.sync)
     ...               2 x 2 x W x W x 8 B  per parity: send and receive count tables (all_to_all)
     (page aligned)    2 x W x slot         data: per parity, one slot per rank
@@ -44,9 +44,9 @@ _HEADER = struct.Struct("<8sQQ16s")  # magic, world, slot bytes, nonce
 PAGE = 4096
 CONTROL = PAGE
 LINE = WORDS * 8
-#: Groups of up to this many ranks get the arrival blocks (one 64-byte line of arrivals
-#: and one of tokens per parity).
-PACKED_MAX = 8
+#: Groups of this many ranks get the arrival blocks (one 64-byte line of arrivals and one
+#: of tokens per parity; chorus.shm.sync says why not fewer).
+PACKED_MIN, PACKED_MAX = 6, 8
 ARRIVAL_BLOCK = 128
 
 
@@ -71,7 +71,7 @@ class Layout:
         self.world = world
         self.slot = slot
         self.arrivals = CONTROL + world * LINE
-        self.counts = self.arrivals + (2 * ARRIVAL_BLOCK if world <= PACKED_MAX else 0)
+        self.counts = self.arrivals + (2 * ARRIVAL_BLOCK if PACKED_MIN <= world <= PACKED_MAX else 0)
         self.data = _up(self.counts + 2 * 2 * world * world * 8) + SKEW
         self.result = self.data + 2 * world * slot
         self.size = self.result + 2 * slot
@@ -105,7 +105,7 @@ class Window:
         self.slot = layout.slot
         self.control = memoryview(buf)[CONTROL: CONTROL + layout.world * LINE].cast("Q")
         a = layout.arrivals
-        #: the arrival blocks (chorus.shm.sync.Sync's ``arrivals``), None above PACKED_MAX ranks
+        #: the arrival blocks (chorus.shm.sync.Sync's ``arrivals``); None outside PACKED_MIN..PACKED_MAX ranks
         self.arrivals = memoryview(buf)[a: a + 2 * ARRIVAL_BLOCK] if layout.counts > a else None
         self._cache: dict[tuple, tuple] = {}
         self.cma = None  # chorus.shm.cma.Peers when the members read each other directly
