@@ -9,7 +9,7 @@ ranks' lines share a cache line) and is the only one that writes it::
     words 5-6   TOKEN      per parity: the token of the op in OP (``token``), written
                            after OP: the first sync's fast check reads one word per rank,
                            from the cache line it has just read ARRIVED from (groups of
-                           more than 8 ranks; smaller ones use the arrival blocks below)
+                           6 to 8 ranks use the arrival blocks below instead)
     word  7     ABANDONED  seq + 1 of an op it left after an error (0 = none)
     word  8     PID        its process id (written at window creation; chorus.shm.cma)
     word  9     SOURCE     address of its buffer that peers read (all_reduce: and write) in
