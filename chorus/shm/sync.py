@@ -139,11 +139,12 @@ class Sync:
         if arrivals is None:  # tokens in the control lines; the first sync reads them one by one
             self._blocks = None
             self._tokens, self._token_word = control, (rank * WORDS + TOKEN, rank * WORDS + TOKEN + 1)
-        else:  # the arrival blocks (see the module's doc): 2 x 128 bytes, 16 words per parity
-            self._blocks = (arrivals[: 16 * w], arrivals[128: 128 + 16 * w])
+        else:  # the two arrival blocks (see the module's doc), one per parity, each half the view
+            half = len(arrivals) // 2  # bytes per block (chorus.shm.window.ARRIVAL_BLOCK)
+            self._blocks = (arrivals[: 16 * w], arrivals[half: half + 16 * w])
             self._tokens = self._arrivals = arrivals.cast("Q")
-            self._token_word = (w + rank, 16 + w + rank)
-            self._arrival_word = (rank, 16 + rank)
+            self._token_word = (w + rank, half // 8 + w + rank)
+            self._arrival_word = (rank, half // 8 + rank)
         self.waker = waker  # chorus.shm.wake: napping waiters sleep until the last arrival (None: they nap)
         # W <= 8: the one word of sleep marks, read here before calling the waker at all
         self._marks = waker.asleep if waker is not None and len(waker.asleep) == 1 else None

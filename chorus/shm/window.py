@@ -70,8 +70,9 @@ class Layout:
     def __init__(self, world: int, slot: int):
         self.world = world
         self.slot = slot
+        self.packed = PACKED_MIN <= world <= PACKED_MAX  # whether the window has the arrival blocks
         self.arrivals = CONTROL + world * LINE
-        self.counts = self.arrivals + (2 * ARRIVAL_BLOCK if PACKED_MIN <= world <= PACKED_MAX else 0)
+        self.counts = self.arrivals + (2 * ARRIVAL_BLOCK if self.packed else 0)
         self.data = _up(self.counts + 2 * 2 * world * world * 8) + SKEW
         self.result = self.data + 2 * world * slot
         self.size = self.result + 2 * slot
@@ -105,8 +106,8 @@ class Window:
         self.slot = layout.slot
         self.control = memoryview(buf)[CONTROL: CONTROL + layout.world * LINE].cast("Q")
         a = layout.arrivals
-        #: the arrival blocks (chorus.shm.sync.Sync's ``arrivals``); None outside PACKED_MIN..PACKED_MAX ranks
-        self.arrivals = memoryview(buf)[a: a + 2 * ARRIVAL_BLOCK] if layout.counts > a else None
+        #: the two arrival blocks (chorus.shm.sync.Sync's ``arrivals``), None where the layout has none
+        self.arrivals = memoryview(buf)[a: a + 2 * ARRIVAL_BLOCK] if layout.packed else None
         self._cache: dict[tuple, tuple] = {}
         self.cma = None  # chorus.shm.cma.Peers when the members read each other directly
         self.crew = None  # chorus.shm.crew.Crew when this rank splits large copies among threads
