@@ -43,7 +43,7 @@ class ProcessGroup:
         self.name = name or str(group_id)
         self.backend = backend
         self._seq = 0
-        self._queue: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
+        self.queue: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._queue_cv = threading.Condition()
         self._worker: threading.Thread | None = None
         self.workspace = Workspace()  # ops of a group never run concurrently: one suffices
@@ -125,7 +125,7 @@ class ProcessGroup:
         Returns ``fn()``'s result (synchronous) or a concurrent Future (async_op).
         """
         if not async_op:
-            if not self._queue:  # a deque's emptiness reads atomically: no lock on the fast path
+            if not self.queue:  # a deque's emptiness reads atomically: no lock on the fast path
                 return fn()
             return self._enqueue(fn).result()
         return self._enqueue(fn)
@@ -133,7 +133,7 @@ class ProcessGroup:
     def _enqueue(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._queue_cv:
-            self._queue.append((fn, future))
+            self.queue.append((fn, future))
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work_loop, daemon=True,
                                                 name=f"chorus-group{self.id}-worker")
@@ -144,13 +144,13 @@ class ProcessGroup:
     def _work_loop(self) -> None:
         while True:
             with self._queue_cv:
-                while not self._queue:
+                while not self.queue:
                     self._queue_cv.wait()
-                fn, future = self._queue[0]
+                fn, future = self.queue[0]
             try:
                 future.set_result(fn())
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(exc)
             finally:
                 with self._queue_cv:
-                    self._queue.popleft()
+                    self.queue.popleft()

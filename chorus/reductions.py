@@ -53,7 +53,7 @@ class ReduceOp:
     RedOpType = _Op
 
 
-def _make_nccl_premul_sum(factor: float) -> _Op:
+def make_premul_sum(factor: float) -> _Op:
     """A SUM that first multiplies every rank's input by ``factor`` (torch's helper name)."""
     return _Op("PREMUL_SUM", float(factor))
 
@@ -71,6 +71,10 @@ _FLOAT_OPS = frozenset({"SUM", "PRODUCT", "MIN", "MAX", "AVG", "PREMUL_SUM"})
 _COMPLEX_OPS = frozenset({"SUM", "PRODUCT", "AVG", "PREMUL_SUM"})
 _INT_OPS = frozenset({"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"})
 
+
+
+#: torch.distributed's name for it
+_make_nccl_premul_sum = make_premul_sum
 
 def family(dtype: str) -> str:
     if dtype == "bool":

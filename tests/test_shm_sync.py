@@ -23,9 +23,9 @@ class _Transport:
     """What Sync asks of a transport: nothing failed; mismatches are recorded."""
 
     def __init__(self):
-        self._dead, self._left, self.mismatches = set(), set(), []
+        self.dead, self.left, self.mismatches = set(), set(), []
 
-    def _failure(self, group, peer, expect=None):
+    def failure(self, group, peer, expect=None):
         return None
 
     def group_mismatch(self, group, culprit, seq, fp, detector):

@@ -100,7 +100,7 @@ def _all_reduce_one_shot(arr: np.ndarray, op, group) -> bool:
         if not plan:
             return False
         shm.plans[None] = (arr.dtype, op, arr.shape, plan)
-    if pg._queue or engine.recorder is not None or not arr.flags.carray:
+    if pg.queue or engine.recorder is not None or not arr.flags.carray:
         return False
     shm.all_reduce_one_shot(pg, pg.take_seq(), plan, arr)  # the context is built only if needed
     if plan.average:

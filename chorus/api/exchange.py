@@ -188,7 +188,7 @@ def _all_to_all_fast(out: np.ndarray, inp: np.ndarray, group) -> bool:
         if not plan:
             return False
         shm.plans["all_to_all"] = (inp.dtype, inp.shape, plan)
-    if pg._queue or engine.recorder is not None:
+    if pg.queue or engine.recorder is not None:
         return False
     shm.all_to_all_fast(pg, pg.take_seq(), plan, inp, out)
     return True

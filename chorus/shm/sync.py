@@ -201,7 +201,7 @@ class Sync:
         not waited for): until then a single-copy peer may still read or write this rank's
         buffers, which the caller is about to get back."""
         c, target, end = self.control, self.count + 1, time.monotonic() + seconds
-        dead = self.transport._dead
+        dead = self.transport.dead
         busy = [i for i in self.others if self.members[i // WORDS] not in dead]
         while busy and time.monotonic() < end:
             busy = [i for i in busy if c[i + ARRIVED] < target and c[i + ABANDONED] <= ctx.seq]
@@ -375,7 +375,7 @@ class Sync:
             raise error
         for q in self._pending(target):
             who = self.members[q]
-            if who in t._left and c[q * WORDS + ARRIVED] < target:
+            if who in t.left and c[q * WORDS + ARRIVED] < target:
                 raise PeerLostError(
                     f"{ctx.describe()}: rank {who} left the job (destroy_process_group) without "
                     f"joining this op; every rank of the group must call it", lost_rank=who)
@@ -383,7 +383,7 @@ class Sync:
     def transport_error(self, ctx) -> Exception | None:
         """What the group's transport knows went wrong (a dead or departed member, a
         mismatch told by a peer), as the error op ``ctx`` raises; None if nothing."""
-        error = self.transport._failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
+        error = self.transport.failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
         if isinstance(error, PeerLostError):
             return PeerLostError(f"{ctx.describe()}: {error}", error.lost_rank, error.reporter)
         return error

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from chorus.api import collectives, exchange, gathering, p2p
 from chorus.errors import InvalidArgumentError, InvalidTensorError
-from chorus.reductions import ReduceOp, _make_nccl_premul_sum
+from chorus.reductions import ReduceOp, make_premul_sum
 from chorus.torch.fabric import Membership, entered
 from chorus.torch.sharing import SHARE_BYTES, Sharing, unmarked_view
 from chorus.torch.work import TorchWork
@@ -61,7 +61,7 @@ def chorus_op(op):
     name = kind.name
     if name == "PREMUL_SUM":
         factor = op.factor
-        return _make_nccl_premul_sum(float(factor.item() if isinstance(factor, torch.Tensor) else factor))
+        return make_premul_sum(float(factor.item() if isinstance(factor, torch.Tensor) else factor))
     plain = _PLAIN_OPS[kind] = getattr(ReduceOp, name)
     return plain
 

@@ -68,11 +68,11 @@ def install() -> None:
     if SCHEME not in handlers:
         torch_rendezvous.register_rendezvous_handler(SCHEME, chorus_handler)
     torch_env = handlers.get("env")
-    if torch_env is None or getattr(torch_env, "_chorus_wrapped", False):
+    if torch_env is None or getattr(torch_env, "chorus_wrapped", False):
         return
 
     def env_handler(url: str, **kwargs):
         return (chorus_handler if under_chorusrun() else torch_env)(url, **kwargs)
 
-    env_handler._chorus_wrapped = True
+    env_handler.chorus_wrapped = True
     handlers["env"] = env_handler

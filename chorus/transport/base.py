@@ -39,12 +39,14 @@ class Transport:
         self._matcher = Matcher()
         self._state_lock = threading.Lock()
         self._groups: dict[int, frozenset[int]] = {0: frozenset(range(world_size))}
-        self._dead: dict[int, str] = {}  # rank -> why (died: fails its groups)
-        self._left: set[int] = set()  # ranks that said BYE (fails transfers addressed to them)
-        self._broken: dict[int, str] = {}  # group -> why it is unusable (collective mismatch)
-        self._broken_at: dict[int, int] = {}  # group -> the op number where it broke
-        self._finished: dict[int, int] = {}  # group -> seq of the last collective finished here
-        self._closed: str | None = None
+        # Public state, read (never written) by the components above the transport; an
+        # attribute read is what the latency paths can afford per op.
+        self.dead: dict[int, str] = {}  # rank -> why (died: fails its groups)
+        self.left: set[int] = set()  # ranks that said BYE (fails transfers addressed to them)
+        self.mismatched: dict[int, str] = {}  # group -> why it is unusable (collective mismatch)
+        self.mismatched_at: dict[int, int] = {}  # group -> the op number where it broke
+        self.finished_seq: dict[int, int] = {}  # group -> seq of the last collective finished here
+        self.closed_reason: str | None = None
 
     # -- groups --------------------------------------------------------------------------
     def register_group(self, group: int, members: Iterable[int]) -> None:
@@ -56,7 +58,7 @@ class Transport:
               seq: int = 0, dtype: int = 0, fingerprint: int = 0, sync: bool = False) -> Handle:
         """Post a send of ``view`` to ``peer``; ``sync`` hints that the caller waits at once."""
         handle = Handle(peer, kind, group, tag, view, dtype)
-        error = self._failure(group, peer, expect=(seq, fingerprint) if fingerprint else None)
+        error = self.failure(group, peer, expect=(seq, fingerprint) if fingerprint else None)
         if error is not None:
             handle.complete(error=error)
             return handle
@@ -75,7 +77,7 @@ class Transport:
         it wakes (so e.g. a reduction overlaps with this thread's other work).
         """
         handle = Handle(peer, kind, group, tag, view, dtype, expect, finish)
-        error = self._failure(group, peer, receiving=True, expect=expect)
+        error = self.failure(group, peer, receiving=True, expect=expect)
         if error is not None:
             handle.complete(error=error)
             return handle
@@ -87,11 +89,11 @@ class Transport:
             self._check_stash_against(handle)
         # Check again now that the receive is posted: a failure recorded between the first
         # check and the post found nothing to fail (flags are set before the sweep).
-        error = self._failure(group, peer, receiving=True, expect=expect)
+        error = self.failure(group, peer, receiving=True, expect=expect)
         if error is not None:
             self._matcher.cancel(handle)
             handle.complete(error=error)
-        elif peer in self._left and not handle.done():
+        elif peer in self.left and not handle.done():
             # The peer left; what it sent before leaving has been matched above.
             self._matcher.cancel(handle)
             handle.complete(error=self._lost_error(peer, "left the job (destroy_process_group) "
@@ -129,7 +131,7 @@ class Transport:
         """
         if handle.expect is not None and handle.expect != (header.seq, header.fingerprint):
             self.group_mismatch(header.group, source, header.seq, header.fingerprint, self.rank)
-            return self._mismatch_error(handle.expect, self._broken.get(header.group, ""))
+            return self._mismatch_error(handle.expect, self.mismatched.get(header.group, ""))
         nbytes = len(handle.view) if handle.view is not None else 0
         if header.nbytes == nbytes and (header.dtype == handle.dtype or not header.dtype or not handle.dtype):
             return None
@@ -148,20 +150,22 @@ class Transport:
             handle.view[:] = arrival.data
         handle.complete(arrival.header, error)
 
-    def _failure(self, group: int, peer: int | None, receiving: bool = False,
+    def failure(self, group: int, peer: int | None, receiving: bool = False,
                  expect: tuple[int, int] | None = None) -> BaseException | None:
-        """The error a new transfer must fail with right away, if any."""
-        if self._closed is not None:
-            return AbortedError(f"the transport is closed ({self._closed}); re-initialise first")
-        if not self._dead and not self._left and not self._broken:
+        """The error a new transfer of ``group`` (to or from ``peer``; ``expect``: the op's
+        (seq, fingerprint)) must fail with right away, if any: a closed transport, a
+        mismatch in the group, a dead member, a peer that left."""
+        if self.closed_reason is not None:
+            return AbortedError(f"the transport is closed ({self.closed_reason}); re-initialise first")
+        if not self.dead and not self.left and not self.mismatched:
             return None
-        if group in self._broken and (expect is None or expect[0] >= self._broken_at[group]):
-            return self._mismatch_error(expect, self._broken[group])
+        if group in self.mismatched and (expect is None or expect[0] >= self.mismatched_at[group]):
+            return self._mismatch_error(expect, self.mismatched[group])
         members = self._groups.get(group, ())
-        for rank, why in self._dead.items():
+        for rank, why in self.dead.items():
             if rank in members:
                 return self._lost_error(rank, why, group)
-        if peer is not None and peer in self._left and not receiving:
+        if peer is not None and peer in self.left and not receiving:
             return self._lost_error(peer, "left the job (destroy_process_group)", group)
         return None
 
@@ -170,12 +174,12 @@ class Transport:
         """PeerLostError for ``rank`` — or for the root cause when there is one: a collective
         mismatch in ``group``, or a member of ``group`` that died (peers often leave
         *because* of it, and the thread relaying it may not have reached this op yet)."""
-        if group in self._broken:
-            return self._mismatch_error(handle.expect if handle else None, self._broken[group])
+        if group in self.mismatched:
+            return self._mismatch_error(handle.expect if handle else None, self.mismatched[group])
         members = self._groups.get(group, ())
-        dead = next((r for r in self._dead if r in members), None)
+        dead = next((r for r in self.dead if r in members), None)
         if dead is not None:
-            rank, why = dead, self._dead[dead]
+            rank, why = dead, self.dead[dead]
         return PeerLostError(
             f"rank {rank} {why}; every op of group {group} involving it fails on every rank. "
             f"Look at rank {rank}'s output for its own error.",
@@ -187,9 +191,9 @@ class Transport:
         pending here in its groups.  Telling first means a rank that fails and leaves at
         once cannot overtake its own notice.  False if this was already known."""
         with self._state_lock:
-            if rank in self._dead or self._closed is not None:
+            if rank in self.dead or self.closed_reason is not None:
                 return False
-            self._dead[rank] = why
+            self.dead[rank] = why
             doomed = {g for g, members in self._groups.items() if rank in members}
         log.warning("chorus rank %d: rank %d %s", self.rank, rank, why)
         notice = pack_fields(int(Kind.PEER_LOST), 0, rank, int(reason), 0, 0, 0)
@@ -202,7 +206,7 @@ class Transport:
     def peer_left(self, rank: int) -> None:
         """``rank`` said BYE: fail receives addressed to it; it will send nothing more."""
         with self._state_lock:
-            self._left.add(rank)
+            self.left.add(rank)
         why = "left the job (destroy_process_group) before sending"
         self._matcher.fail_where(lambda h: h.peer == rank, lambda h: self._lost_error(rank, why, h.group, h))
 
@@ -212,10 +216,10 @@ class Transport:
         why = (f"rank {culprit} called {describe(fingerprint)} as op #{seq} of group {group}"
                f" (reported by rank {detector})")
         with self._state_lock:
-            if group in self._broken or self._closed is not None:
+            if group in self.mismatched or self.closed_reason is not None:
                 return
-            self._broken[group] = why
-            self._broken_at[group] = seq
+            self.mismatched[group] = why
+            self.mismatched_at[group] = seq
             members = sorted(self._groups.get(group, ()))
         log.error("chorus rank %d: collective mismatch: %s", self.rank, why)
         notice = pack_fields(int(Kind.ABORT), group, culprit, seq, 0, 0, fingerprint)
@@ -239,13 +243,13 @@ class Transport:
     def finished(self, group: int, seq: int) -> None:
         """The engine finished collective ``seq`` of ``group``: a frame of it or of an
         earlier op that arrives from now on was never meant for this rank."""
-        self._finished[group] = seq
+        self.finished_seq[group] = seq
 
     def stashed(self, source: int, header: Header) -> None:
         """Transports call this when a frame found no posted receive and was stashed."""
         if header.kind != Kind.COLL:
             return
-        if header.seq <= self._finished.get(header.group, -1):
+        if header.seq <= self.finished_seq.get(header.group, -1):
             self.group_mismatch(header.group, source, header.seq, header.fingerprint, self.rank)
             return
         h = self._matcher.find_posted(
@@ -272,9 +276,9 @@ class Transport:
     def close(self) -> None:
         """Leave cleanly: tell peers, stop threads, fail whatever is still pending."""
         with self._state_lock:
-            if self._closed is not None:
+            if self.closed_reason is not None:
                 return
-            self._closed = "destroy_process_group was called"
+            self.closed_reason = "destroy_process_group was called"
         self._matcher.fail_where(lambda h: True, lambda h: AbortedError(
             "the process group was destroyed while this receive was pending"))
 

@@ -39,7 +39,7 @@ class LoopbackFabric:
         with self._lock:
             victim = self.transports.pop(rank, None)
         if victim is not None:
-            victim._closed = "killed"
+            victim.closed_reason = "killed"
         for t in list(self.transports.values()):
             t.peer_died(rank, "died (killed in the loopback fabric)")  # as if each saw EOF
 

@@ -156,7 +156,7 @@ class TcpTransport(Transport):
         self._register(peer, sock, pairing)
 
     def _accept_loop(self) -> None:
-        while self._closed is None:
+        while self.closed_reason is None:
             try:
                 sock, addr = self._listener.accept()
             except OSError:
@@ -188,7 +188,7 @@ class TcpTransport(Transport):
         sock.settimeout(None)
         conn = _Connection(peer, sock)
         if pairing is not None:
-            dead, left = self._dead, self._left  # not self: no reference cycle through the rings
+            dead, left = self.dead, self.left  # not self: no reference cycle through the rings
             conn.ring_out, conn.ring_in = shm_link.ring_ends(
                 pairing, peer=peer, bell=lambda: sock.sendall(BELL), doze=conn.reader.doze,
                 gone=lambda: dead.get(peer) or ("left the job (destroy_process_group)"
@@ -231,12 +231,12 @@ class TcpTransport(Transport):
                 elif h.kind != Kind.HEARTBEAT:
                     raise ProtocolError(f"unexpected {Kind(h.kind).name} frame after set-up")
         except ProtocolError as exc:
-            if self._closed is None:
+            if self.closed_reason is None:
                 self._lose(conn.peer, f"sent an invalid frame ({exc}) and was disconnected",
                            LostReason.INVALID)
             conn.sock.close()
         except (OSError, ConnectionError) as exc:
-            if self._closed is None and not conn.bye:
+            if self.closed_reason is None and not conn.bye:
                 self._lose(conn.peer, f"died (connection lost: {exc or 'EOF'})")
 
     def _read_payload(self, conn: _Connection, reader: BufferedReader, h: Header) -> None:
@@ -299,7 +299,7 @@ class TcpTransport(Transport):
         while True:
             with conn.cv:
                 while not conn.queue:
-                    if self._closed is not None:
+                    if self.closed_reason is not None:
                         return
                     conn.cv.wait(1.0)
                 header, view, handle = conn.queue[0]
@@ -312,7 +312,7 @@ class TcpTransport(Transport):
                     for _, _, h in failed:
                         if h is not None:
                             h.complete(error=error)
-                    if self._closed is None:
+                    if self.closed_reason is None:
                         threading.Thread(target=self._lose, args=(conn.peer, f"died (send failed: {exc})"),
                                          daemon=True).start()
                     return
@@ -354,18 +354,18 @@ class TcpTransport(Transport):
     def _notify(self, ranks: list[int], frame: bytes) -> None:
         for other in ranks:
             conn = self._conns.get(other)
-            if conn is not None and other not in self._dead and not conn.bye:
+            if conn is not None and other not in self.dead and not conn.bye:
                 with conn.cv:
                     self._enqueue(conn, frame, _EMPTY, None)
 
     def _heartbeat_loop(self) -> None:
         beat = control_header(Kind.HEARTBEAT)
         limit = heartbeat_timeout()
-        while self._closed is None:
+        while self.closed_reason is None:
             time.sleep(HEARTBEAT_S)
             now = time.monotonic()
             for peer, conn in list(self._conns.items()):
-                if peer in self._dead or conn.bye:
+                if peer in self.dead or conn.bye:
                     continue
                 if now - conn.last_sent >= HEARTBEAT_S and conn.cv.acquire(blocking=False):
                     try:
@@ -383,7 +383,7 @@ class TcpTransport(Transport):
     # -- shutdown ------------------------------------------------------------------------
     def close(self) -> None:
         """Flush queued sends (up to 5 s), say BYE to every peer, close every socket."""
-        if self._closed is not None:
+        if self.closed_reason is not None:
             return
         deadline = time.monotonic() + 5.0
         for conn in list(self._conns.values()):
