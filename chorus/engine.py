@@ -5,8 +5,9 @@ copies, and waits for all of them with the op's deadline.  Every collective fram
 carries the op's sequence number and fingerprint; a receive that brings another op's
 frame raises :class:`CollectiveMismatchError` instead of mixing data.
 
-A recorder (``engine.recorder``), when attached, is told when an op begins and ends and
-about every transfer; with none attached the cost is one attribute test per op.
+With a recorder listener attached (chorus.recorder), every send and receive of a step is
+reported when the step's wait ends; with none attached the cost is one attribute test per
+op.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from functools import partial
 
 import numpy as np
 
+from chorus import recorder
 from chorus.schedules.base import Copy, Recv, Region, Schedule, Send
 from chorus.transport.base import Transport
 from chorus.transport.handles import Handle
@@ -49,8 +51,6 @@ class OpContext:
         return f"{self.name} (seq {self.seq}) on group {self.group}"
 
 
-recorder: Callable[[str, OpContext, dict], None] | None = None
-
 Combine = Callable[[np.ndarray, np.ndarray], None]
 
 
@@ -77,7 +77,7 @@ def region_bytes(buffers: dict[str, np.ndarray], region: Region) -> memoryview:
 
 def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: Transport,
                  ctx: OpContext, dtype: int = 0, combine: Combine | None = None,
-                 workspace: Workspace | None = None) -> None:
+                 workspace: Workspace | None = None, algorithm: str = "") -> None:
     """Execute ``schedule`` for this rank.
 
     ``buffers`` maps region names to flat arrays of one dtype (``dtype`` is its wire code);
@@ -85,15 +85,13 @@ def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: 
     (reducing ones into temporaries, combined by the thread that completes them as soon as
     each segment has arrived), then every send, do the copies, and wait once.
     """
-    if recorder is not None:
-        recorder("begin", ctx, {"steps": len(schedule)})
-    started = time.perf_counter()
     element = next((b.dtype for b in buffers.values()), np.dtype(np.uint8))
     temps = _temporaries(schedule, element, workspace or Workspace())
     if schedule.scratch:
         buffers = {**buffers, "scratch": temps.pop()}
     expect = (ctx.seq, ctx.fingerprint)
     for step in schedule:
+        started = time.perf_counter() if recorder.current is not None else 0.0
         handles: list[Handle] = []
         offset = 0
         for op in step:
@@ -121,9 +119,19 @@ def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: 
                 else:
                     _region(buffers, op.dst)[...] = _region(buffers, op.src)
         transport.wait_all(handles, ctx.deadline, ctx.describe)
+        if started:
+            _report(step, ctx, buffers, started, algorithm)
     transport.finished(ctx.group, ctx.seq)
-    if recorder is not None:
-        recorder("end", ctx, {"seconds": time.perf_counter() - started})
+
+
+def _report(step, ctx: OpContext, buffers: dict[str, np.ndarray], started: float, algorithm: str) -> None:
+    """Tell the recorder about the step's transfers (each spans the step's wait)."""
+    for op in step:
+        if isinstance(op, (Send, Recv)):
+            region = op.src if isinstance(op, Send) else op.dst
+            nbytes = region.count * buffers[region.buffer].itemsize if region.buffer in buffers else 0
+            recorder.transfer("send" if isinstance(op, Send) else "recv", ctx, "tcp", started, nbytes,
+                              ctx.members[op.peer], algorithm)
 
 
 def _temporaries(schedule: Schedule, element: np.dtype, workspace: Workspace) -> list[np.ndarray]:

@@ -48,7 +48,11 @@ class ProcessGroup:
         self._worker: threading.Thread | None = None
         self.workspace = Workspace()  # ops of a group never run concurrently: one suffices
         self.shm = None  # a chorus.shm.group.ShmGroup when every member shares this host
-        self.hierarchy = None  # a chorus.api.hierarchy.Hierarchy when members span hosts
+        self.hierarchy = None  # a chorus.components.hierarchy.Hierarchy when members span hosts
+        # The collective components, in the order selection asks them
+        # (chorus.components.select; set when the group is created).
+        self.components: tuple = ()
+        self.lane = None  # the shared-memory component, whose latency lanes the API tries first
         transport.register_group(group_id, self.members)
 
     def __repr__(self) -> str:
@@ -116,8 +120,8 @@ class ProcessGroup:
                          time.monotonic() + (self.timeout if timeout is None else timeout))
 
     def run_schedule(self, schedule: Schedule, buffers: dict, ctx: OpContext, dtype: int = 0,
-                     combine: Combine | None = None) -> None:
-        run_schedule(schedule, buffers, self.transport, ctx, dtype, combine, self.workspace)
+                     combine: Combine | None = None, algorithm: str = "") -> None:
+        run_schedule(schedule, buffers, self.transport, ctx, dtype, combine, self.workspace, algorithm)
 
     def submit(self, fn: Callable[[], Any], async_op: bool) -> Any:
         """Run ``fn`` in issue order: inline when idle and synchronous, else on the worker.

@@ -2,7 +2,8 @@
 
 Order of precedence:
 1. ``algorithm=`` passed to the call (chorus-only keyword);
-2. the environment: ``CHORUS_ALGO_<COLLECTIVE>=<name>``, e.g. ``CHORUS_ALGO_ALL_REDUCE=ring``;
+2. the group's setting ``CHORUS_ALGO_<COLLECTIVE>=<name>``, e.g. ``CHORUS_ALGO_ALL_REDUCE=ring``
+   (read when the group is created, chorus.config; passed in as ``forced``);
 3. the default rule below, by message size (bytes per rank) and world size.
 
 Default rules (thresholds from per-algorithm sweeps over TCP on a 16-core host, W = 4;
@@ -22,7 +23,7 @@ see docs/benchmarks.md):
     barrier         dissemination
 
 A group whose members span hosts, with several members on some host, has a hierarchy
-(chorus.api.hierarchy): its all_reduce, reduce, broadcast, all_gather, reduce_scatter and
+(chorus.components.hierarchy): its all_reduce, reduce, broadcast, all_gather, reduce_scatter and
 barrier run ``hierarchical`` by default (shared memory inside each host, the rules above
 between one leader per host); naming a TCP algorithm above runs the flat one instead.
 ``hierarchical`` on a group with nothing to split (one host, or one rank per host) means
@@ -32,14 +33,15 @@ the rules above).
 
 from __future__ import annotations
 
-import os
-
 from chorus.errors import InvalidArgumentError
 from chorus.schedules.registry import ALGORITHMS
 
 KIB, MIB = 1 << 10, 1 << 20
 HIERARCHICAL = "hierarchical"
-#: the collectives with a hierarchical algorithm (chorus.api.hierarchy)
+#: every collective the components run (the API's variants map onto these)
+COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter",
+               "all_to_all", "barrier")
+#: the collectives with a hierarchical algorithm (chorus.components.hierarchy)
 HIERARCHICAL_COLLECTIVES = frozenset({"all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
                                       "barrier"})
 
@@ -66,9 +68,11 @@ def default_algorithm(collective: str, world: int, nbytes: int, uniform: bool = 
 
 
 def choose(collective: str, world: int, nbytes: int, requested: str | None = None,
-           uniform: bool = True) -> str:
-    """Resolve the algorithm for one call; InvalidArgumentError lists the valid names."""
-    name = requested or os.environ.get(f"CHORUS_ALGO_{collective.upper()}") or None
+           uniform: bool = True, forced: str | None = None) -> str:
+    """Resolve the algorithm for one call (``requested``: the call's ``algorithm=``;
+    ``forced``: the group's ``CHORUS_ALGO_<COLLECTIVE>``); InvalidArgumentError lists the
+    valid names."""
+    name = requested or forced or None
     if name is None or (name == HIERARCHICAL and collective in HIERARCHICAL_COLLECTIVES):
         return default_algorithm(collective, world, nbytes, uniform)  # nothing to split here
     valid = ALGORITHMS[collective]

@@ -1,4 +1,4 @@
-"""Hierarchical collectives (chorus.api.hierarchy) on simulated hosts (``CHORUS_HOST_ID``):
+"""Hierarchical collectives (chorus.components.hierarchy) on simulated hosts (``CHORUS_HOST_ID``):
 every collective, dtype and reduce op gives the flat TCP algorithms' result bit for bit
 (inputs are small integers, so every reduction order is exact), on 2+2, 3+2, 1+3 and
 interleaved hosts, every root, sub-groups, async ops, algorithm forcing; a mismatch and
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import chorus as dist
-from chorus import engine
-from chorus.api.hierarchy import HIDDEN
+from chorus import recorder
+from chorus.components.hierarchy import HIDDEN
 from chorus.testing import run_threads
 
 torch = pytest.importorskip("torch")
@@ -33,12 +33,17 @@ pytestmark = pytest.mark.usefixtures("job")  # a job id of its own, no shared-me
 
 
 @pytest.fixture
-def recorded(monkeypatch):
-    """What engine.recorder saw: (event, op name, group id, transport) per op."""
+def recorded():
+    """What the recorder saw: (event, op name, group id, component) per op begin and end."""
     seen = []
-    monkeypatch.setattr(engine, "recorder",
-                        lambda event, ctx, info: seen.append((event, ctx.name, ctx.group, info.get("transport"))))
-    return seen
+
+    def listen(e):
+        if e.what in ("begin", "end"):
+            seen.append((e.what, e.op, e.group, e.component))
+
+    recorder.attach(listen)
+    yield seen
+    recorder.detach()
 
 
 def values(rank, n, dtype, salt=0):

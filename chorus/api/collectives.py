@@ -4,18 +4,11 @@ takes chorus's ``algorithm=`` keyword (see chorus.selection)."""
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from chorus import engine
-from chorus.api.groups import resolve
-from chorus.api.launch import member_group, not_member, root_rank, run, writable
-from chorus.api.state import current
-from chorus.buffers import as_buffer
-from chorus.errors import CommTimeoutError, InvalidArgumentError, InvalidTensorError
-from chorus.process_group import ProcessGroup
-from chorus.reductions import ReduceOp, check_op, combiner, divide, rows_into, scale
+from chorus.api.calls import collective, lane, member_group, not_member, root_rank, writable
+from chorus.errors import CommTimeoutError
+from chorus.reductions import ReduceOp, check_op, combiner, divide, scale
 from chorus.wire.fingerprint import fingerprint
 from chorus.wire.frames import Kind
 from chorus.work import Work, seconds
@@ -32,7 +25,7 @@ def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False
         return not_member(async_op)
     root = root_rank(pg, src, group_src, "broadcast", "src")
     buf = writable(tensor, "broadcast")
-    return run(pg, "broadcast", dtype=buf.dtype, count=buf.numel, buffers={"data": buf.array},
+    return collective(pg, "broadcast", dtype=buf.dtype, count=buf.numel, buffers={"data": buf.array},
                async_op=async_op, algorithm=algorithm, nbytes=buf.nbytes, root=root, after=buf.finish,
                result=[tensor], args={"count": buf.numel})
 
@@ -57,75 +50,18 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     rank 0: [1, 2]   rank 1: [3, 4]   --all_reduce(SUM)-->   both: [4, 6]
     Results are bit-identical on every rank.
     """
-    if type(tensor) is np.ndarray and not async_op and algorithm is None and _all_reduce_one_shot(tensor, op, group):
-        return None
+    if type(tensor) is np.ndarray and not async_op and algorithm is None:
+        window = lane(group)
+        if window is not None and window.all_reduce_now(tensor, op):
+            return None
     pg = member_group(group, "all_reduce")
     if pg is None:
         return not_member(async_op)
     buf = writable(tensor, "all_reduce")
     combine, before, after = _reduction(buf, op, "all_reduce", pg.size())
-    return run(pg, "all_reduce", dtype=buf.dtype, count=buf.numel, buffers={"data": buf.array},
+    return collective(pg, "all_reduce", dtype=buf.dtype, count=buf.numel, buffers={"data": buf.array},
                async_op=async_op, algorithm=algorithm, nbytes=buf.nbytes, reduce_op=op.name,
                combine=combine, before=before, after=after, result=[tensor], args={"count": buf.numel})
-
-
-def _all_reduce_one_shot(arr: np.ndarray, op, group) -> bool:
-    """The latency path: a small synchronous all_reduce of a numpy array on a group with a
-    shared-memory window runs here, from a plan cached per (dtype, shape, op), and returns
-    True; anything else (large, queued behind async ops, recorded, non-contiguous,
-    misaligned, read-only, PREMUL_SUM, not a member, not initialized, bad arguments)
-    returns False and takes the general path, which gives the same result or the same
-    error.
-
-    Every check here is one a repeated call needs: the group's last plan is kept with the
-    dtype, shape and op it was made for (under the key None of the group's plans, so that
-    whatever clears the plans clears it), compared by identity where that is exact (a
-    dtype or op object that is another object looks the plan up); ``flags.carray`` is
-    C-contiguous, aligned and writeable in one read."""
-    world = current()
-    pg = world.default_group if group is None else group if type(group) is ProcessGroup else None
-    shm = None if pg is None or world.default_group is None else pg.shm
-    if shm is None:
-        return False  # not initialized, no window, another group argument: the general path
-    last = shm.plans.get(None)
-    if last is not None and last[0] is arr.dtype and last[1] is op and last[2] == arr.shape:
-        plan = last[3]
-    else:
-        if type(op) is not ReduceOp.RedOpType or shm.closed or resolve(group, "all_reduce") is not pg:
-            return False  # (a destroyed group, a non-member: the general path raises or warns)
-        key = (arr.dtype, arr.shape, op.name)
-        plan = shm.plans.get(key)
-        if plan is None:
-            plan = _one_shot_plan(pg, arr, op)
-        if not plan:
-            return False
-        shm.plans[None] = (arr.dtype, op, arr.shape, plan)
-    if pg.queue or engine.recorder is not None or not arr.flags.carray:
-        return False
-    shm.all_reduce_one_shot(pg, pg.take_seq(), plan, arr)  # the context is built only if needed
-    if plan.average:
-        divide(arr, arr.dtype.name, pg.size())
-    return True
-
-
-def _one_shot_plan(pg, arr: np.ndarray, op):
-    """The group's cached OneShot for ``arr``'s dtype and shape and ``op``, or False."""
-    shm = pg.shm
-    if len(shm.plans) >= 256:
-        shm.plans.clear()
-    key = (arr.dtype, arr.shape, op.name)
-    shm.plans[key] = False
-    if "all_reduce" in shm.tcp_only or op.name == "PREMUL_SUM":
-        return False
-    try:
-        buf = as_buffer(arr, op="all_reduce")
-        check_op(op, buf.dtype, "all_reduce")
-    except (InvalidArgumentError, InvalidTensorError):
-        return False  # the general path raises it
-    plan = shm.one_shot_plan(arr.dtype, arr.shape, functools.partial(rows_into, op.name, buf.dtype),
-                             fingerprint("all_reduce", buf.dtype, buf.numel, -1, op.name), op.name == "AVG")
-    shm.plans[key] = plan or False
-    return shm.plans[key]
 
 
 def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -149,7 +85,7 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op
                 scale(data, buf.dtype, op.factor)
 
             data = buf.array.copy()
-    return run(pg, "reduce", dtype=buf.dtype, count=buf.numel, buffers={"data": data}, async_op=async_op,
+    return collective(pg, "reduce", dtype=buf.dtype, count=buf.numel, buffers={"data": data}, async_op=async_op,
                algorithm=algorithm, nbytes=buf.nbytes, root=root, reduce_op=op.name, combine=combine,
                before=before, after=after, result=[tensor], args={"count": buf.numel})
 
@@ -160,7 +96,7 @@ def barrier(group=None, async_op: bool = False, device_ids=None, algorithm: str 
     pg = member_group(group, "barrier")
     if pg is None:
         return not_member(async_op)
-    return run(pg, "barrier", dtype="bytes", count=0, buffers={"token": _TOKEN}, async_op=async_op,
+    return collective(pg, "barrier", dtype="bytes", count=0, buffers={"token": _TOKEN}, async_op=async_op,
                algorithm=algorithm, nbytes=0)
 
 

@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from chorus import engine
-from chorus.api.groups import resolve
-from chorus.api.launch import member_group, not_member, run, same_dtype, writable
-from chorus.api.state import current
+from chorus.api.calls import collective, lane, member_group, not_member, same_dtype, writable
 from chorus.buffers import as_buffer
-from chorus.errors import InvalidArgumentError, InvalidTensorError
-from chorus.process_group import ProcessGroup
+from chorus.errors import InvalidArgumentError
 from chorus.reductions import ReduceOp, check_op, combiner, divide, scale
-from chorus.wire.fingerprint import fingerprint
 from chorus.work import Work
 
 
@@ -38,7 +33,7 @@ def _reduce_scatter(out, input_array, counts, in_dtype: str, op, pg, async_op, a
             divide(out.array, out.dtype, pg.size())
         out.finish()
 
-    return run(pg, "reduce_scatter", dtype=out.dtype, count=int(sum(counts)), async_op=async_op,
+    return collective(pg, "reduce_scatter", dtype=out.dtype, count=int(sum(counts)), async_op=async_op,
                buffers={"input": data, "output": out.array}, algorithm=algorithm,
                nbytes=out.nbytes, reduce_op=op.name, combine=combiner(op, out.dtype), before=before,
                after=after, result=result, uniform=len(set(counts)) <= 1, args={"counts": tuple(counts)})
@@ -86,7 +81,7 @@ _reduce_scatter_base = reduce_scatter_tensor
 
 def _all_to_all(pg, out_array, in_array, send_counts, recv_counts, dtype, async_op, algorithm, after, result):
     uniform = len(set(send_counts) | set(recv_counts)) <= 1
-    return run(pg, "all_to_all", dtype=dtype, count=0, async_op=async_op,
+    return collective(pg, "all_to_all", dtype=dtype, count=0, async_op=async_op,
                buffers={"input": in_array, "output": out_array}, algorithm=algorithm,
                nbytes=int(max(send_counts, default=0)) * in_array.itemsize, after=after, result=result,
                uniform=uniform, args={"send_counts": tuple(send_counts), "recv_counts": tuple(recv_counts)})
@@ -148,9 +143,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     rank 0: in=[a0, a1]   rank 1: in=[b0, b1]   -->   rank 0: out=[a0, b0]   rank 1: out=[a1, b1]
     """
     if (type(output) is np.ndarray and type(input) is np.ndarray and output_split_sizes is None
-            and input_split_sizes is None and not async_op and algorithm is None
-            and _all_to_all_fast(output, input, group)):
-        return None
+            and input_split_sizes is None and not async_op and algorithm is None):
+        window = lane(group)
+        if window is not None and window.all_to_all_now(output, input):
+            return None
     pg = member_group(group, "all_to_all_single")
     if pg is None:
         return not_member(async_op)
@@ -160,55 +156,3 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     send = _split_counts(input_split_sizes, src, input, pg.size(), "input")
     recv = _split_counts(output_split_sizes, out, output, pg.size(), "output")
     return _all_to_all(pg, out.array, src.array, send, recv, dtype, async_op, algorithm, out.finish, [output])
-
-
-def _all_to_all_fast(out: np.ndarray, inp: np.ndarray, group) -> bool:
-    """The latency path of all_to_all_single: numpy arrays of one dtype and shape, in
-    equal blocks that fit one round of the shared-memory copy path, run from a plan cached
-    per (dtype, shape) (chorus.shm.group.ShmGroup.all_to_all_fast), and True is returned;
-    anything else (False) takes the general path, which gives the same result or error.
-    Like all_reduce's latency path (chorus.api.collectives), the group's last plan is
-    kept under one key and compared by identity where that is exact."""
-    world = current()
-    pg = world.default_group if group is None else group if type(group) is ProcessGroup else None
-    shm = None if pg is None or world.default_group is None else pg.shm
-    if shm is None or out.dtype is not inp.dtype or out.shape != inp.shape:
-        return False
-    if not (inp.flags.c_contiguous and out.flags.carray) or np.may_share_memory(inp, out):
-        return False
-    last = shm.plans.get("all_to_all")
-    if last is not None and last[0] is inp.dtype and last[1] == inp.shape:
-        plan = last[2]
-    else:
-        if shm.closed or resolve(group, "all_to_all_single") is not pg:
-            return False
-        plan = shm.plans.get(("all_to_all", inp.dtype, inp.shape))
-        if plan is None:
-            plan = _exchange_plan(pg, inp)
-        if not plan:
-            return False
-        shm.plans["all_to_all"] = (inp.dtype, inp.shape, plan)
-    if pg.queue or engine.recorder is not None:
-        return False
-    shm.all_to_all_fast(pg, pg.take_seq(), plan, inp, out)
-    return True
-
-
-def _exchange_plan(pg, inp: np.ndarray):
-    """The group's cached Exchange for ``inp``'s dtype and shape, or False."""
-    shm = pg.shm
-    if len(shm.plans) >= 256:
-        shm.plans.clear()
-    key = ("all_to_all", inp.dtype, inp.shape)
-    shm.plans[key] = False
-    if "all_to_all" in shm.tcp_only or inp.ndim == 0 or inp.shape[0] % pg.size():
-        return False
-    try:
-        buf = as_buffer(inp, op="all_to_all_single", what="input")
-    except (InvalidArgumentError, InvalidTensorError):
-        return False  # the general path raises it
-    if buf.copied:
-        return False  # (the general path copies it)
-    plan = shm.all_to_all_plan(inp.dtype, inp.size, fingerprint("all_to_all", buf.dtype, 0, -1, ""))
-    shm.plans[key] = plan or False
-    return shm.plans[key]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chorus.api.launch import member_group, not_member, root_rank, run, same_dtype, writable
+from chorus.api.calls import collective, member_group, not_member, root_rank, same_dtype, writable
 from chorus.buffers import Buffer, as_buffer
 from chorus.errors import InvalidArgumentError
 from chorus.work import Work
@@ -44,7 +44,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False,
     src = as_buffer(tensor, op="all_gather")
     outs = _blocks(tensor_list, "all_gather", "tensor_list", pg.size(), src, write=True)
     flat = np.empty(pg.size() * src.numel, src.array.dtype)
-    return run(pg, "all_gather", dtype=src.dtype, count=src.numel, async_op=async_op,
+    return collective(pg, "all_gather", dtype=src.dtype, count=src.numel, async_op=async_op,
                buffers={"input": src.array, "output": flat}, algorithm=algorithm, nbytes=src.nbytes,
                after=lambda: _scatter_into(outs, flat, src.numel), result=list(tensor_list),
                args={"count": src.numel})
@@ -64,7 +64,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
         raise InvalidArgumentError(
             f"all_gather_into_tensor: output_tensor has {out.numel} elements, needs world_size "
             f"({pg.size()}) x {src.numel} = {pg.size() * src.numel}")
-    return run(pg, "all_gather", dtype=src.dtype, count=src.numel, async_op=async_op,
+    return collective(pg, "all_gather", dtype=src.dtype, count=src.numel, async_op=async_op,
                buffers={"input": src.array, "output": out.array}, algorithm=algorithm, nbytes=src.nbytes,
                after=out.finish, result=[output_tensor], args={"count": src.numel})
 
@@ -95,7 +95,7 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
             _scatter_into(outs, flat, src.numel)
     elif gather_list:
         raise InvalidArgumentError("gather: gather_list must be empty or None on ranks other than dst")
-    return run(pg, "gather", dtype=src.dtype, count=src.numel, async_op=async_op, buffers=buffers,
+    return collective(pg, "gather", dtype=src.dtype, count=src.numel, async_op=async_op, buffers=buffers,
                algorithm=algorithm, nbytes=src.nbytes, root=root, after=after,
                result=list(gather_list or []), args={"count": src.numel})
 
@@ -117,6 +117,6 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
         buffers["input"] = np.concatenate([b.array for b in ins]) if ins else out.array[:0]
     elif scatter_list:
         raise InvalidArgumentError("scatter: scatter_list must be empty or None on ranks other than src")
-    return run(pg, "scatter", dtype=out.dtype, count=out.numel, async_op=async_op, buffers=buffers,
+    return collective(pg, "scatter", dtype=out.dtype, count=out.numel, async_op=async_op, buffers=buffers,
                algorithm=algorithm, nbytes=out.nbytes, root=root, after=out.finish, result=[tensor],
                args={"count": out.numel})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from chorus.api.init import attach_shm
+from chorus.api.init import attach_components
 from chorus.api.state import current, initialized_world
 from chorus.errors import InvalidArgumentError
 from chorus.process_group import ProcessGroup
@@ -77,7 +77,7 @@ def new_group(ranks=None, timeout: timedelta | float | None = None, backend=None
                       world.default_group.timeout if t is None else t,
                       name=group_desc or f"group{gid}", backend=world.backend)
     world.groups[gid] = pg
-    attach_shm(pg)
+    attach_components(pg)
     return pg if pg.is_member() else GroupMember.NON_GROUP_MEMBER
 
 

@@ -104,25 +104,20 @@ def install(world: World, transport, backend: str, timeout: float, store=None,
     world.groups = {0: world.default_group}
     _close_at_exit()
     try:
-        attach_shm(world.default_group)
+        attach_components(world.default_group)
     except BaseException:
         destroy_process_group()
         raise
 
 
-def attach_shm(pg: ProcessGroup) -> None:
-    """Give ``pg`` a shared-memory window when every member is on this host, or a hierarchy
-    when it spans hosts and some host has several members (shared memory inside each host,
-    TCP between them: chorus.api.hierarchy).  Every member calls this when the group is
-    created; see chorus.shm.handshake."""
-    if pg.is_member():
-        from chorus.shm.handshake import create  # imported here so that `import chorus` stays fast
+def attach_components(pg: ProcessGroup) -> None:
+    """Give ``pg`` its collective components: a shared-memory window when every member is
+    on this host, a hierarchy when it spans hosts and some host has several members, TCP
+    schedules always (chorus.components.select).  Every member calls this when the group
+    is created; the shared-memory handshake inside is collective."""
+    from chorus.components.select import attach  # imported here so that `import chorus` stays fast
 
-        pg.shm, hosts = create(pg.transport, pg.id, pg.members, pg.rank(), pg.timeout)
-        if pg.shm is None:
-            from chorus.api.hierarchy import build  # imported here: it imports chorus.api.launch
-
-            pg.hierarchy = build(pg, hosts)
+    attach(pg)
 
 
 def destroy_process_group(group=None) -> None:
@@ -150,10 +145,10 @@ def destroy_process_group(group=None) -> None:
 
 
 def _close_shm(pg: ProcessGroup | None) -> None:
-    if pg is not None and pg.shm is not None:
-        pg.shm.close()
-    if pg is not None and pg.hierarchy is not None:
-        pg.hierarchy.close()  # its hidden sub-groups go with it
+    if pg is not None and pg.components:
+        from chorus.components.select import detach
+
+        detach(pg)  # a hierarchy's hidden sub-groups go with it
 
 
 def is_initialized() -> bool:

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from chorus.api.calls import member_group, root_rank
 from chorus.api.collectives import broadcast
 from chorus.api.gathering import all_gather_into_tensor, gather, scatter
-from chorus.api.launch import member_group, root_rank
 from chorus.api.p2p import recv, send
 from chorus.errors import BufferMismatchError, CollectiveMismatchError, InvalidArgumentError
 

@@ -32,7 +32,7 @@ import sys
 import threading
 
 from chorus import net
-from chorus.api.init import attach_shm, destroy_process_group, install
+from chorus.api.init import attach_components, destroy_process_group, install
 from chorus.api.state import World, current, use_world
 from chorus.process_group import ProcessGroup
 from chorus.store import PrefixStore, Store
@@ -92,7 +92,7 @@ class Fabric:
         pg = ProcessGroup(gid, members, self.rank, self.world.transport, timeout, name=name, backend="chorus")
         self.world.groups[gid] = pg
         with entered(self.world):
-            attach_shm(pg)
+            attach_components(pg)
         return pg
 
     def drop_group(self, pg: ProcessGroup) -> None:

@@ -3,10 +3,11 @@ host, TCP among one leader per host.
 
 Which groups.  When a group is created its members learn every member's host (the
 shared-memory handshake, chorus.shm.handshake).  A group on more than one host with at
-least two members on some host gets ``pg.hierarchy``, and chorus.api.launch.run hands it
-all_reduce, reduce, broadcast, all_gather (all_gather_into_tensor too), reduce_scatter
-(reduce_scatter_tensor too) and barrier — unless ``algorithm=`` or ``CHORUS_ALGO_<NAME>``
-(read when the group is created) names a flat TCP algorithm.  ``algorithm="hierarchical"``
+least two members on some host gets this component (``pg.hierarchy``), first in its
+stack (chorus.components.select): it takes all_reduce, reduce, broadcast, all_gather
+(all_gather_into_tensor too), reduce_scatter (reduce_scatter_tensor too) and barrier —
+unless ``algorithm=`` or ``CHORUS_ALGO_<NAME>`` (read when the group is created) names a
+flat TCP algorithm.  ``algorithm="hierarchical"``
 asks for it explicitly.  gather, scatter and all_to_all stay flat.  A group without shared
 memory (``CHORUS_TRANSPORT=tcp``, no usable ``/dev/shm`` on some member) has no hierarchy.
 
@@ -20,11 +21,12 @@ group numbering is unchanged and non-members, who never learn the hosts, create 
     leaders   [0, 2]                                TCP; only the leaders hold it
 
 Every algorithm below is three phases — inside each host, among the leaders, inside each
-host again — made of the sub-groups' ordinary collectives (chorus.api.launch.run), so
-their algorithm choice, fingerprints and failure handling apply unchanged.  The whole op
-is one op of the parent: one sequence number, issue order on the parent's queue
-(async_op too), the parent's before/after hooks (PREMUL_SUM's scaling, AVG's division)
-run once around the three phases, and a recorder sees ``transport="hierarchical"``.
+host again — made of Calls on the sub-groups (``Call.on``), run by the sub-groups' own
+components (chorus.components.select), so their algorithm choice, fingerprints and
+failure handling apply unchanged.  The whole op is one op of the parent: one sequence
+number, issue order on the parent's queue (async_op too), the parent's before/after
+hooks (PREMUL_SUM's scaling, AVG's division) run once around the three phases, and a
+recorder sees component ``hierarchical`` with one ``phase`` event per sub-group op.
 
 Results.  Every rank gets the same bits (leaders all_reduce bit-identically, then
 broadcast).  They equal the flat algorithms' wherever the reduction is exact; with
@@ -42,17 +44,18 @@ timeout, which applies to each phase.
 from __future__ import annotations
 
 import logging
-import os
+import time
 from collections.abc import Callable
 
 import numpy as np
 
-from chorus.api import launch
-from chorus.api.init import attach_shm
+from chorus import recorder
+from chorus.call import Call
+from chorus.components.base import Component, run_in_order
+from chorus.components.schedules import ScheduleComponent, forced_algorithms
 from chorus.errors import CollectiveMismatchError, PeerLostError
 from chorus.process_group import ProcessGroup
 from chorus.selection import HIERARCHICAL
-from chorus.wire.fingerprint import fingerprint
 from chorus.work import Work
 
 log = logging.getLogger("chorus")
@@ -61,11 +64,13 @@ HIDDEN = 1 << 31  # the hidden sub-groups' ids: HIDDEN | parent id << 12 | (0: l
 _INDEX_BITS = 12
 
 
-def build(pg: ProcessGroup, hosts: tuple[int | None, ...]) -> Hierarchy | None:
+def build(pg: ProcessGroup, hosts: tuple[int | None, ...], attach: Callable) -> Hierarchy | None:
     """``pg``'s Hierarchy (creating its sub-groups), or None when there is nothing to split.
 
     ``hosts[r]``: group rank r's host, numbered in order of first appearance (None: no
-    shared memory).  Every member calls this, with the same ``hosts``.
+    shared memory).  Every member calls this, with the same ``hosts``.  ``attach(sub,
+    settings=False)`` gives the host-local sub-group its components
+    (chorus.components.select.attach).
     """
     if None in hosts or len(set(hosts)) in (1, len(hosts)):
         return None  # no shared memory somewhere, one host, or one rank per host
@@ -77,12 +82,11 @@ def build(pg: ProcessGroup, hosts: tuple[int | None, ...]) -> Hierarchy | None:
     by_host = tuple(tuple(r for r, h in enumerate(hosts) if h == host) for host in range(n_hosts))
     host = hosts[pg.rank()]
     local = _hidden(pg, 1 + host, by_host[host], f"{pg.name}/host{host}")
-    attach_shm(local)
-    if local.shm is not None:
-        local.shm.tcp_only = frozenset()  # CHORUS_ALGO_* picks the parent's path, not this one's
+    attach(local, settings=False)  # CHORUS_ALGO_* picks the parent's path, not this one's
     leaders = None
     if by_host[host][0] == pg.rank():
         leaders = _hidden(pg, 0, tuple(ranks[0] for ranks in by_host), f"{pg.name}/leaders")
+        leaders.components = (ScheduleComponent(),)  # one rank per host: TCP only
     return Hierarchy(pg, hosts, by_host, local, leaders)
 
 
@@ -95,8 +99,10 @@ def _hidden(pg: ProcessGroup, index: int, ranks: tuple[int, ...], name: str) -> 
     return sub
 
 
-class Hierarchy:
+class Hierarchy(Component):
     """A group's hosts and hidden sub-groups; runs its hierarchical collectives."""
+
+    name = "hierarchical"
 
     def __init__(self, pg: ProcessGroup, hosts: tuple[int, ...], by_host: tuple[tuple[int, ...], ...],
                  local: ProcessGroup, leaders: ProcessGroup | None):
@@ -112,34 +118,31 @@ class Hierarchy:
         slots = [self.widest * hosts[r] + by_host[hosts[r]].index(r) for r in range(len(hosts))]
         plain = slots == list(range(len(hosts))) and len(hosts) == self.widest * len(by_host)
         self.slots = None if plain else np.array(slots)  # all_gather's block of each rank
-        self.default = frozenset(name for name in OPS if os.environ.get(
-            f"CHORUS_ALGO_{name.upper()}", "").strip() in ("", HIERARCHICAL))
+        forced = forced_algorithms()
+        self.default = frozenset(name for name in OPS if forced.get(name, HIERARCHICAL) == HIERARCHICAL)
 
     def __repr__(self) -> str:
         hosts = [[self.pg.members[r] for r in ranks] for ranks in self.by_host]
         return f"Hierarchy(group={self.pg.id}, hosts={hosts})"
 
-    def takes(self, name: str, algorithm: str | None) -> bool:
-        """Whether collective ``name`` with ``algorithm=`` runs here rather than flat."""
-        return name in self.default if algorithm is None else algorithm == HIERARCHICAL and name in OPS
+    def supports(self, call: Call) -> str | None:
+        """Collectives of OPS, unless the call or the group's settings name a flat algorithm."""
+        if call.algorithm is None:
+            return HIERARCHICAL if call.name in self.default else None
+        return HIERARCHICAL if call.algorithm == HIERARCHICAL and call.name in OPS else None
 
-    def run(self, name: str, *, dtype: str, count: int, buffers: dict[str, np.ndarray], async_op: bool,
-            root: int, reduce_op: str, combine, before, after, result, args) -> Work | None:
-        """chorus.api.launch.run for a collective this hierarchy takes (same arguments)."""
+    def start(self, call: Call, algorithm: str) -> Work | None:
         pg = self.pg
-        ctx = pg.next_context(name, fingerprint(name, dtype, count, root, reduce_op))
-        call = Call(self, dtype, buffers, root, reduce_op, combine, args or {})
 
-        def op() -> None:
-            self._phases(ctx, OPS[name], call)
+        def transfers(ctx) -> None:
+            self._phases(ctx, OPS[call.name], Phases(self, call, ctx))
             pg.transport.finished(pg.id, ctx.seq)
 
-        return launch.issue(pg, ctx, {"transport": "hierarchical", "hosts": len(self.by_host)}, op,
-                            before, after, result, async_op)
+        return run_in_order(call, self.name, algorithm, transfers, hosts=len(self.by_host))
 
-    def _phases(self, ctx, algorithm: Callable[[Call], None], call: Call) -> None:
+    def _phases(self, ctx, algorithm: Callable[[Phases], None], c: Phases) -> None:
         try:
-            algorithm(call)
+            algorithm(c)
         except CollectiveMismatchError:
             self._break(ctx)
             raise
@@ -156,18 +159,17 @@ class Hierarchy:
                 t.group_mismatch(sub.id, t.rank, 0, ctx.fingerprint, t.rank)
 
     def close(self) -> None:
-        """Unmap the host-local window (the parent group is being destroyed)."""
-        if self.local.shm is not None:
-            self.local.shm.close()
+        """Release the host-local sub-group's components (the parent group is being destroyed)."""
+        for component in self.local.components:
+            component.close()
 
 
-class Call:
+class Phases:
     """One hierarchical op on this rank: its buffers, and a phase runner for the sub-groups."""
 
-    def __init__(self, h: Hierarchy, dtype: str, buffers: dict, root: int, reduce_op: str, combine,
-                 args: dict):
-        self.h, self.dtype, self.buffers, self.root = h, dtype, buffers, root
-        self.reduce_op, self.combine, self.args = reduce_op, combine, args
+    def __init__(self, h: Hierarchy, call: Call, ctx):
+        self.h, self.call, self.ctx = h, call, ctx
+        self.buffers, self.root, self.args = call.buffers, call.root, call.args
         self.me = h.pg.rank()
         self.local, self.leaders = h.local, h.leaders
         self.leader = h.leaders is not None
@@ -176,14 +178,17 @@ class Call:
               root: int = -1, reduce: bool = False, count: int | None = None, uniform: bool = True) -> None:
         """Run collective ``name`` on sub-group ``group`` now, with the op's dtype (and its
         reduction when ``reduce``); ``count`` (default ``args["count"]``) is fingerprinted."""
-        launch.run(group, name, dtype=self.dtype, count=args.get("count", 0) if count is None else count,
-                   buffers=buffers, async_op=False, algorithm=None,
-                   nbytes=next(iter(buffers.values())).nbytes, root=root,
-                   reduce_op=self.reduce_op if reduce else "", combine=self.combine if reduce else None,
-                   uniform=uniform, args=args)
+        from chorus.components.select import start  # select imports this module
+
+        sub = self.call.on(group, name, buffers, args, root=root, reduce=reduce, count=count, uniform=uniform)
+        began = time.perf_counter() if recorder.current is not None else 0.0
+        start(sub)
+        if began:
+            recorder.transfer("phase", self.ctx, "hierarchical", began, sub.nbytes, algorithm=HIERARCHICAL,
+                              group=group.name, collective=name)
 
 
-def all_reduce(c: Call) -> None:
+def all_reduce(c: Phases) -> None:
     """Hosts a, a, b, b, b; every rank r holds x_r; every rank ends with S = x0 + ... + x4::
 
         rank (host)          0 (a)    1 (a)    2 (b)       3 (b)    4 (b)
@@ -199,7 +204,7 @@ def all_reduce(c: Call) -> None:
     c.phase(c.local, "broadcast", {"data": data}, n, root=0)
 
 
-def reduce(c: Call) -> None:
+def reduce(c: Phases) -> None:
     """Hosts a, a, b, b; dst 3; the other ranks keep their input (leaders reduce in a copy)::
 
         rank (host)                     0 (a)    1 (a)    2 (b)    3 (b)
@@ -218,7 +223,7 @@ def reduce(c: Call) -> None:
         c.phase(c.local, "broadcast", {"data": sink}, n, root=0)
 
 
-def broadcast(c: Call) -> None:
+def broadcast(c: Phases) -> None:
     """Hosts a, a, b, b; src 3 holds x; every rank ends with x::
 
         rank (host)                            0 (a)   1 (a)   2 (b)   3 (b)
@@ -237,7 +242,7 @@ def broadcast(c: Call) -> None:
         c.phase(c.local, "broadcast", {"data": data}, n, root=0)
 
 
-def all_gather(c: Call) -> None:
+def all_gather(c: Phases) -> None:
     """Hosts a, b, a (uneven, interleaved); rank r holds x_r; every rank ends with [x0 x1 x2]::
 
         rank (host)                         0 (a)            1 (b)     2 (a)
@@ -259,7 +264,7 @@ def all_gather(c: Call) -> None:
     c.phase(c.local, "broadcast", {"data": out}, {"count": out.size}, root=0)
 
 
-def reduce_scatter(c: Call) -> None:
+def reduce_scatter(c: Phases) -> None:
     """Hosts a, b, b; ranks hold [A0 A1 A2], [B0 B1 B2], [C0 C1 C2] (blocks may differ in size);
     rank r ends with block r reduced over all ranks::
 
@@ -293,7 +298,7 @@ def _host_order(flat: np.ndarray, counts: tuple[int, ...], order: tuple[int, ...
     return np.concatenate([flat[starts[r]:starts[r + 1]] for r in order])
 
 
-def barrier(c: Call) -> None:
+def barrier(c: Phases) -> None:
     """Every rank of a host arrives (shared memory); the leaders meet (TCP); each leader
     releases its host (shared memory).  No rank leaves before every rank has arrived."""
     token = {"token": c.buffers["token"]}
@@ -303,7 +308,7 @@ def barrier(c: Call) -> None:
     c.phase(c.local, "barrier", token, {})
 
 
-OPS: dict[str, Callable[[Call], None]] = {
+OPS: dict[str, Callable[[Phases], None]] = {
     "all_reduce": all_reduce, "reduce": reduce, "broadcast": broadcast, "all_gather": all_gather,
     "reduce_scatter": reduce_scatter, "barrier": barrier,
 }

@@ -1,0 +1,71 @@
+"""Schedules over the group's transport: every algorithm of chorus.schedules, run by
+chorus.engine over TCP (or the loopback transport of ranks that are threads).
+
+It supports every call: it is the last component of every group, the one that runs what
+no other takes.  The algorithm is, in order: ``algorithm=`` of the call, the group's
+``CHORUS_ALGO_<COLLECTIVE>`` (read when the group was made), the size rules of
+chorus.selection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from chorus import config
+from chorus.call import Call
+from chorus.components.base import Component, run_in_order
+from chorus.schedules.registry import schedule as build_schedule
+from chorus.selection import COLLECTIVES, choose, without_hierarchy
+from chorus.wire.dtypes import DTYPE_CODES
+from chorus.work import Work
+
+
+def forced_algorithms() -> dict[str, str]:
+    """``CHORUS_ALGO_<COLLECTIVE>`` for every collective where it is set: {name: algorithm}."""
+    forced = {}
+    for name in COLLECTIVES:
+        value = config.get(f"CHORUS_ALGO_{name.upper()}")
+        if value:
+            forced[name] = value
+    return forced
+
+
+class ScheduleComponent(Component):
+    """Runs calls as schedules over ``transport``-level messages (see the module docstring).
+
+    ``announce(ctx)``: called as each op starts, when the group also has a shared-memory
+    window that this op bypasses (so that the window's waiters can name a rank that went
+    another way)."""
+
+    name = "tcp"
+
+    def __init__(self, announce: Callable[[object], None] | None = None):
+        self.forced = forced_algorithms()
+        self.announce = announce
+        self.segment = config.get("CHORUS_SEGMENT_BYTES")
+
+    def supports(self, call: Call) -> str:
+        requested = call.algorithm
+        if requested is not None:
+            requested = without_hierarchy(call.name, requested)
+        return choose(call.name, call.group.size(), call.nbytes, requested, call.uniform,
+                      self.forced.get(call.name))
+
+    def start(self, call: Call, algorithm: str) -> Work | None:
+        pg = call.group
+        args = dict(call.args)
+        if call.root >= 0:
+            args["root"] = call.root
+        if algorithm in ("ring", "chain") and call.name in ("all_reduce", "broadcast"):
+            itemsize = max(1, next(iter(call.buffers.values())).itemsize) if call.buffers else 1
+            args["segment"] = max(1, self.segment // itemsize)  # the pipelining unit
+        sched = build_schedule(call.name, algorithm, pg.rank(), pg.size(), **args)
+        code = DTYPE_CODES[call.dtype]
+        announce = self.announce
+
+        def transfers(ctx) -> None:
+            if announce is not None:
+                announce(ctx)
+            pg.run_schedule(sched, call.buffers, ctx, code, call.combine, algorithm)
+
+        return run_in_order(call, self.name, algorithm, transfers)

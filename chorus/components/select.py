@@ -1,0 +1,61 @@
+"""Which component runs a call, and the component stack each group gets when it is made.
+
+Every group holds its components in the order they are asked (``pg.components``)::
+
+    members on one host          (ShmComponent, ScheduleComponent)
+    members on several hosts,    (Hierarchy, ScheduleComponent)
+      several on some host
+    anything else                (ScheduleComponent,)
+
+``start(call)`` hands the call to the first component whose ``supports(call)`` names an
+algorithm.  The schedules component supports every call, so a call always finds one; a
+call it cannot run (an unknown ``algorithm=``) raises InvalidArgumentError there, before
+anything is sent.  Every input of the choice is the same on every rank (the Call's
+fields, and facts the members agreed on when the group was made), so every rank picks the
+same component and algorithm.
+"""
+
+from __future__ import annotations
+
+from chorus.call import Call
+from chorus.components.schedules import ScheduleComponent, forced_algorithms
+from chorus.components.shm import ShmComponent
+from chorus.work import Work
+
+
+def start(call: Call) -> Work | None:
+    """Run ``call`` on the first component of its group that supports it."""
+    for component in call.group.components:
+        algorithm = component.supports(call)
+        if algorithm is not None:
+            return component.start(call, algorithm)
+    raise AssertionError(f"no component of group {call.group.name} runs {call.name}")  # schedules run all
+
+
+def attach(pg, *, settings: bool = True) -> None:
+    """Give ``pg`` its components (every member calls this when the group is made; the
+    shared-memory handshake inside is collective).  ``settings=False``: the group ignores
+    ``CHORUS_ALGO_*`` (a hierarchy's host-local sub-group: the setting chose the parent's
+    path already)."""
+    if not pg.is_member():
+        return
+    from chorus.shm.handshake import create  # imported here so that `import chorus` stays fast
+
+    pg.shm, hosts = create(pg.transport, pg.id, pg.members, pg.rank(), pg.timeout)
+    if pg.shm is not None:
+        forced = frozenset(name for name, algo in forced_algorithms().items() if algo != "hierarchical")
+        window = ShmComponent(pg, pg.shm, forced if settings else frozenset())
+        pg.components = (window, ScheduleComponent(announce=pg.shm.announce_tcp))
+        pg.lane = window
+        return
+    from chorus.components.hierarchy import build  # it makes sub-groups, attached here
+
+    pg.hierarchy = build(pg, hosts, attach)
+    pg.components = (ScheduleComponent(),) if pg.hierarchy is None else (pg.hierarchy, ScheduleComponent())
+
+
+def detach(pg) -> None:
+    """Release ``pg``'s components (the group is being destroyed)."""
+    pg.lane = None
+    for component in pg.components:
+        component.close()

@@ -1,0 +1,157 @@
+"""The shared-memory window of a group whose members all share a host (chorus.shm).
+
+It supports every collective unless the call names an algorithm (``algorithm=`` or the
+group's ``CHORUS_ALGO_<COLLECTIVE>``: those are TCP schedules).  The window runs one op at
+a time in its own sequence of syncs (chorus.shm.group.ShmGroup).
+
+Two latency lanes skip the Call altogether, because building one is a visible share of
+the op they serve: a small synchronous ``all_reduce`` of a numpy array
+(``all_reduce_now``) and a synchronous ``all_to_all_single`` of numpy arrays in equal
+blocks that fit one round of the window (``all_to_all_now``).  Each keeps a plan per
+(dtype, shape, op), here, and runs from it: the same algorithm, bits and sequence number
+as the general path, with the op's context built only to wait or to raise.  They step
+aside (return False) whenever the general path is needed: queued async ops, a recorder
+listener, an argument the plan does not cover.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from chorus import recorder
+from chorus.buffers import as_buffer
+from chorus.call import Call
+from chorus.components.base import Component, run_in_order
+from chorus.errors import InvalidArgumentError, InvalidTensorError
+from chorus.reductions import ReduceOp, check_op, divide, row_reducer, rows_into
+from chorus.selection import without_hierarchy
+from chorus.wire.fingerprint import fingerprint
+from chorus.work import Work
+
+PLANS = 256  # plans kept per group before the cache starts over
+
+
+class ShmComponent(Component):
+    """The group ``pg``'s window ``shm`` (a chorus.shm.group.ShmGroup).  ``forced``: the
+    collectives whose algorithm the group's settings name (they go to TCP schedules)."""
+
+    name = "shm"
+
+    def __init__(self, pg, shm, forced: frozenset[str] = frozenset()):
+        self.pg = pg
+        self.shm = shm
+        self.tcp_only = forced
+        self.plans: dict = {}
+        self.last_one_shot = None  # (dtype, op, shape, plan): the last all_reduce plan used
+        self.last_exchange = None  # (dtype, shape, plan): the last all_to_all plan used
+
+    def supports(self, call: Call) -> str | None:
+        if call.name in self.tcp_only:
+            return None
+        if call.algorithm is None or without_hierarchy(call.name, call.algorithm) is None:
+            return "window"  # ("hierarchical" on one host: no preference, the window)
+        return None
+
+    def start(self, call: Call, algorithm: str) -> Work | None:
+        reduce = row_reducer(call.reduce_op, call.dtype) if call.reduce_op else None
+        shm = self.shm
+        return run_in_order(call, self.name, algorithm,
+                            lambda ctx: shm.run(call.name, ctx, call.buffers, reduce, call.root, call.args))
+
+    def close(self) -> None:
+        self.plans.clear()  # their views of the window would keep it mapped
+        self.last_one_shot = self.last_exchange = None
+        self.shm.close()
+
+    # -- latency lanes ---------------------------------------------------------------------
+    def all_reduce_now(self, arr: np.ndarray, op) -> bool:
+        """all_reduce of ``arr`` (a numpy array) now, from a cached plan: True if done;
+        False if the general path must take it (it gives the same result or error).
+
+        Every check here is one a repeated call needs: the last plan is kept with the
+        dtype, shape and op it was made for, compared by identity where that is exact (a
+        dtype or op object that is another object looks the plan up); ``flags.carray`` is
+        C-contiguous, aligned and writeable in one read."""
+        last = self.last_one_shot
+        if last is not None and last[0] is arr.dtype and last[1] is op and last[2] == arr.shape:
+            plan = last[3]
+        else:
+            if type(op) is not ReduceOp.RedOpType or self.shm.closed:
+                return False
+            plan = self.plans.get((arr.dtype, arr.shape, op.name))
+            if plan is None:
+                plan = self._one_shot_plan(arr, op)
+            if not plan:
+                return False
+            self.last_one_shot = (arr.dtype, op, arr.shape, plan)
+        pg = self.pg
+        if pg.queue or recorder.current is not None or not arr.flags.carray:
+            return False
+        self.shm.all_reduce_one_shot(pg, pg.take_seq(), plan, arr)
+        if plan.average:
+            divide(arr, arr.dtype.name, pg.size())
+        return True
+
+    def _one_shot_plan(self, arr: np.ndarray, op):
+        """The cached OneShot for ``arr``'s dtype and shape and ``op``, or False."""
+        if len(self.plans) >= PLANS:
+            self.plans.clear()
+        key = (arr.dtype, arr.shape, op.name)
+        self.plans[key] = False
+        if "all_reduce" in self.tcp_only or op.name == "PREMUL_SUM":
+            return False
+        try:
+            buf = as_buffer(arr, op="all_reduce")
+            check_op(op, buf.dtype, "all_reduce")
+        except (InvalidArgumentError, InvalidTensorError):
+            return False  # the general path raises it
+        plan = self.shm.one_shot_plan(arr.dtype, arr.shape, functools.partial(rows_into, op.name, buf.dtype),
+                                      fingerprint("all_reduce", buf.dtype, buf.numel, -1, op.name),
+                                      op.name == "AVG")
+        self.plans[key] = plan or False
+        return self.plans[key]
+
+    def all_to_all_now(self, out: np.ndarray, inp: np.ndarray) -> bool:
+        """all_to_all_single of ``inp`` into ``out`` (numpy arrays, equal blocks) now, from a
+        cached plan: True if done, False if the general path must take it."""
+        if out.dtype is not inp.dtype or out.shape != inp.shape:
+            return False
+        if not (inp.flags.c_contiguous and out.flags.carray) or np.may_share_memory(inp, out):
+            return False
+        last = self.last_exchange
+        if last is not None and last[0] is inp.dtype and last[1] == inp.shape:
+            plan = last[2]
+        else:
+            if self.shm.closed:
+                return False
+            plan = self.plans.get(("all_to_all", inp.dtype, inp.shape))
+            if plan is None:
+                plan = self._exchange_plan(inp)
+            if not plan:
+                return False
+            self.last_exchange = (inp.dtype, inp.shape, plan)
+        pg = self.pg
+        if pg.queue or recorder.current is not None:
+            return False
+        self.shm.all_to_all_fast(pg, pg.take_seq(), plan, inp, out)
+        return True
+
+    def _exchange_plan(self, inp: np.ndarray):
+        """The cached Exchange for ``inp``'s dtype and shape, or False."""
+        if len(self.plans) >= PLANS:
+            self.plans.clear()
+        key = ("all_to_all", inp.dtype, inp.shape)
+        self.plans[key] = False
+        if "all_to_all" in self.tcp_only or inp.ndim == 0 or inp.shape[0] % self.pg.size():
+            return False
+        try:
+            buf = as_buffer(inp, op="all_to_all_single", what="input")
+        except (InvalidArgumentError, InvalidTensorError):
+            return False  # the general path raises it
+        if buf.copied:
+            return False  # (the general path copies it)
+        plan = self.shm.all_to_all_plan(inp.dtype, inp.size, fingerprint("all_to_all", buf.dtype, 0, -1, ""))
+        self.plans[key] = plan or False
+        return self.plans[key]

@@ -1,0 +1,89 @@
+"""The recorder sees every component: op begin/end with the call's identity, and the
+transfers or phases inside (TCP schedules: send/recv; shared memory: sync/copy/reduce;
+hierarchical: one phase per sub-group op), for all_reduce, all_gather and all_to_all."""
+
+import collections
+
+import numpy as np
+import pytest
+
+import chorus as dist
+from chorus import recorder
+from chorus.testing import run_threads
+
+pytestmark = pytest.mark.usefixtures("job")
+
+
+@pytest.fixture
+def events():
+    seen = []
+    lock_free_append = seen.append  # list.append is atomic under the GIL: ranks are threads
+    recorder.attach(lock_free_append)
+    yield seen
+    recorder.detach()
+
+
+def program(rank, w):
+    """all_reduce (small and large), all_gather and all_to_all_single on every rank."""
+    small = np.full(4, rank + 1, np.float32)
+    large = np.full(300_000, rank + 1, np.float32)  # 1.2 MB: several chunks or segments
+    dist.all_reduce(small)
+    dist.all_reduce(large)
+    outs = [np.zeros(8, np.int32) for _ in range(w)]
+    dist.all_gather(outs, np.full(8, rank, np.int32))
+    a2a_out = np.zeros(4 * w, np.int64)
+    dist.all_to_all_single(a2a_out, np.arange(4 * w, dtype=np.int64) + 100 * rank)
+    expect = w * (w + 1) / 2
+    assert small[0] == expect and large[-1] == expect
+    assert [int(o[0]) for o in outs] == list(range(w))
+    assert a2a_out.reshape(w, 4)[:, 0].tolist() == [100 * q + 4 * rank for q in range(w)]
+
+
+def summary(seen, group=0):
+    """{(op, component): Counter(what)} for the events of ``group``."""
+    out = collections.defaultdict(collections.Counter)
+    for e in seen:
+        if e.group == group:
+            out[(e.op, e.component)][e.what] += 1
+    return out
+
+
+def check_ops(seen, component, ops, world, transfer_kinds):
+    s = summary(seen)
+    for op in ops:
+        counts = s[(op, component)]
+        calls = 2 if op == "all_reduce" else 1
+        assert counts["begin"] == counts["end"] == calls * world, (op, component, dict(counts))
+        assert any(counts[k] for k in transfer_kinds), (op, component, dict(counts))
+    for e in seen:
+        assert e.end >= e.start
+        if e.what in ("send", "recv"):
+            assert e.peer >= 0 and e.nbytes > 0
+
+
+def test_tcp_schedules_report_ops_and_every_send_and_receive(monkeypatch, events):
+    monkeypatch.setenv("CHORUS_TRANSPORT", "tcp")
+    run_threads(program, 3)
+    check_ops(events, "tcp", ["all_reduce", "all_gather", "all_to_all"], 3, ["send", "recv"])
+    sends = [e for e in events if e.what == "send" and e.op == "all_gather"]
+    assert sum(e.nbytes for e in sends) >= 3 * 2 * 8 * 4  # every block leaves every rank at least once
+    begins = [e for e in events if e.what == "begin"]
+    assert all(e.algorithm for e in begins) and {e.seq for e in begins} == {0, 1, 2, 3}
+
+
+def test_hierarchical_ops_report_their_phases_and_the_sub_groups_ops(monkeypatch, events):
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
+    run_threads(program, 4)
+    check_ops(events, "hierarchical", ["all_reduce", "all_gather"], 4, ["phase"])
+    check_ops(events, "tcp", ["all_to_all"], 4, ["send", "recv"])  # all_to_all stays flat
+    phases = [e for e in events if e.what == "phase" and e.group == 0]
+    assert {e.detail["collective"] for e in phases} >= {"reduce", "all_reduce", "broadcast", "gather",
+                                                        "all_gather"}
+    sub_groups = {e.group for e in events if e.what == "begin" and e.group != 0}
+    assert len(sub_groups) == 3  # two hosts' groups and the leaders'
+
+
+def test_nothing_is_reported_once_detached(events):
+    recorder.detach()
+    run_threads(program, 2)
+    assert events == []
