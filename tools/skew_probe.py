@@ -2,11 +2,12 @@
 source within a page: the kernel's copy (``process_vm_readv`` / ``process_vm_writev``,
 behind chorus.shm.cma) and the user-space one (``memmove``, numpy's copy).
 
-usage: python3 bench/skew_probe.py [KIB]          (default 256 KiB per copy)
+usage: python3 tools/skew_probe.py [KIB]          (default 256 KiB per copy)
 
 For each skew (destination address minus source address, modulo 4096) prints the median
-microseconds of each copy, from buffers at page offsets 0 and 1000.  On the 2-core
-machine (AMD EPYC, glibc 2.36) skews of 8-56 bytes made every one of them 5-10x slower.
+microseconds of each copy, from buffers at page offsets 0 and 1000.  On some machines
+(an AMD EPYC VM with glibc 2.36, for one) a few small skews make every one of these copies
+several times slower; chorus.shm.skew and chorus.shm.cma route copies around them.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ copy) against a plain numpy copy of the same bytes, for blocks that stay in the 
 buffer larger than the caches): where the kernel's per-page work, not the copy, sets
 single copy's rate.
 
-usage: python3 bench/cma_rate.py [BLOCK_KIB] [BIG_MIB] [THREADS]
-  e.g. python3 bench/cma_rate.py 512 256 1
+usage: python3 tools/cma_rate.py [BLOCK_KIB] [BIG_MIB] [THREADS]
+  e.g. python3 tools/cma_rate.py 512 256 1
 A child process holds the source; the parent reads it, THREADS threads at once.
 ``CMA_THP=1``: the source is 2 MiB-aligned and advised into transparent huge pages
 (printed: how much of the process's memory the kernel backed with them).

@@ -1,8 +1,8 @@
 """How fast this host copies memory when W processes copy at once: the ceiling under
 every large-message collective and under DDP's gradient copies (docs/benchmarks.md).
 
-usage: python3 bench/membw.py W MIB [ROUNDS]
-  e.g. python3 bench/membw.py 8 96 5
+usage: python3 tools/membw.py W MIB [ROUNDS]
+  e.g. python3 tools/membw.py 8 96 5
 
 Each of W processes copies its own MIB-MiB float32 array into another (numpy, one thread),
 all starting together (a multiprocessing barrier) for ROUNDS rounds after one warm-up

@@ -6,8 +6,8 @@ exchange (copy in, raise a counter, spin on the others', reduce): what Python it
 ``--pin`` binds rank r to one CPU, spreading the ranks over physical cores first
 (``pin_order``), for both.
 
-usage: python3 bench/latency_loop.py [--floor] [--pin] [W] [ELEMENTS] [ITERS]
-  e.g. python3 bench/latency_loop.py 2 1 20000; python3 bench/latency_loop.py --floor 2 1 20000
+usage: python3 tools/latency_loop.py [--floor] [--pin] [W] [ELEMENTS] [ITERS]
+  e.g. python3 tools/latency_loop.py 2 1 20000; python3 tools/latency_loop.py --floor 2 1 20000
 """
 
 from __future__ import annotations

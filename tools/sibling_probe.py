@@ -2,7 +2,7 @@
 a pure-Python loop on CPU 0 is timed alone and with a busy process on CPU j, for every
 other j; a sibling hyperthread slows it far more than another core does.
 
-usage: python3 bench/sibling_probe.py [CPU]   (prints j and the slowdown, worst first;
+usage: python3 tools/sibling_probe.py [CPU]   (prints j and the slowdown, worst first;
        CPU: the CPU to time, default the first allowed)
 """
 

@@ -1,7 +1,7 @@
-"""Draw ``chorus bench --plot``'s figure from a ``--json`` file written earlier (for the
-tables kept in docs/data): busbw per library and chorus's speed-up, against size.
+"""Draw ``chorus bench --plot``'s figure from a ``--json`` file written earlier (e.g. one
+of docs/results/): busbw per library and chorus's speed-up, against size.  Needs matplotlib.
 
-usage: python3 bench/plot_json.py RESULT.json OUT.png [TITLE]
+usage: python3 tools/plot_json.py RESULT.json OUT.png [TITLE]
 """
 
 from __future__ import annotations
