@@ -47,6 +47,28 @@ class Transport:
         self.mismatched_at: dict[int, int] = {}  # group -> the op number where it broke
         self.finished_seq: dict[int, int] = {}  # group -> seq of the last collective finished here
         self.closed_reason: str | None = None
+        self._listeners: list[Callable[[int, str], None]] = []
+
+    # -- failure listeners -------------------------------------------------------------------
+    def add_failure_listener(self, listener: Callable[[int, str], None]) -> None:
+        """Call ``listener(group, why)`` whenever a failure is recorded here: ``group`` -1
+        for a dead rank (every group containing it fails), else the group a collective
+        mismatch broke.  It runs on the thread that noticed (a reader thread, say): it
+        must be quick and must not block (wake a waiter, set an abort flag)."""
+        with self._state_lock:
+            self._listeners.append(listener)
+
+    def remove_failure_listener(self, listener: Callable[[int, str], None]) -> None:
+        with self._state_lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def _tell_listeners(self, group: int, why: str) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(group, why)
+            except Exception:  # noqa: BLE001 - a listener must not stop failure handling
+                log.exception("chorus rank %d: a failure listener raised", self.rank)
 
     # -- groups --------------------------------------------------------------------------
     def register_group(self, group: int, members: Iterable[int]) -> None:
@@ -196,6 +218,7 @@ class Transport:
             self.dead[rank] = why
             doomed = {g for g, members in self._groups.items() if rank in members}
         log.warning("chorus rank %d: rank %d %s", self.rank, rank, why)
+        self._tell_listeners(-1, f"rank {rank} {why}")
         notice = pack_fields(int(Kind.PEER_LOST), 0, rank, int(reason), 0, 0, 0)
         self._notify([r for r in range(self.world_size) if r not in (rank, self.rank)], notice)
         self._matcher.fail_where(lambda h: h.group in doomed,
@@ -222,6 +245,7 @@ class Transport:
             self.mismatched_at[group] = seq
             members = sorted(self._groups.get(group, ()))
         log.error("chorus rank %d: collective mismatch: %s", self.rank, why)
+        self._tell_listeners(group, why)
         notice = pack_fields(int(Kind.ABORT), group, culprit, seq, 0, 0, fingerprint)
         self._notify([m for m in members if m != self.rank], notice)  # tell first, then fail here
         # ops before the mismatched one (a slow rank's barrier, say) may still complete
