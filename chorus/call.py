@@ -36,6 +36,8 @@ Fields:
 ``before``       run just before the transfers (PREMUL_SUM's scaling), or None
 ``after``        run just after them (AVG's division, copies back to the caller's tensors)
 ``result``       what ``Work.result()`` returns
+``device``       where the buffers live: ``"cpu"`` (numpy arrays) or ``"cuda"`` (flat torch
+                 CUDA tensors, run by the CUDA component, chorus.cuda)
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from chorus.errors import InvalidTensorError
 from chorus.wire.fingerprint import fingerprint
 
 
@@ -67,6 +70,7 @@ class Call(NamedTuple):
     before: Callable[[], None] | None
     after: Callable[[], None] | None
     result: list | None
+    device: str = "cpu"
 
     def context(self):
         """The running op's context (chorus.engine.OpContext: identity, members, deadline
@@ -83,14 +87,27 @@ class Call(NamedTuple):
         return Call(name, group, buffers, self.dtype, count, next(iter(buffers.values())).nbytes, args,
                     reduce_op, root, False, None, uniform, group.take_seq(),
                     fingerprint(name, self.dtype, count, root, reduce_op),
-                    self.combine if reduce else None, None, None, None)
+                    self.combine if reduce else None, None, None, None, self.device)
 
 
 def make(group, name: str, *, dtype: str, count: int, buffers: dict[str, np.ndarray], async_op: bool,
          algorithm: str | None, nbytes: int, args: dict[str, Any] | None = None, root: int = -1, reduce_op: str = "",
          combine=None, before=None, after=None, result: list | None = None, uniform: bool = True) -> Call:
     """The Call of collective ``name`` issued now on ``group`` (it takes the group's next
-    sequence number, so calls must be made in issue order)."""
+    sequence number, so calls must be made in issue order).  Its device is its buffers'
+    (InvalidTensorError when CPU and CUDA buffers are mixed)."""
+    device = "cpu"
+    for array in buffers.values():
+        if type(array) is not np.ndarray:
+            device = _device_of(buffers, name)
+            break
     return Call(name, group, buffers, dtype, count, nbytes, args or {}, reduce_op, root, async_op, algorithm,
                 uniform, group.take_seq(), fingerprint(name, dtype, count, root, reduce_op), combine,
-                before, after, result)
+                before, after, result, device)
+
+
+def _device_of(buffers: dict[str, Any], name: str) -> str:
+    kinds = {"cpu" if isinstance(a, np.ndarray) else a.device.type for a in buffers.values()}
+    if len(kinds) > 1:
+        raise InvalidTensorError(f"{name}: tensors on the CPU and on CUDA in one call; pass all on one device")
+    return kinds.pop()

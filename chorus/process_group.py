@@ -52,6 +52,7 @@ class ProcessGroup:
         # The collective components, in the order selection asks them
         # (chorus.components.select; set when the group is created).
         self.components: tuple = ()
+        self.device_components: dict = {}  # "cuda" -> its component, made at first use
         self.lane = None  # the shared-memory component, whose latency lanes the API tries first
         transport.register_group(group_id, self.members)
 

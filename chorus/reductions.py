@@ -191,16 +191,26 @@ def float32_to_bf16(values: np.ndarray) -> np.ndarray:
 
 
 def scale(data: np.ndarray, dtype: str, factor: float) -> None:
-    """``data *= factor`` in place (PREMUL_SUM's pre-multiply); bfloat16 via float32."""
-    if dtype == "bfloat16":
+    """``data *= factor`` in place (PREMUL_SUM's pre-multiply); bfloat16 via float32.
+    A torch (CUDA) tensor is scaled with torch, on its current stream."""
+    if not isinstance(data, np.ndarray):
+        data.mul_(factor)
+    elif dtype == "bfloat16":
         data[...] = float32_to_bf16(bf16_to_float32(data) * np.float32(factor))
     else:
         np.multiply(data, factor, out=data, casting="unsafe")
 
 
 def divide(data: np.ndarray, dtype: str, divisor: int) -> None:
-    """``data /= divisor`` in place (AVG's final step); bfloat16 via float32."""
-    if dtype == "bfloat16":
+    """``data /= divisor`` in place (AVG's final step); bfloat16 via float32.  A torch
+    (CUDA) tensor is divided with torch, on its current stream (integers truncate toward
+    zero, as numpy's cast does)."""
+    if not isinstance(data, np.ndarray):
+        if family(dtype) == "float":
+            data.div_(divisor)
+        else:
+            data.copy_(data / divisor)
+    elif dtype == "bfloat16":
         data[...] = float32_to_bf16(bf16_to_float32(data) / np.float32(divisor))
     else:
         np.divide(data, divisor, out=data, casting="unsafe")

@@ -30,7 +30,7 @@ def not_member(async_op: bool) -> Work | None:
 
 def writable(tensor: Any, op: str, what: str = "tensor") -> Buffer:
     buf = as_buffer(tensor, op=op, what=what)
-    if not buf.array.flags.writeable:
+    if not buf.writable:
         raise InvalidArgumentError(f"{op}: {what} is read-only; pass a writable array")
     return buf
 

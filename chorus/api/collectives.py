@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from chorus.api.calls import collective, lane, member_group, not_member, root_rank, writable
+from chorus.buffers import clone
 from chorus.errors import CommTimeoutError
 from chorus.reductions import ReduceOp, check_op, combiner, divide, scale
 from chorus.wire.fingerprint import fingerprint
@@ -84,7 +85,7 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op
             def before() -> None:
                 scale(data, buf.dtype, op.factor)
 
-            data = buf.array.copy()
+            data = clone(buf.array)
     return collective(pg, "reduce", dtype=buf.dtype, count=buf.numel, buffers={"data": data}, async_op=async_op,
                algorithm=algorithm, nbytes=buf.nbytes, root=root, reduce_op=op.name, combine=combine,
                before=before, after=after, result=[tensor], args={"count": buf.numel})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from chorus.api.calls import collective, lane, member_group, not_member, same_dtype, writable
-from chorus.buffers import as_buffer
+from chorus.buffers import as_buffer, clone, concat, empty
 from chorus.errors import InvalidArgumentError
 from chorus.reductions import ReduceOp, check_op, combiner, divide, scale
 from chorus.work import Work
@@ -23,7 +23,7 @@ def _reduce_scatter(out, input_array, counts, in_dtype: str, op, pg, async_op, a
     data = input_array
     before = None
     if op.name == "PREMUL_SUM":  # the input stays unchanged: scale a copy
-        data = input_array.copy()
+        data = clone(input_array)
 
         def before() -> None:
             scale(data, out.dtype, op.factor)
@@ -53,7 +53,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
         raise InvalidArgumentError(f"reduce_scatter: input_list must hold {pg.size()} tensors (one per rank)")
     ins = [as_buffer(t, op="reduce_scatter", what="input_list") for t in input_list]
     dtype = same_dtype(ins, "reduce_scatter", "input_list tensors")
-    flat = np.concatenate([b.array for b in ins]) if ins else out.array[:0]
+    flat = concat([b.array for b in ins], out.array)
     return _reduce_scatter(out, flat, [b.numel for b in ins], dtype, op, pg, async_op, algorithm,
                            "reduce_scatter", [output])
 
@@ -104,8 +104,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     ins = [as_buffer(t, op="all_to_all", what="input_tensor_list") for t in input_tensor_list]
     outs = [writable(t, "all_to_all", "output_tensor_list") for t in output_tensor_list]
     dtype = same_dtype(ins + outs, "all_to_all", "tensors")
-    flat_in = np.concatenate([b.array for b in ins])
-    flat_out = np.empty(sum(b.numel for b in outs), flat_in.dtype)
+    flat_in = concat([b.array for b in ins], outs[0].array)
+    flat_out = empty(sum(b.numel for b in outs), flat_in)
 
     def after() -> None:
         offset = 0

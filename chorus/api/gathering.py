@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from chorus.api.calls import collective, member_group, not_member, root_rank, same_dtype, writable
-from chorus.buffers import Buffer, as_buffer
+from chorus.buffers import Buffer, as_buffer, concat, empty
 from chorus.errors import InvalidArgumentError
 from chorus.work import Work
 
@@ -43,7 +43,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False,
         return not_member(async_op)
     src = as_buffer(tensor, op="all_gather")
     outs = _blocks(tensor_list, "all_gather", "tensor_list", pg.size(), src, write=True)
-    flat = np.empty(pg.size() * src.numel, src.array.dtype)
+    flat = empty(pg.size() * src.numel, src.array)
     return collective(pg, "all_gather", dtype=src.dtype, count=src.numel, async_op=async_op,
                buffers={"input": src.array, "output": flat}, algorithm=algorithm, nbytes=src.nbytes,
                after=lambda: _scatter_into(outs, flat, src.numel), result=list(tensor_list),
@@ -88,7 +88,7 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
     after = None
     if pg.rank() == root:
         outs = _blocks(gather_list, "gather", "gather_list", pg.size(), src, write=True)
-        flat = np.empty(pg.size() * src.numel, src.array.dtype)
+        flat = empty(pg.size() * src.numel, src.array)
         buffers["output"] = flat
 
         def after() -> None:
@@ -114,7 +114,7 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
     buffers = {"output": out.array}
     if pg.rank() == root:
         ins = _blocks(scatter_list, "scatter", "scatter_list", pg.size(), out, write=False)
-        buffers["input"] = np.concatenate([b.array for b in ins]) if ins else out.array[:0]
+        buffers["input"] = concat([b.array for b in ins], out.array)
     elif scatter_list:
         raise InvalidArgumentError("scatter: scatter_list must be empty or None on ranks other than src")
     return collective(pg, "scatter", dtype=out.dtype, count=out.numel, async_op=async_op, buffers=buffers,

@@ -3,6 +3,12 @@
 Peers are global ranks (``dst``/``src``) or ranks within ``group`` (``group_dst`` /
 ``group_src``), exactly one of the two.  Messages between two ranks with the same group
 and tag arrive in the order they were sent; different tags are separate streams.
+
+CUDA tensors go through the group's CUDA component (chorus.cuda) with NCCL's semantics:
+sends and receives between two ranks match in issue order, they are enqueued on the
+caller's current stream, and ``batch_isend_irecv`` runs its ops as one group (as NCCL's
+grouped calls), so a batch that sends to and receives from the same peer cannot deadlock.
+A receive from any source is not possible on CUDA tensors (nor on NCCL).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from typing import Any
 
 from chorus.api.groups import resolve, warn_not_in_group
 from chorus.buffers import Buffer, as_buffer
+from chorus.components.select import device_component
 from chorus.errors import InvalidArgumentError
 from chorus.process_group import ProcessGroup
 from chorus.work import CompletedWork, HandleWork, Work
@@ -66,7 +73,30 @@ class _Posted:
                           _describer(op, direction, pg, self.peer, self.tag), finish=finish, result=[tensor])
 
 
-def _post_send(tensor, dst, group, tag, group_dst, op: str, sync: bool) -> _Posted | None:
+class _OnDevice:
+    """A send or receive of a CUDA tensor, validated, not yet enqueued: ``kind`` ("send"
+    or "recv"), group, group peer, tag, buffer."""
+
+    __slots__ = ("kind", "pg", "peer", "tag", "buf")
+
+    def __init__(self, kind: str, pg: ProcessGroup, peer: int, tag: int, buf: Buffer):
+        self.kind, self.pg, self.peer, self.tag, self.buf = kind, pg, peer, tag, buf
+
+    def entry(self) -> tuple:
+        return (self.kind, self.buf.array, self.peer, self.tag)
+
+
+def _enqueue(ops: list[_OnDevice], async_op: bool, result: list) -> Work | None:
+    """Enqueue CUDA sends/receives of one group as one grouped launch on its CUDA component."""
+    pg = ops[0].pg
+    if any(o.pg is not pg for o in ops):
+        raise InvalidArgumentError("batch_isend_irecv: CUDA ops of one batch must use one group")
+    component = device_component(pg, ops[0].buf.device)
+    finish = [o.buf.finish for o in ops if o.kind == "recv" and o.buf.copied]
+    return component.p2p([o.entry() for o in ops], async_op, finish, result)
+
+
+def _post_send(tensor, dst, group, tag, group_dst, op: str, sync: bool) -> _Posted | _OnDevice | None:
     pg = resolve(group, op)
     if pg is None:
         warn_not_in_group(op)
@@ -74,10 +104,12 @@ def _post_send(tensor, dst, group, tag, group_dst, op: str, sync: bool) -> _Post
     tag = _check_tag(tag, op)
     peer = _peer(pg, dst, group_dst, op, "dst")
     buf = as_buffer(tensor, op=op)
+    if buf.device != "cpu":
+        return _OnDevice("send", pg, peer, tag, buf)
     return _Posted(pg, peer, tag, pg.post_send(buf.bytes_view(), peer, tag, buf.dtype_code, sync), buf)
 
 
-def _post_recv(tensor, src, group, tag, group_src, op: str) -> _Posted | None:
+def _post_recv(tensor, src, group, tag, group_src, op: str) -> _Posted | _OnDevice | None:
     pg = resolve(group, op)
     if pg is None:
         warn_not_in_group(op)
@@ -85,6 +117,11 @@ def _post_recv(tensor, src, group, tag, group_src, op: str) -> _Posted | None:
     tag = _check_tag(tag, op)
     peer = _peer(pg, src, group_src, op, "src", allow_any=True)
     buf = _recv_buffer(tensor, op)
+    if buf.device != "cpu":
+        if peer is None:
+            raise InvalidArgumentError(f"{op}: a CUDA tensor needs src= (a receive from any rank is "
+                                       "not possible on GPUs, as with NCCL)")
+        return _OnDevice("recv", pg, peer, tag, buf)
     return _Posted(pg, peer, tag, pg.post_recv(buf.bytes_view(), peer, tag, buf.dtype_code), buf)
 
 
@@ -103,6 +140,9 @@ def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: in
     posted = _post_send(tensor, dst, group, tag, group_dst, "send", sync=True)
     if posted is None:
         return
+    if type(posted) is _OnDevice:
+        _enqueue([posted], False, [tensor])
+        return
     h = posted.handle
     if not h.done() or h.error is not None:  # the data is not out yet, or it failed: wait, report
         posted.work("send", "to", tensor).wait()
@@ -114,6 +154,9 @@ def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: in
     posted = _post_recv(tensor, src, group, tag, group_src, "recv")
     if posted is None:
         return -1
+    if type(posted) is _OnDevice:
+        _enqueue([posted], False, [tensor])
+        return posted.pg.members[posted.peer]
     pg, h = posted.pg, posted.handle  # what HandleWork.wait does, without building one
     pg.transport.wait_all([h], pg.deadline(), _describer("recv", "from", pg, posted.peer, posted.tag))
     posted.buf.finish()
@@ -124,12 +167,16 @@ def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: i
     """Start sending ``tensor`` to ``dst``; returns a Work (do not modify ``tensor`` until
     ``wait()`` returns).  None if this rank is not in ``group``."""
     posted = _post_send(tensor, dst, group, tag, group_dst, "isend", sync=False)
+    if type(posted) is _OnDevice:
+        return _enqueue([posted], True, [tensor])
     return None if posted is None else posted.work("isend", "to", tensor)
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> Work | None:
     """Start receiving into ``tensor``; returns a Work (``wait()``, then read ``tensor``)."""
     posted = _post_recv(tensor, src, group, tag, group_src, "irecv")
+    if type(posted) is _OnDevice:
+        return _enqueue([posted], True, [tensor])
     return None if posted is None else posted.work("irecv", "from", tensor, posted.buf.finish)
 
 
@@ -152,6 +199,8 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     """Post every op of the list (receives first) and return their Works in list order."""
     if not isinstance(p2p_op_list, (list, tuple)) or not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise InvalidArgumentError("batch_isend_irecv: expects a list of P2POp")
+    if p2p_op_list and _on_cuda(p2p_op_list[0].tensor):
+        return _batch_on_device(p2p_op_list)
     works: dict[int, Work | None] = {}
     for phase in (irecv, isend):
         for i, p in enumerate(p2p_op_list):
@@ -161,3 +210,28 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
                 else:
                     works[i] = irecv(p.tensor, p.peer, p.group, p.tag, None if p.peer is not None else p.group_peer)
     return [works[i] if works[i] is not None else CompletedWork() for i in range(len(p2p_op_list))]
+
+
+def _on_cuda(tensor) -> bool:
+    device = getattr(tensor, "device", None)
+    return device is not None and getattr(device, "type", "cpu") == "cuda"
+
+
+def _batch_on_device(p2p_op_list: list[P2POp]) -> list[Work]:
+    """A batch of CUDA sends and receives: validated, then enqueued as one group; every op
+    of the batch gets the batch's Work (as torch's NCCL backend does)."""
+    posted = []
+    for p in p2p_op_list:
+        group_peer = None if p.peer is not None else p.group_peer
+        if p.op is isend:
+            one = _post_send(p.tensor, p.peer, p.group, p.tag, group_peer, "batch_isend_irecv", sync=False)
+        else:
+            one = _post_recv(p.tensor, p.peer, p.group, p.tag, group_peer, "batch_isend_irecv")
+        if one is not None and type(one) is not _OnDevice:
+            raise InvalidArgumentError("batch_isend_irecv: CPU and CUDA tensors in one batch; use one device")
+        posted.append(one)
+    mine = [o for o in posted if o is not None]
+    if not mine:
+        return [CompletedWork() for _ in p2p_op_list]
+    work = _enqueue(mine, True, [p.tensor for p in p2p_op_list])
+    return [work if o is not None else CompletedWork() for o in posted]

@@ -7,6 +7,8 @@ Every group holds its components in the order they are asked (``pg.components``)
       several on some host
     anything else                (ScheduleComponent,)
 
+and, from its first call on a device, that device's component (``pg.device_components``).
+
 ``start(call)`` hands the call to the first component whose ``supports(call)`` names an
 algorithm.  The schedules component supports every call, so a call always finds one; a
 call it cannot run (an unknown ``algorithm=``) raises InvalidArgumentError there, before
@@ -17,19 +19,42 @@ same component and algorithm.
 
 from __future__ import annotations
 
+import importlib
+
 from chorus.call import Call
 from chorus.components.schedules import ScheduleComponent, forced_algorithms
 from chorus.components.shm import ShmComponent
+from chorus.errors import InvalidTensorError
 from chorus.work import Work
 
 
 def start(call: Call) -> Work | None:
-    """Run ``call`` on the first component of its group that supports it."""
+    """Run ``call`` on the first component of its group that supports it (a call on a
+    device other than the CPU: on the group's component for that device)."""
+    if call.device != "cpu":
+        component = device_component(call.group, call.device)
+        return component.start(call, component.supports(call))
     for component in call.group.components:
         algorithm = component.supports(call)
         if algorithm is not None:
             return component.start(call, algorithm)
     raise AssertionError(f"no component of group {call.group.name} runs {call.name}")  # schedules run all
+
+
+def device_component(pg, device: str):
+    """``pg``'s component for ``device`` (``"cuda"``), made at its first use: the package
+    ``chorus.<device>`` is loaded by name (it imports torch; the core never does), and its
+    ``component.attach(pg)`` runs on every member of the group that uses the device."""
+    component = pg.device_components.get(device)
+    if component is None:
+        try:
+            module = importlib.import_module(f"chorus.{device}.component")
+        except ImportError as exc:
+            raise InvalidTensorError(
+                f"chorus cannot move {device} tensors here: {exc}. Install chorus[{device}] "
+                "(torch with CUDA, triton, cuda-bindings)") from None
+        component = pg.device_components[device] = module.attach(pg)
+    return component
 
 
 def attach(pg, *, settings: bool = True) -> None:
@@ -57,5 +82,6 @@ def attach(pg, *, settings: bool = True) -> None:
 def detach(pg) -> None:
     """Release ``pg``'s components (the group is being destroyed)."""
     pg.lane = None
-    for component in pg.components:
+    for component in (*pg.components, *pg.device_components.values()):
         component.close()
+    pg.device_components.clear()

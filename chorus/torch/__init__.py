@@ -1,6 +1,6 @@
 """chorus as a ``torch.distributed`` backend.
 
-    import chorus.torch                     # registers backend "chorus" (CPU tensors)
+    import chorus.torch                     # registers backend "chorus" (CPU and CUDA tensors)
     import torch.distributed as dist
 
     dist.init_process_group("chorus")       # torchrun, chorusrun, env://, tcp://, file://, store=
@@ -27,8 +27,8 @@ register the backend in every torch process, even those that never use it).  So
 ``import chorus.torch`` is the one line to add.  It is the only chorus module that
 imports torch.distributed; ``import chorus`` never imports torch.
 
-CUDA tensors are refused with an error naming the alternative
-(``init_process_group("cpu:chorus,cuda:nccl")``).
+CUDA tensors run on chorus's CUDA component (chorus.cuda: CUDA IPC inside a host), with
+ProcessGroupNCCL's stream semantics; ``"cpu:chorus,cuda:nccl"`` keeps NCCL for them.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def create_process_group(opts, backend_options=None) -> ChorusProcessGroup:
 def register() -> None:
     """Register backend "chorus" with torch.distributed (idempotent; done on import)."""
     if BACKEND_NAME.upper() not in getattr(dist.Backend, "_plugins", {}):
-        dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
     rendezvous.install()
 
 

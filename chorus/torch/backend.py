@@ -71,12 +71,12 @@ def _async(opts) -> bool:
 
 
 def _check_cpu(op: str, tensors) -> None:
+    """CPU and CUDA tensors (CUDA: chorus's CUDA component, chorus.cuda); nothing else."""
     for t in tensors:
-        if not t.is_cpu:
+        if t.device.type not in ("cpu", "cuda"):
             raise InvalidTensorError(
-                f"chorus.torch {op}: got a tensor on {t.device}; the \"chorus\" backend handles CPU "
-                "tensors. For GPU tensors use NCCL alongside it, e.g. "
-                "init_process_group(\"cpu:chorus,cuda:nccl\"), or move the tensor with .cpu()")
+                f"chorus.torch {op}: got a tensor on {t.device}; the \"chorus\" backend moves CPU "
+                "and CUDA tensors: move it with .cpu() or .cuda()")
 
 
 def _root(opts, op: str) -> int:
