@@ -286,6 +286,10 @@ def setting(name: str) -> Setting:
     return found
 
 
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
 def _overridden(name: str) -> tuple[bool, object]:
     with _lock:
         return (name in _overrides), _overrides.get(name)
@@ -299,8 +303,7 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> object:
     found, value = _overridden(name)
     if found:
         return declared.default if value is None else value
-    text = (os.environ if environ is None else environ).get(name, "")
-    return declared.parse(text)
+    return declared.parse(_environ(environ).get(name, ""))
 
 
 def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
@@ -310,7 +313,7 @@ def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
     found, value = _overridden(name)
     if found:
         return value is not None
-    return bool((os.environ if environ is None else environ).get(name, "").strip())
+    return bool(_environ(environ).get(name, "").strip())
 
 
 def snapshot(environ: Mapping[str, str] | None = None) -> dict[str, object]:
@@ -348,7 +351,6 @@ def override(**values: object) -> Iterator[None]:
                     _overrides[name] = old
 
 
-
 # -- python -m chorus.config -------------------------------------------------------------
 
 def _rows(environ: Mapping[str, str] | None) -> list[dict]:
@@ -359,7 +361,7 @@ def _rows(environ: Mapping[str, str] | None) -> list[dict]:
         try:
             row["value"] = get(name, environ)
         except ConfigError as exc:
-            row["value"], row["error"] = (os.environ if environ is None else environ).get(name), str(exc)
+            row["value"], row["error"] = _environ(environ).get(name), str(exc)
         if declared.secret and row["value"] is not None:
             row["value"] = "(hidden)"
         rows.append(row)
@@ -370,7 +372,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     """``python -m chorus.config`` / ``chorus config``: print every setting's effective
     value, whether it is set or the default, and what it means.  Exit status 1 if any
     value is not valid (the table says which and why)."""
-    p = argparse.ArgumentParser(prog="chorus config", description=main.__doc__)
+    p = argparse.ArgumentParser(
+        prog="chorus config", description="Print every CHORUS_* setting: its effective value, whether "
+        "it is set or the default, and its meaning (exit status 1 if a value is not valid).")
     p.add_argument("--json", action="store_true",
                    help="print a JSON object: name -> value, default, set, kind, valid, meaning "
                         "(and error where the value is not valid)")

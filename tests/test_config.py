@@ -261,7 +261,7 @@ def test_bench_transport_comes_from_the_setting(monkeypatch):
     assert chosen_transport("tcp") == ("tcp", None)
     monkeypatch.setenv("CHORUS_TRANSPORT", "udp")
     transport, problem = chosen_transport(None)
-    assert transport == "udp" and problem.startswith("CHORUS_TRANSPORT='udp': give one of auto, shm, tcp")
+    assert transport == "" and problem.startswith("CHORUS_TRANSPORT='udp': give one of auto, shm, tcp")
 
 
 # -- python -m chorus.config / chorus config ------------------------------------------------

@@ -188,13 +188,13 @@ def _fail(msg: str) -> int:
 
 
 def chosen_transport(flag: str | None) -> tuple[str, str | None]:
-    """(transport, None) from ``--transport`` or CHORUS_TRANSPORT, or (its text, why it is wrong)."""
+    """(transport, None) from ``--transport`` or CHORUS_TRANSPORT, or ("", why it is wrong)."""
     if flag:
         return flag, None
     try:
         return config.get("CHORUS_TRANSPORT"), None
     except config.ConfigError as exc:
-        return os.environ.get("CHORUS_TRANSPORT", ""), str(exc)
+        return "", str(exc)
 
 
 def run(args: argparse.Namespace) -> int:
