@@ -39,17 +39,22 @@ _EXPORTS = {
                       "InvalidTensorError", "NotInitializedError", "PeerLostError", "ProtocolError",
                       "RendezvousError", "StoreTimeoutError"],
     "chorus.process_group": ["ProcessGroup"],
-    "chorus.launch": ["spawn"],
+    "chorus.launch": ["get_start_method", "set_start_method", "spawn"],
     "chorus.mesh": ["DeviceMesh", "init_device_mesh"],
     "chorus.store": ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore"],
     "chorus.work": ["Future", "Work"],
     "chorus.shm.registered": ["empty_shared"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+# torch.distributed's submodules that scripts reach as attributes: dist.device_mesh.init_device_mesh
+_SUBMODULES = {"device_mesh": "chorus.mesh"}
 __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        value = globals()[name] = importlib.import_module(_SUBMODULES[name])
+        return value
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'chorus' has no attribute {name!r}")

@@ -6,12 +6,16 @@ from chorus.launch.spawn import (
     ProcessExitedException,
     ProcessRaisedException,
     SpawnContext,
+    get_start_method,
+    set_start_method,
     spawn,
 )
 
 __all__ = [
     "main",
     "spawn",
+    "set_start_method",
+    "get_start_method",
     "SpawnContext",
     "ProcessException",
     "ProcessRaisedException",
