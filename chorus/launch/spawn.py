@@ -155,7 +155,8 @@ class SpawnContext:
 def set_start_method(method: str, force: bool = False) -> None:
     """What ``torch.multiprocessing.set_start_method`` does, for scripts that use chorus in
     its place: sets this process's multiprocessing start method (``spawn``, ``fork`` or
-    ``forkserver``), which :func:`spawn` then uses unless given ``start_method=``."""
+    ``forkserver``).  As with torch, :func:`spawn` keeps its own ``start_method="spawn"``
+    unless given another."""
     multiprocessing.set_start_method(method, force=force)
 
 
@@ -165,16 +166,13 @@ def get_start_method(allow_none: bool = False) -> str | None:
 
 
 def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
-          start_method: str | None = None) -> SpawnContext | None:
+          start_method: str = "spawn") -> SpawnContext | None:
     """Run ``fn(i, *args)`` for ``i`` in ``range(nprocs)``, each in its own process.
 
     ``fn`` must be picklable (a module-level function) for the ``spawn`` start method.
-    ``start_method``: default ``spawn``, or what :func:`set_start_method` set.  Returns
-    None when ``join`` is True (after every process finished), else the
+    Returns None when ``join`` is True (after every process finished), else the
     :class:`SpawnContext`.
     """
-    if start_method is None:
-        start_method = multiprocessing.get_start_method(allow_none=True) or "spawn"
     if nprocs < 1:
         raise InvalidArgumentError(f"spawn(nprocs={nprocs}): needs at least 1 process")
     ctx = multiprocessing.get_context(start_method)
