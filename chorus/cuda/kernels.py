@@ -194,25 +194,35 @@ def _combine(a, b, OP: tl.constexpr):
 
 @triton.jit
 def reduce_kernel(rows, offset, out_addr, n, W: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
-                  ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr):
+                  RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr):
     """``out[i] = op(row_0[i], row_1[i], ..., row_{W-1}[i])`` for i < n, where row r starts
     at ``rows[r] + offset`` (int64 addresses: every rank's slot).  Rows combine in rank
     order, in ``ACC`` (float32 for 8- and 16-bit floats): the same bits on every rank.
     ``BOOL``: bytes read as truth values; SUM/MAX/BOR are or, PRODUCT/MIN/BAND and, BXOR
-    xor (chorus.reductions' bool rules)."""
+    xor (chorus.reductions' bool rules).  ``RAW``: how the elements are stored (float8
+    moves as bytes and is bitcast)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    first = (tl.load(rows) + offset).to(tl.pointer_type(DT))
-    acc = tl.load(first + offs, mask=mask, other=0).to(ACC)
-    if BOOL:
-        acc = (acc != 0).to(ACC)
+    acc = _load_row(rows, 0, offset, offs, mask, DT, RAW, ACC, BOOL)
     for r in tl.static_range(1, W):
-        row = (tl.load(rows + r) + offset).to(tl.pointer_type(DT))
-        x = tl.load(row + offs, mask=mask, other=0).to(ACC)
-        if BOOL:
-            x = (x != 0).to(ACC)
-        acc = _combine(acc, x, OP)
-    tl.store(out_addr.to(tl.pointer_type(DT)) + offs, acc.to(DT), mask=mask)
+        acc = _combine(acc, _load_row(rows, r, offset, offs, mask, DT, RAW, ACC, BOOL), OP)
+    out = acc.to(DT)
+    if RAW != DT:
+        out = out.to(RAW, bitcast=True)
+    tl.store(out_addr.to(tl.pointer_type(RAW)) + offs, out, mask=mask)
+
+
+@triton.jit
+def _load_row(rows, r, offset, offs, mask, DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr,
+              BOOL: tl.constexpr):
+    row = (tl.load(rows + r) + offset).to(tl.pointer_type(RAW))
+    x = tl.load(row + offs, mask=mask, other=0)
+    if RAW != DT:
+        x = x.to(DT, bitcast=True)
+    x = x.to(ACC)
+    if BOOL:
+        x = (x != 0).to(ACC)
+    return x
 
 
 # -- launchers (on torch's current stream of the current device) ---------------------------
@@ -237,14 +247,15 @@ def wait(flag_addr: int, target: int, peer: int, host_addr: int, op_id: int, wha
                       max_spins, HEADER=hdr_addr != 0, INTERPRET=INTERPRET, num_warps=1)
 
 
-#: torch dtype name -> (element type the kernel loads, accumulator, bytes read as bool)
+#: torch dtype name -> (element type, storage type, accumulator, bytes read as bool)
 _TYPES = {
-    "float32": (tl.float32, tl.float32, False), "float64": (tl.float64, tl.float64, False),
-    "float16": (tl.float16, tl.float32, False), "bfloat16": (tl.bfloat16, tl.float32, False),
-    "float8_e4m3fn": (tl.float8e4nv, tl.float32, False), "float8_e5m2": (tl.float8e5, tl.float32, False),
-    "int8": (tl.int8, tl.int8, False), "uint8": (tl.uint8, tl.uint8, False),
-    "int16": (tl.int16, tl.int16, False), "int32": (tl.int32, tl.int32, False),
-    "int64": (tl.int64, tl.int64, False), "bool": (tl.int8, tl.int8, True),
+    "float32": (tl.float32, tl.float32, tl.float32, False), "float64": (tl.float64, tl.float64, tl.float64, False),
+    "float16": (tl.float16, tl.float16, tl.float32, False), "bfloat16": (tl.bfloat16, tl.bfloat16, tl.float32, False),
+    "float8_e4m3fn": (tl.float8e4nv, tl.uint8, tl.float32, False),
+    "float8_e5m2": (tl.float8e5, tl.uint8, tl.float32, False),
+    "int8": (tl.int8, tl.int8, tl.int8, False), "uint8": (tl.uint8, tl.uint8, tl.uint8, False),
+    "int16": (tl.int16, tl.int16, tl.int16, False), "int32": (tl.int32, tl.int32, tl.int32, False),
+    "int64": (tl.int64, tl.int64, tl.int64, False), "bool": (tl.int8, tl.int8, tl.int8, True),
 }
 REDUCIBLE = frozenset(_TYPES)
 BLOCK = 2048
@@ -254,12 +265,12 @@ def reduce(rows, offset: int, out_addr: int, n: int, world: int, op: str, dtype:
     """Launch reduce_kernel over ``n`` elements of dtype (a torch dtype name)."""
     if n == 0:
         return
-    dt, acc, is_bool = _TYPES[dtype]
+    dt, raw, acc, is_bool = _TYPES[dtype]
     op = {"AVG": "SUM", "PREMUL_SUM": "SUM"}.get(op, op)
     if is_bool:
         op = {"SUM": "BOR", "MAX": "BOR", "PRODUCT": "BAND", "MIN": "BAND"}.get(op, op)
-    reduce_kernel[(triton.cdiv(n, BLOCK),)](rows, offset, out_addr, n, W=world, OP=op, DT=dt, ACC=acc,
-                                           BOOL=is_bool, BLOCK=BLOCK, num_warps=8)
+    reduce_kernel[(triton.cdiv(n, BLOCK),)](rows, offset, out_addr, n, W=world, OP=op, DT=dt, RAW=raw,
+                                           ACC=acc, BOOL=is_bool, BLOCK=BLOCK, num_warps=8)
 
 
 assert (L.BARRIER, L.STATUS, L.FAIL_OP, L.FAIL_WHAT, L.FAIL_PEERS, L.ABORT) == (512, 1, 2, 3, 4, 0), \
