@@ -64,14 +64,18 @@ def free(ptr: int) -> None:
 def ipc_handle(ptr: int) -> bytes:
     """The IPC handle of the allocation starting at ``ptr`` (64 bytes)."""
     handle = _check(cudart().cudaIpcGetMemHandle(ptr), "cudaIpcGetMemHandle")
-    return bytes(handle.reserved)
+    raw = handle.reserved  # bytes, or a sequence of (possibly signed) chars, by version
+    return raw if isinstance(raw, bytes) else bytes(b & 0xFF for b in raw)
 
 
 def ipc_open(handle: bytes) -> int:
     """Map a peer's allocation into this process (peer access enabled lazily); its address."""
     rt = cudart()
     h = rt.cudaIpcMemHandle_t()
-    h.reserved = handle
+    try:
+        h.reserved = handle
+    except (TypeError, ValueError):
+        h.reserved = list(handle)
     return int(_check(rt.cudaIpcOpenMemHandle(h, rt.cudaIpcMemLazyEnablePeerAccess),
                       "cudaIpcOpenMemHandle"))
 
