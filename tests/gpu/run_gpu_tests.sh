@@ -41,7 +41,7 @@ PY
   # the CPU-side tests of the same code (kernels under Triton's interpreter: a separate
   # process, so that TRITON_INTERPRET never reaches the GPU tests' children)
   echo "== pytest chorus.cuda CPU tests"
-  TRITON_INTERPRET=1 timeout 900 python -m pytest tests/test_cuda_kernels.py tests/test_cuda_algorithms.py \
+  TRITON_INTERPRET=1 timeout 900 python -m pytest tests/test_cuda_kernels.py tests/test_cuda_algorithms.py tests/test_cuda_failures.py \
       tests/test_cuda_staging.py -x -q -rs "${per_test[@]}" -p no:cacheprovider
   cpu=$?
   echo "== exit status $cpu"
