@@ -1,0 +1,117 @@
+"""chorus.cuda's Triton kernels, run by Triton's interpreter on CPU tensors
+(TRITON_INTERPRET=1; skipped without triton).  Addresses are host addresses, which the
+interpreter dereferences as the GPU would device ones."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton", reason="triton is not installed (pip install 'chorus[cuda]')")
+
+from cuda_emulation import reference  # noqa: E402
+
+from chorus.cuda import kernels as K  # noqa: E402
+from chorus.cuda import layout as L  # noqa: E402
+
+if not K.INTERPRET:
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool"]
+DTYPES += [d for d in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, d)]
+
+
+def rows_of(tensors, offset=0):
+    return torch.tensor([t.data_ptr() - offset for t in tensors], dtype=torch.int64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reduce_every_op(dtype):
+    world, n = 3, 2500  # two programs, the second partial
+    rows = [((torch.arange(n) * (r + 2) + r) % 4 - (0 if dtype.startswith(("uint", "bool")) else 1))
+            for r in range(world)]
+    rows = [(t > 0) if dtype == "bool" else t.to(getattr(torch, dtype)) for t in rows]
+    floating = rows[0].is_floating_point()
+    for op in OPS:
+        if floating and op in ("BAND", "BOR", "BXOR"):
+            continue
+        out = torch.empty_like(rows[0])
+        K.reduce(rows_of(rows, 64), 64, out.data_ptr(), n, world, op, dtype)  # offset: added to every row
+        want = reference(rows, op)
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8)), (dtype, op)
+
+
+def test_reduce_accumulates_16_bit_floats_in_float32():
+    for dtype in (torch.bfloat16, torch.float16):
+        big = 256.0 if dtype == torch.bfloat16 else 2048.0  # one more is exactly half a step
+        rows = [torch.full((5,), big, dtype=dtype), torch.ones(5, dtype=dtype), torch.ones(5, dtype=dtype)]
+        assert (rows[0] + rows[1] + rows[2])[0] == big  # rounded at every step: the ones vanish
+        out = torch.empty(5, dtype=dtype)
+        K.reduce(rows_of(rows), 0, out.data_ptr(), 5, 3, "AVG", str(dtype)[6:])  # AVG reduces as SUM
+        assert torch.equal(out, torch.full((5,), big + 2, dtype=dtype))
+
+
+class Pads:
+    """W workspaces' control regions and a control page for rank 0, in host memory."""
+
+    def __init__(self, world):
+        self.world = world
+        self.ws = [torch.zeros(L.CONTROL_BYTES // 8, dtype=torch.int64) for _ in range(world)]
+        self.controls = torch.tensor([w.data_ptr() for w in self.ws])
+        self.host = torch.zeros(L.CONTROL_WORDS, dtype=torch.int64)
+
+    def barrier_words(self, r):
+        return self.ws[r][L.BARRIER // 8: L.BARRIER // 8 + self.world].tolist()
+
+    def barrier(self, op_id=7, max_spins=200):
+        K.barrier(self.controls, 0, self.world, self.host.data_ptr(), op_id, 10**12, max_spins)
+
+
+def test_barrier_epochs_timeout_abort():
+    p = Pads(3)
+    p.ws[0][L.BARRIER // 8 + 1] = 1  # ranks 1 and 2 already reached epoch 1
+    p.ws[0][L.BARRIER // 8 + 2] = 1
+    p.barrier()
+    assert p.ws[0][0] == 1 and p.host[L.STATUS] == 0
+    assert [p.barrier_words(r)[0] for r in range(3)] == [1, 1, 1]  # epoch 1 pushed to every rank
+    p.ws[0][L.BARRIER // 8 + 2] = 5  # rank 2 ahead (it may be): only rank 1 is missing at epoch 2
+    p.barrier(op_id=8)
+    assert p.host[L.STATUS] == L.TIMEOUT
+    assert (p.host[L.FAIL_OP], p.host[L.FAIL_WHAT], p.host[L.FAIL_PEERS]) == (8, L.WAIT_BARRIER, 0b010)
+    p.barrier(op_id=9)  # broken: returns at once, changes nothing
+    assert p.ws[0][0] == 2 and p.host[L.FAIL_OP] == 8
+
+    p = Pads(2)
+    p.host[L.ABORT] = 1
+    p.barrier(max_spins=10**9)  # the abort word ends the spin, not the spin count
+    assert p.host[L.STATUS] == L.ABORTED and p.host[L.FAIL_PEERS] == 0b10
+
+
+def test_post_and_wait_with_headers():
+    p = Pads(2)
+    host = p.host.data_ptr()
+    flag = p.ws[1].data_ptr() + L.READY  # rank 1's READY[0]
+    hdr = p.ws[0].data_ptr() + L.CHANNEL_HEADER * 4  # somewhere in rank 0's memory
+    K.post(flag, 3, host, hdr, 42, 100)
+    assert p.ws[1][L.READY // 8] == 3 and p.ws[0][hdr_index(p, hdr): hdr_index(p, hdr) + 2].tolist() == [42, 100]
+    K.wait(flag, 3, 0, host, 11, L.WAIT_READY, 10**12, hdr, 42, 100, max_spins=100)
+    assert p.host.tolist() == [0] * L.CONTROL_WORDS
+    K.wait(flag, 2, 0, host, 12, L.WAIT_READY, 10**12, hdr, 41, 100, max_spins=100)  # another tag: recorded
+    assert p.host[L.STATUS] == 0
+    assert p.host[L.TAG_OP: L.TAG_GOT + 1].tolist() == [13, 0, 41, 42]
+    K.wait(flag, 4, 0, host, 14, L.WAIT_READY, 10**12, max_spins=100)  # chunk 4 never posted
+    assert p.host[L.STATUS] == L.TIMEOUT and p.host[L.FAIL_OP] == 14 and p.host[L.FAIL_PEERS] == 1
+    p.host.zero_()
+    K.wait(flag, 3, 1, host, 15, L.WAIT_READY, 10**12, hdr, 42, 99, max_spins=100)  # another size
+    assert (p.host[L.STATUS], p.host[L.FAIL_EXPECT], p.host[L.FAIL_GOT], p.host[L.FAIL_PEERS]) == \
+        (L.SIZE_MISMATCH, 99, 100, 0b10)
+    K.post(flag, 9, host)  # broken: no post
+    assert p.ws[1][L.READY // 8] == 3
+
+
+def hdr_index(p, hdr):
+    return (hdr - p.ws[0].data_ptr()) // 8
