@@ -47,6 +47,26 @@ def red(lib, op: str):
     return getattr(lib.ReduceOp, op)
 
 
+BITWISE = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
+
+
+def nccl_reduce(t: torch.Tensor, op: str, group, root: int | None = None) -> None:
+    """torch's NCCL reduction of ``t`` in place (all_reduce, or reduce to ``root``); the
+    bitwise ops NCCL lacks are computed from an NCCL all_gather, in rank order."""
+    if op not in BITWISE:
+        if root is None:
+            tdist.all_reduce(t, red(tdist, op), group=group)
+        else:
+            tdist.reduce(t, dst=root, op=red(tdist, op), group=group)
+        return
+    parts = [torch.empty_like(t) for _ in range(tdist.get_world_size(group))]
+    tdist.all_gather(parts, t, group=group)
+    out = parts[0]
+    for p in parts[1:]:
+        out = BITWISE[op](out, p)
+    t.copy_(out)
+
+
 def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and bool((a.view(torch.uint8) == b.view(torch.uint8)).all())
 
@@ -93,7 +113,7 @@ class Program:
         c, t = x.clone(), x.clone()
         if kind == "all_reduce":
             dist.all_reduce(c, red(dist, op), group=cg)
-            tdist.all_reduce(t, red(tdist, op), group=tg)
+            nccl_reduce(t, op, tg)
             self.check(what, [c], [t])
         elif kind == "broadcast":
             dist.broadcast(c, src=root, group=cg)
@@ -101,7 +121,7 @@ class Program:
             self.check(what, [c], [t])
         elif kind == "reduce":
             dist.reduce(c, dst=root, op=red(dist, op), group=cg)
-            tdist.reduce(t, dst=root, op=red(tdist, op), group=tg)
+            nccl_reduce(t, op, tg, root)
             if self.rank == root:
                 self.check(what, [c], [t])
         elif kind == "all_gather":
@@ -129,8 +149,8 @@ class Program:
             tdist.scatter(to, [p.clone() for p in parts] if self.rank == root else None, src=root, group=tg)
             self.check(what, [co], [to])
         elif kind in ("reduce_scatter", "reduce_scatter_tensor"):
-            if dtype == "bool" or op in ("AVG", "PREMUL_SUM") and kind == "reduce_scatter":
-                return  # (NCCL's reduce_scatter of a list takes neither bool nor these ops here)
+            if dtype == "bool" or op in BITWISE or op in ("AVG", "PREMUL_SUM") and kind == "reduce_scatter":
+                return  # (NCCL's reduce_scatter takes neither bool nor bitwise ops)
             src = values(self.gen, w * n, dtype)
             co, to = x.new_empty(n), x.new_empty(n)
             if kind == "reduce_scatter":
