@@ -184,7 +184,7 @@ def _uneven_all_to_all(rank, world, scale):
 
 def test_results_do_not_depend_on_the_number_of_helper_threads(monkeypatch):
     """Rounding-sensitive float32 sums over 8 ranks, 2 full chunks and a tail whose slices
-    hold 2-3 elements: the split (chorus.shm.crew) must not change a single bit, also
+    hold 2-3 elements: the split (chorus.shm.phases.Crew) must not change a single bit, also
     where a slice is too short to split."""
     monkeypatch.setenv("CHORUS_SHM_PART_BYTES", "1024")
     monkeypatch.setattr(shm_phases, "PART_BYTES", 1024)
@@ -269,7 +269,7 @@ def test_all_to_all_where_one_rank_is_uniform_and_others_need_more_rounds(monkey
 
 
 def _crew(monkeypatch, threads):
-    """``threads`` per rank (chorus.shm.crew), splitting phases from 1 KiB (rows of 256 B)
+    """``threads`` per rank (chorus.shm.phases.Crew), splitting phases from 1 KiB (rows of 256 B)
     of messages of any size."""
     monkeypatch.setenv("CHORUS_SHM_THREADS", str(threads))
     monkeypatch.setattr(shm_phases, "PART_BYTES", 1024)

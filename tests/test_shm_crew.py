@@ -1,11 +1,12 @@
-"""chorus.shm.crew: helper threads that run parts of one rank's large copies at once."""
+"""chorus.shm.phases.Crew: helper threads that run parts of one rank's large copies at once."""
 
 import threading
 import time
 
 import pytest
 
-from chorus.shm.crew import MAX_THREADS, Crew, threads_for
+from chorus.shm.phases import Crew
+from chorus.shm.placement import MAX_THREADS, threads_for
 
 
 def test_tasks_run_on_distinct_threads_and_run_returns_after_all_of_them():

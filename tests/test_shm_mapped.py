@@ -151,11 +151,9 @@ def test_all_to_all_reads_registered_inputs_of_every_rank(mapped_from_16k, uneve
 def test_peers_files_stay_mapped_while_open_and_go_once_closed(mapped_from_16k, monkeypatch):
     """Ten buffers in turn: each stays mapped while its owner holds it (no remapping per op);
     once the owners drop them, the next new file lets them go."""
-    from chorus.shm import peer_maps
-
     opened = []
-    real_map = peer_maps.PeerMaps._map
-    monkeypatch.setattr(peer_maps.PeerMaps, "_map", lambda self, *a: opened.append(a[0]) or real_map(self, *a))
+    real_map = shm_mapped.PeerMaps._map
+    monkeypatch.setattr(shm_mapped.PeerMaps, "_map", lambda self, *a: opened.append(a[0]) or real_map(self, *a))
 
     def body(rank, world):
         arrays = [registered.empty_shared(N, "float32") for _ in range(10)]
@@ -259,15 +257,13 @@ def test_a_killed_process_not_yet_reaped_counts_as_gone():
     import sys
     import time
 
-    from chorus.shm import peer_maps
-
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 10
-    while peer_maps._running(child.pid) and time.monotonic() < deadline:
+    while shm_mapped._running(child.pid) and time.monotonic() < deadline:
         time.sleep(0.01)  # exits, stays a zombie: nobody waits for it yet
-    assert os.path.exists(f"/proc/{child.pid}") and not peer_maps._running(child.pid)
+    assert os.path.exists(f"/proc/{child.pid}") and not shm_mapped._running(child.pid)
     child.wait()
-    assert peer_maps._running(os.getpid())
+    assert shm_mapped._running(os.getpid())
 
 
 def test_the_registry_drops_dead_buffers_as_it_grows(monkeypatch):

@@ -38,8 +38,8 @@ from chorus.shm.window import Window
 #: all_reduce / reduce are one-shot (every rank reduces everything) while each rank reads
 #: at most this many bytes of the others' data (nbytes x (W - 1)) and the message fits a
 #: slot; above, reduce-scatter + all-gather over slices (each rank reduces 1/W of each
-#: chunk).  Measured on a 16-core host: one-shot wins up to 64 KiB at W = 4 and 16 KiB at
-#: W = 8; at W = 2 it wins below 1 MiB and loses above.
+#: chunk).  One-shot won up to 64 KiB at W = 4 and 16 KiB at W = 8; at W = 2 below 1 MiB
+#: (``chorus bench --world W`` with CHORUS_SHM_ONESHOT_BYTES=0 against a large one).
 ONESHOT_BYTES = env_int("CHORUS_SHM_ONESHOT_BYTES", 256 << 10)
 #: In groups of at most this many ranks, larger all_reduces run one-shot chunk by chunk
 #: (each rank reduces every chunk whole) instead of reduce-scatter + all-gather.  Not a
@@ -54,8 +54,8 @@ def one_shot(win: Window, dtype: np.dtype, count: int, op: str = "all_reduce") -
     one-shot: it fits a slot, and it is small (``ONESHOT_BYTES``), or the group has at most
     ``WHOLE_CHUNKS_WORLD`` ranks and the op does not copy once (``direct.use``): then
     one-shot is the whole-chunk algorithm with one chunk (and takes the latency path of
-    chorus.api.collectives: at 1 MiB, W = 2, on the 2-core machine, 210-235 us against
-    265-375 us through the general path, which offers registered buffers)."""
+    chorus.api.collectives: at 1 MiB, W = 2, 210-235 us against 265-375 us through the
+    general path, which offers registered buffers)."""
     if count > win.capacity(dtype):
         return False
     nbytes = count * dtype.itemsize
@@ -159,18 +159,10 @@ def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None
         phase k     root:        area <- data[chunk k]
         phase k+1   other ranks: data[chunk k] <- area
 
-    Single copy (from ``direct.cma_bytes``)::
-
-        phase 1     other ranks: data <- rank root's data       (one read each)
-        sync        the root returns only when every rank has read its data
+    (No single copy: W - 1 readers pinning the root's pages at once never beat the
+    window, whose pages stay in cache; chorus.shm.direct.MEASURED.)
     """
     me, dt, count = win.rank, data.dtype, data.size
-    if direct.use(win, "broadcast", data.nbytes):
-        sources = direct.open_op(win, sync, ctx, data)
-        with direct.closing(sync, ctx):
-            if me != root:
-                direct.read_from(win, ctx, root, data, sources[root])
-        return
     size = win.world * win.capacity(dt)
 
     def copy_in(j: int, p: int, part: int, parts: int) -> None:
@@ -276,18 +268,10 @@ def reduce_scatter(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarra
         phase k     rank r:  slot[r].piece[q] <- inp[block q][round k]   for every q
         phase k+1   rank r:  out[round k] <- reduce(slot[0..W-1].piece[r])
 
-    Single copy (from ``direct.cma_bytes`` of input), the same rounds, through private
-    scratch instead of the window::
-
-        phase 1     rank r, round k:  rows[q] <- rank q's inp[block r][round k]   for every q
-                                      out[round k] <- reduce(rows)
-        sync        nobody returns while others read its inp
+    (No single copy: it was within 10% of this either way; chorus.shm.direct.MEASURED.)
     """
     me, w, dt = win.rank, win.world, out.dtype
     piece = win.capacity(dt) // w
-    if direct.use(win, "reduce_scatter", inp.nbytes):
-        direct.reduce_scatter(win, sync, ctx, inp, out, counts, reduce, piece)
-        return
     copy_in = _to_my_pieces(win, inp, counts, len(set(counts)) <= 1)
     mine = counts[me]
 
