@@ -46,6 +46,9 @@ not the next.  Where chorus chooses an address (the window's data area:
 chorus.shm.window.SKEW; single copy's scratch) it keeps away from them; where two user
 buffers meet, ``copy`` and ``Peers`` go through a small private buffer placed half a page
 from the source when their offsets are slow (two fast copies instead of one slow one).
+
+With a recorder attached (chorus.recorder), every read or write of a peer's memory
+reports a ``copy`` event naming the peer.
 """
 from __future__ import annotations
 
@@ -54,10 +57,12 @@ import errno
 import os
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from chorus import recorder
 from chorus.errors import AbortedError, ChorusError, PeerLostError
 
 _YAMA = "/proc/sys/kernel/yama/ptrace_scope"
@@ -259,10 +264,13 @@ class Peers:
         kernel's copy would be slow (``slow``), through this thread's bounce buffer."""
         if nbytes <= 0:
             return  # (an empty part of an uneven op: no call, nothing counted)
+        start = time.perf_counter() if recorder.current is not None else 0.0
         if slow(local, remote) if what == "read" else slow(remote, local):
             self._bounced(fn, what, ctx, q, local, remote, nbytes)
         else:
             self._call_one(fn, what, ctx, q, local, remote, nbytes)
+        if start:
+            recorder.transfer("copy", ctx, "shm", start, nbytes, ctx.members[q], direction=what)
 
     def _call_one(self, fn, what: str, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
         iov = self._iov.__dict__.get("pair")

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import functools
 import queue
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
 
+from chorus import recorder
 from chorus.errors import AbortedError, PeerLostError
 from chorus.shm import cma
 from chorus.shm.phases import Reduce, chunks, offsets, part_of, parts_for, span
@@ -247,11 +249,14 @@ def _reduce_rows(win: Window, ctx, sources: list[int], offset: int, own: np.ndar
     for q in _others(me, w):
         read_from(win, ctx, q, rows[q], sources[q] + offset)
     out = scratch[w] if out is None else out
+    start = time.perf_counter() if recorder.current is not None else 0.0
     if w == 2 and own.dtype.kind != "c":  # one elementwise call: this rank's row is read where it is
         reduce([own, rows[1]] if me == 0 else [rows[0], own], out)
     else:  # (numpy's complex multiply of short arrays differs in the last bit when done in place)
         rows[me] = own
         reduce(rows, out)
+    if start:
+        recorder.transfer("reduce", ctx, "shm", start, w * own.nbytes)
     for q in writes:
         if q != me and not win.gave_up(q, ctx.seq):  # its caller may own the memory again
             peers.write_one(ctx, q, cma.address(out), sources[q] + offset, out.nbytes)

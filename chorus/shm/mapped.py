@@ -36,17 +36,22 @@ the same buffer (DDP all-reduces the same buckets every step; a benchmark cycles
 a batch of buffers).  A mapping keeps the peer's file alive, so whenever a new file is
 mapped, those the peer no longer has open (``/proc/<pid>/fd/<fd>`` gone or another file)
 are let go; beyond ``KEEP`` per peer the least recently used go as well.
+
+With a recorder attached (chorus.recorder), each rank's share of an all_reduce reports a
+``reduce`` event, and each block an all_to_all reads a ``copy`` event naming the peer.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from chorus import recorder
 from chorus.errors import ChorusError
 from chorus.shm import cma, direct
 from chorus.shm.phases import Reduce, offsets, part_of, parts_for, sub
@@ -93,6 +98,7 @@ def all_reduce(win: Window, ctx, data: np.ndarray, reduce: Reduce, root: int, wh
     piece = max(1, PIECE_BYTES // data.itemsize)
 
     def run(a: int, b: int) -> None:
+        start = time.perf_counter() if recorder.current is not None else 0.0
         acc = np.empty(min(piece, b - a), data.dtype)
         for k in range(a, b, piece):
             out = acc[: min(piece, b - k)]
@@ -100,11 +106,13 @@ def all_reduce(win: Window, ctx, data: np.ndarray, reduce: Reduce, root: int, wh
             for q in writes:
                 if q == me or not win.gave_up(q, ctx.seq):  # a rank that gave up owns its buffer again
                     views[q][k: k + out.size] = out
+        if start and b > a:
+            recorder.transfer("reduce", ctx, "shm", start, w * (b - a) * data.itemsize, writes=len(writes))
 
     _split(win, lo, hi, data.itemsize, run)
 
 
-def all_to_all(win: Window, inp: np.ndarray, out: np.ndarray, send_table: np.ndarray,
+def all_to_all(win: Window, ctx, inp: np.ndarray, out: np.ndarray, send_table: np.ndarray,
                recv_counts: Sequence[int], where: list[Descriptor]) -> None:
     """Phase 1 of all_to_all on registered inputs: ``out[block q] <- rank q's inp[block me]``
     for every q, read from the mapped inputs (``send_table[q]``: rank q's send counts)."""
@@ -115,7 +123,10 @@ def all_to_all(win: Window, inp: np.ndarray, out: np.ndarray, send_table: np.nda
 
     def read_block(q: int, part: int, parts: int) -> None:
         a, b = part_of(recv_counts[q], part, parts)
+        start = time.perf_counter() if recorder.current is not None else 0.0
         cma.copy(out[recvs[q] + a: recvs[q] + b], views[q][starts[q] + a: starts[q] + b])
+        if start and b > a:
+            recorder.transfer("copy", ctx, "shm", start, (b - a) * out.itemsize, ctx.members[q])
 
     direct.from_peers(win, read_block, out.nbytes, lambda: read_block(me, 0, 1))
 

@@ -24,6 +24,9 @@ the helper threads of its ``Crew`` the others (``CHORUS_SHM_THREADS``, chorus.sh
 placement).  Results do not change: every element is computed by the same numpy call on
 the same rows, only by another thread (a reduction is split only into rows long enough
 that chorus.reductions reduces them element by element, ``rows_part``).
+
+With a recorder attached (chorus.recorder), each stage call that moved bytes reports an
+event: a stage named ``reduce*`` a ``reduce``, any other a ``copy``.
 """
 
 from __future__ import annotations
@@ -31,19 +34,22 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
 import numpy as np
 
+from chorus import recorder
 from chorus.shm.settings import env_int
 from chorus.shm.sync import Sync
 from chorus.shm.window import Window
 
 Reduce = Callable[[np.ndarray, np.ndarray], None]  # reduce(rows, out): out = op over rows ((W, n) or a list of W)
-#: stage(chunk, parity written in this phase, part, parts): does part ``part`` of
-#: ``parts`` element ranges of its work on the chunk (run in parts at once by the crew)
-Stage = Callable[[int, int, int, int], None]
+#: stage(chunk, parity written in this phase, part, parts) -> bytes: does part ``part`` of
+#: ``parts`` element ranges of its work on the chunk and returns the bytes it copied (a
+#: reduction: the bytes of the rows it reduced)
+Stage = Callable[[int, int, int, int], int]
 
 #: A phase is split into parts only if each part moves at least this many bytes: less
 #: work does not pay for waking a helper thread.
@@ -79,6 +85,8 @@ def pipeline(sync: Sync, ctx, n: int, stages: Sequence[Stage], start: int = 0, w
     > 1: each phase's stages run in that many element ranges at once, on ``win``'s crew.
     ``began``: the op had its first sync already (phase 0's sync is then a plain one)."""
     last = n + len(stages) - 2
+    if recorder.current is not None:
+        stages = [recorded(stage, ctx) for stage in stages]
     for k in range(start, last + 1):
         p = sync.parity
         if parts > 1:
@@ -97,6 +105,21 @@ def _phase_part(due: list, p: int, part: int, parts: int) -> Callable[[], None]:
     def run() -> None:
         for stage, j in due:
             stage(j, p, part, parts)
+    return run
+
+
+def recorded(stage: Stage, ctx) -> Stage:
+    """``stage`` of op ``ctx``, reporting each call that moved bytes to the recorder."""
+    name = stage.__name__
+    what = "reduce" if name.startswith("reduce") else "copy"
+
+    def run(j: int, p: int, part: int, parts: int) -> int:
+        start = time.perf_counter()
+        nbytes = stage(j, p, part, parts)
+        if nbytes:
+            recorder.transfer(what, ctx, "shm", start, nbytes, stage=name, chunk=j)
+        return nbytes
+
     return run
 
 
@@ -121,10 +144,11 @@ def chunks(count: int, size: int) -> int:
 def to_my_slot(win: Window, src: np.ndarray, size: int) -> Stage:
     """The stage that copies chunk j (``size`` elements) of ``src`` into this rank's slot."""
 
-    def copy_in(j: int, p: int, part: int, parts: int) -> None:
+    def copy_in(j: int, p: int, part: int, parts: int) -> int:
         lo, hi = span(j, size, src.size)
         a, b = sub(0, hi - lo, part, parts)
         win.slot_of(p, win.rank, src.dtype, a, b - a)[...] = src[lo + a: lo + b]
+        return (b - a) * src.itemsize
 
     return copy_in
 

@@ -92,6 +92,8 @@ has no fence) sleeps its nap out.  Spurious wake-ups are harmless: the waiter lo
 the counters again.  Where the futex system call is not available (not Linux, a 32-bit
 process, an architecture whose call number is not known here), ``Waker.make`` returns
 None and waiters nap.
+
+With a recorder attached (chorus.recorder), every ``Sync.sync`` reports a ``sync`` event.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chorus import recorder
 from chorus.errors import AbortedError, CollectiveMismatchError, CommTimeoutError, PeerLostError
 from chorus.wire.fingerprint import describe
 
@@ -331,15 +334,31 @@ class Sync:
 
         ``first``: this is the op's first sync; check every rank began the same call.
         """
+        if recorder.current is not None:
+            self._recorded(ctx, first)
+        elif first:
+            if not self.arrive_first(ctx.seq, ctx.fingerprint):
+                self.settle_first(ctx)
+        else:
+            target = self._arrive()
+            if not self._polled(target):
+                self._wait(target, ctx)
+            else:
+                self._wake_sleepers()
+
+    def _recorded(self, ctx, first: bool) -> None:
+        """``sync``, reported to the recorder."""
+        start = time.perf_counter()
         if first:
             if not self.arrive_first(ctx.seq, ctx.fingerprint):
                 self.settle_first(ctx)
-            return
-        target = self._arrive()
-        if not self._polled(target):
-            self._wait(target, ctx)
         else:
-            self._wake_sleepers()
+            target = self._arrive()
+            if not self._polled(target):
+                self._wait(target, ctx)
+            else:
+                self._wake_sleepers()
+        recorder.transfer("sync", ctx, "shm", start, first=first)
 
     def arrive_first(self, seq: int, fingerprint: int) -> bool:
         """Arrive at the first sync of op ``(seq, fingerprint)`` and poll the others a few
