@@ -1,4 +1,5 @@
-"""The ``chorus`` command: ``chorus bench ...`` (and ``chorus run`` = chorusrun)."""
+"""The ``chorus`` command: ``chorus bench ...``, ``chorus config`` (every ``CHORUS_*``
+setting's effective value, as ``python -m chorus.config``) and ``chorus run`` (= chorusrun)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ def main(argv: list[str] | None = None) -> int:
         from chorus.launch.cli import main as run_main
 
         return run_main(argv[1:])
+    if argv[:1] == ["config"]:
+        from chorus.config import main as config_main
+
+        return config_main(argv[1:])
     if argv[:1] == ["bench-ddp"] or argv[:2] == ["bench", "--ddp"]:
         from chorus.bench.ddp import main as ddp_main
 
@@ -24,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench", help="time collectives against torch gloo and MPI", description=bench.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter))
     sub.add_parser("run", help="launch ranks (same as chorusrun)")
+    sub.add_parser("config", help="print every CHORUS_* setting: its value, whether it is set, its meaning")
     sub.add_parser("bench-ddp", help="time a DDP training step on chorus against gloo (also: bench --ddp)")
     args = p.parse_args(argv)
     return bench.run(args)

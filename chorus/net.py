@@ -10,15 +10,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
 import socket
 import threading
 import time
 
+from chorus import config
 from chorus.errors import AuthenticationError, ProtocolError, RendezvousError
 from chorus.wire.handshake import TOKEN_ADVICE, ClientHandshake, ServerHandshake
-
-TOKEN_ENV = "CHORUS_TOKEN"
 
 logger = logging.getLogger("chorus")
 
@@ -39,7 +37,7 @@ def get_token(token: bytes | str | None = None) -> bytes | None:
     A str is encoded as UTF-8; an empty value counts as no token.
     """
     if token is None:
-        token = os.environ.get(TOKEN_ENV)
+        token = config.get("CHORUS_TOKEN")
     if isinstance(token, str):
         token = token.encode("utf-8")
     return bytes(token) if token else None

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import parse_qs, urlsplit
 
+from chorus import config
 from chorus.errors import InvalidArgumentError
-from chorus.net import TOKEN_ENV, get_token
+from chorus.net import get_token
 from chorus.store import FileStore, Store, TCPStore
 
-HOSTED_ENV = "CHORUS_STORE_HOSTED"
 SUPPORTED = "env:// (MASTER_ADDR/MASTER_PORT), tcp://HOST:PORT, file:///PATH"
 ENV_EXAMPLE = "e.g. MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 RANK=0 WORLD_SIZE=2"
 
@@ -160,7 +160,9 @@ def detect_environment(environ: Mapping[str, str] = os.environ) -> dict:
 
 
 def _launcher(environ: Mapping[str, str]) -> str | None:
-    for var, name in (("CHORUS_JOB_ID", "chorusrun"), ("TORCHELASTIC_RUN_ID", "torchrun"),
+    if config.is_set("CHORUS_JOB_ID", environ):
+        return "chorusrun"
+    for var, name in (("TORCHELASTIC_RUN_ID", "torchrun"),
                       ("RANK", "env"), ("OMPI_COMM_WORLD_RANK", "openmpi"),
                       ("PMI_RANK", "pmi"), ("SLURM_PROCID", "slurm")):
         if environ.get(var):
@@ -296,11 +298,11 @@ def rendezvous(init_method: str | None, rank: int = -1, world_size: int = -1,
 
 def _tcp_rendezvous(host: str, port: int, rank: int, world_size: int, timeout: timedelta,
                     env: dict, environ: Mapping[str, str]) -> RendezvousInfo:
-    hosted = environ.get(HOSTED_ENV, "").strip() not in ("", "0")
+    hosted = config.get("CHORUS_STORE_HOSTED", environ)
     is_master = rank == 0 and not hosted
     store = TCPStore(host, port, world_size, is_master=is_master, timeout=timeout,
                      wait_for_workers=True, multi_tenant=True,
-                     token=get_token(environ.get(TOKEN_ENV)))
+                     token=get_token(config.get("CHORUS_TOKEN", environ)))
     return _info(store, rank, world_size, env, host, store.port)
 
 

@@ -26,12 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from chorus import config
 from chorus.bench import mpi_worker, plot, turns
 from chorus.bench.ops import COLLECTIVES, DTYPES, OPS, REDUCING, check_op, op_label, sweep_counts
 from chorus.bench.report import Row, format_table, merge_ranks, to_json
 from chorus.bench.sizes import human, parse_size, sweep
 
-TRANSPORTS = ("auto", "shm", "tcp")
+TRANSPORTS = config.SETTINGS["CHORUS_TRANSPORT"].choices
 BASELINES = ("auto", "gloo", "mpi", "all", "none")
 
 
@@ -187,11 +188,13 @@ def _fail(msg: str) -> int:
 
 
 def chosen_transport(flag: str | None) -> tuple[str, str | None]:
-    """(transport, None) from ``--transport`` or CHORUS_TRANSPORT, or (name, why it is wrong)."""
-    transport = flag or os.environ.get("CHORUS_TRANSPORT") or "auto"
-    if transport not in TRANSPORTS:
-        return transport, f"CHORUS_TRANSPORT={transport!r}: use one of {', '.join(TRANSPORTS)}"
-    return transport, None
+    """(transport, None) from ``--transport`` or CHORUS_TRANSPORT, or ("", why it is wrong)."""
+    if flag:
+        return flag, None
+    try:
+        return config.get("CHORUS_TRANSPORT"), None
+    except config.ConfigError as exc:
+        return "", str(exc)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,6 +36,7 @@ import secrets
 import signal
 import sys
 
+from chorus import config
 from chorus.launch.supervisor import RankSpec, Supervisor, format_failure, signal_name
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
@@ -147,7 +148,7 @@ class Job:
                              "other nodes need node 0's real port")
         if args.module and args.no_python:
             raise UsageError("-m/--module and --no-python cannot be combined")
-        self.token = args.token or os.environ.get("CHORUS_TOKEN") or None
+        self.token = args.token or config.get("CHORUS_TOKEN") or None
         if self.token is None and self.nnodes == 1:
             self.token = secrets.token_hex(16)
         self.run_id = args.run_id

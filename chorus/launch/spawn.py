@@ -30,6 +30,7 @@ import threading
 import time
 import traceback
 
+from chorus import config
 from chorus.errors import ChorusError, InvalidArgumentError
 from chorus.launch.supervisor import STOP_GRACE_S, die_with_parent, signal_name
 
@@ -163,7 +164,7 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool
         raise InvalidArgumentError(f"spawn(nprocs={nprocs}): needs at least 1 process")
     ctx = multiprocessing.get_context(start_method)
     env = {
-        "CHORUS_TOKEN": os.environ.get("CHORUS_TOKEN") or secrets.token_hex(16),
+        "CHORUS_TOKEN": config.get("CHORUS_TOKEN") or secrets.token_hex(16),
         "CHORUS_JOB_ID": secrets.token_hex(8),
     }
     tie_to_parent = threading.current_thread() is threading.main_thread()

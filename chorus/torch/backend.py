@@ -43,7 +43,7 @@ from chorus.api import collectives, exchange, gathering, p2p
 from chorus.errors import InvalidArgumentError, InvalidTensorError
 from chorus.reductions import ReduceOp, make_premul_sum
 from chorus.torch.fabric import Membership, entered
-from chorus.torch.sharing import SHARE_BYTES, Sharing, unmarked_view
+from chorus.torch.sharing import Sharing, unmarked_view
 from chorus.torch.work import TorchWork
 
 BACKEND_NAME = "chorus"
@@ -155,7 +155,7 @@ class ChorusProcessGroup(dist.ProcessGroup):
         op = chorus_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
         for t in tensors:
             self._sharing.offer(t)
-        calls = [functools.partial(_all_reduce, _array(t), op, self._pg) for t in tensors]
+        calls = [functools.partial(_all_reduce, _array(t, self._sharing.share_bytes), op, self._pg) for t in tensors]
         return self._issue("allreduce", opts, tensors, calls, list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -240,7 +240,7 @@ class ChorusProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         root = _root(opts, "broadcast")
-        calls = [functools.partial(_broadcast, _array(t), root, self._pg) for t in tensors]
+        calls = [functools.partial(_broadcast, _array(t, self._sharing.share_bytes), root, self._pg) for t in tensors]
         return self._issue("broadcast", opts, tensors, calls, list(tensors))
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -251,7 +251,7 @@ class ChorusProcessGroup(dist.ProcessGroup):
         out_splits = list(output_split_sizes) if output_split_sizes else None
         in_splits = list(input_split_sizes) if input_split_sizes else None
         self._sharing.offer(input, "all_to_all")  # an input sent again and again moves into shared memory
-        source = _array(input)
+        source = _array(input, self._sharing.share_bytes)
 
         def call(a):
             return exchange.all_to_all_single(output, source, out_splits, in_splits, group=self._pg, async_op=a)
@@ -294,19 +294,19 @@ class ChorusProcessGroup(dist.ProcessGroup):
 _NO_NUMPY = frozenset((torch.bfloat16,))
 
 
-def _array(t):
+def _array(t, share_bytes: int):
     """What to hand chorus for tensor ``t``: a numpy view of its memory when ``t`` is a plain
     contiguous CPU tensor (DDP's buckets, a loss), else ``t`` itself (chorus converts it,
     copying if non-contiguous).  The view skips ``t.detach()`` — a torch call, which lets
     go of the GIL: in DDP's autograd hook, with chorus's worker busy on the previous
     bucket, each such call is a GIL round trip — and it lets a small synchronous
     all_reduce take chorus's latency path (numpy arrays only).  For a tensor large enough
-    to move into shared memory (chorus.torch.sharing) the view is made without
+    to move into shared memory (``share_bytes``, chorus.torch.sharing) the view is made without
     ``t.numpy()``, which would mark the storage as aliased by numpy for good."""
     if t.requires_grad or t.dtype in _NO_NUMPY or not t.is_cpu or not t.is_contiguous():
         return t
     try:
-        if t.nbytes >= SHARE_BYTES and not t.is_conj() and not t.is_neg() and type(t) is torch.Tensor:
+        if t.nbytes >= share_bytes and not t.is_conj() and not t.is_neg() and type(t) is torch.Tensor:
             return unmarked_view(t)
         return t.numpy()
     except (RuntimeError, TypeError):  # conjugate/negative views, tensor subclasses: chorus's own path

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from datetime import timedelta
 from urllib.parse import parse_qs, urlsplit
 
-from chorus.rendezvous import HOSTED_ENV, rendezvous
+from chorus import config
+from chorus.rendezvous import rendezvous
 from chorus.torch.stores import TorchView
 
 log = logging.getLogger("chorus")
@@ -41,8 +41,9 @@ torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")
 _KEEP: list[TorchView] = []
 
 
-def under_chorusrun(environ=os.environ) -> bool:
-    return environ.get(HOSTED_ENV, "").strip() not in ("", "0")
+def under_chorusrun(environ=None) -> bool:
+    """Whether a launcher hosts the store (``CHORUS_STORE_HOSTED``, set by chorusrun)."""
+    return config.get("CHORUS_STORE_HOSTED", environ)
 
 
 def chorus_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs):

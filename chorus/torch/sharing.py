@@ -8,7 +8,8 @@ same storage object, so every view of it (DDP's bucket views, ``gradient_as_buck
 gradients) follows — with the machinery behind ``Tensor.share_memory_()``.
 
 :class:`Sharing` does that for one group, at the second all_reduce of a storage of at
-least ``SHARE_BYTES`` (a tensor all-reduced once is not worth the copy), when:
+least ``CHORUS_TORCH_SHARE_BYTES`` (1 MiB; a tensor all-reduced once is not worth the
+copy), when:
 
 - the group's members share memory and map each other's buffers (chorus.shm.mapped), and
   the op would use them (its size; not a one-shot message);
@@ -20,9 +21,10 @@ least ``SHARE_BYTES`` (a tensor all-reduced once is not worth the copy), when:
 
 The storage is then registered (chorus.shm.registered) for as long as it lives.
 ``all_to_all_single`` offers its input the same way (the peers read it in place).
-``CHORUS_TORCH_SHARE=0`` turns this off.  Not checked: another group using the same
-tensor at the same time (torch forbids touching a tensor while an async op on it is in
-flight).  A moved storage can no longer be resized.
+``CHORUS_TORCH_SHARE=0`` turns this off (both settings are read when the group is
+created).  Not checked: another group using the same tensor at the same time (torch
+forbids touching a tensor while an async op on it is in flight).  A moved storage can
+no longer be resized.
 """
 
 from __future__ import annotations
@@ -33,15 +35,12 @@ import weakref
 
 import numpy as np
 
+from chorus import config
 from chorus.shm import collectives as shm_collectives
 from chorus.shm import mapped, registered
-from chorus.shm.settings import env_int
 
 log = logging.getLogger("chorus.torch")
 
-#: Storages of at least this many bytes are moved (``CHORUS_TORCH_SHARE_BYTES``).
-SHARE_BYTES = env_int("CHORUS_TORCH_SHARE_BYTES", 1 << 20)
-ENABLED = env_int("CHORUS_TORCH_SHARE", 1) != 0
 _SHM_DIR = "/dev/shm"
 _SEEN_MAX = 4096
 _BYTES = np.dtype(np.uint8)
@@ -79,11 +78,13 @@ class Sharing:
         self._seen: dict[int, tuple] = {}  # storage address -> (weak reference to the storage, ops seen)
         self._pending: list[tuple[frozenset, object]] = []  # (storage addresses, work) of async ops
         self._no_room_said = False
+        self.enabled = config.get("CHORUS_TORCH_SHARE")
+        self.share_bytes = config.get("CHORUS_TORCH_SHARE_BYTES")  # storages of at least this size move
 
     def active(self) -> bool:
         """Whether this group could use registered buffers at all."""
         shm = self._pg.shm
-        return ENABLED and shm is not None and shm.window.maps is not None
+        return self.enabled and shm is not None and shm.window.maps is not None
 
     def wanted(self, t, op: str = "all_reduce") -> bool:
         """Whether ``op`` (all_reduce, all_to_all) on tensor ``t`` could use a registered buffer."""
@@ -94,7 +95,7 @@ class Sharing:
             return False
         if op != "all_to_all" and shm_collectives.one_shot(shm.window, _BYTES, t.nbytes):
             return False  # one-shot messages never offer their buffer
-        return t.untyped_storage().nbytes() >= max(SHARE_BYTES, 1)
+        return t.untyped_storage().nbytes() >= max(self.share_bytes, 1)
 
     def offer(self, t, op: str = "all_reduce") -> None:
         """Before ``op`` on ``t``: register its storage, moving it there if it is reused.

@@ -56,11 +56,11 @@ import struct
 import threading
 from collections.abc import Callable
 
+from chorus import config
 from chorus.net import recv_exact
 from chorus.shm.handshake import NO_HOST, host_digest, platform_ok, transport_mode
 from chorus.shm.ring import RingReader, RingWriter, ring_size
 from chorus.shm.segment import SHM_DIR, Segment
-from chorus.shm.settings import env_int
 
 log = logging.getLogger("chorus")
 
@@ -83,7 +83,7 @@ _OFFER = struct.Struct("<QQQ16s256s")  # segment bytes (0: none), ring bytes, mi
 
 def enabled() -> bool:
     """Whether this rank offers rings: ``CHORUS_SHM_P2P`` (default on) and CHORUS_TRANSPORT."""
-    if os.environ.get("CHORUS_SHM_P2P", "1").strip() in ("0", "false", "no", "off"):
+    if not config.get("CHORUS_SHM_P2P"):
         return False
     mode = transport_mode()
     return mode == "shm" or (mode == "auto" and platform_ok())
@@ -91,7 +91,7 @@ def enabled() -> bool:
 
 def wanted_ring_bytes(world_size: int) -> int:
     """R for this rank (0: no rings): ``CHORUS_SHM_P2P_BYTES``, else 4 MiB within budget."""
-    explicit = env_int("CHORUS_SHM_P2P_BYTES", 0)
+    explicit = config.get("CHORUS_SHM_P2P_BYTES")
     if explicit:
         return max(4096, explicit // 4096 * 4096)
     ring = min(DEFAULT_RING, RANK_BUDGET // (2 * max(1, world_size - 1)) // 4096 * 4096)
@@ -104,7 +104,7 @@ def _check_room(size: int) -> None:
     default /dev/shm is 64 MiB: there, collectives keep it and point-to-point uses TCP)."""
     st = os.statvfs(SHM_DIR)
     free = st.f_bavail * st.f_frsize
-    keep = env_int("CHORUS_SHM_BYTES", 64 << 20)
+    keep = config.get("CHORUS_SHM_BYTES")
     if free < size + keep:
         raise OSError(f"{SHM_DIR} has {free >> 20} MiB free; rings need {size >> 20} MiB and "
                       f"{keep >> 20} MiB are kept for collectives (CHORUS_SHM_BYTES). Enlarge "
@@ -183,7 +183,7 @@ def acceptor_side(sock: socket.socket, rank: int, peer: int, world_size: int) ->
     try:
         nonce = secrets.token_bytes(16)
         _SEG.pack_into(segment.buf, 0, MAGIC, ring, nonce)
-        min_bytes = max(1, env_int("CHORUS_SHM_P2P_MIN", DEFAULT_MIN_BYTES))
+        min_bytes = max(1, config.get("CHORUS_SHM_P2P_MIN"))
         sock.sendall(_OFFER.pack(size, ring, min_bytes, nonce, segment.path.encode()))
         mapped = recv_exact(sock, 1) == b"\x01"
     except BaseException:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import secrets
 import socket
 import threading
@@ -43,7 +42,7 @@ from collections import deque
 
 import numpy as np
 
-from chorus import net
+from chorus import config, net
 from chorus.errors import ProtocolError, RendezvousError
 from chorus.shm.ring import RingReader, RingWriter
 from chorus.transport import shm_link
@@ -71,12 +70,13 @@ _EMPTY = memoryview(b"")
 
 
 def heartbeat_timeout() -> float:
-    return float(os.environ.get("CHORUS_HEARTBEAT_TIMEOUT", "20"))
+    """Seconds of silence after which a peer is lost (``CHORUS_HEARTBEAT_TIMEOUT``)."""
+    return config.get("CHORUS_HEARTBEAT_TIMEOUT")
 
 
 def local_address_towards(remote: str | None) -> str:
     """The address of this host that ``remote`` can reach (``CHORUS_SOCKET_HOST`` wins)."""
-    override = os.environ.get("CHORUS_SOCKET_HOST")
+    override = config.get("CHORUS_SOCKET_HOST")
     if override:
         return override
     if not remote or remote == "localhost":
