@@ -21,7 +21,6 @@ from cma_support import Ctx
 from proc_support import check_survivors, run_ranks
 
 import chorus as dist
-import chorus.shm.collectives as shm_algo
 import chorus.shm.direct as shm_direct
 from chorus.shm import cma
 from chorus.testing import run_processes, run_threads
@@ -34,14 +33,12 @@ DTYPES = ("float32", "float16", "int32", "complex64")
 
 @pytest.fixture
 def small_thresholds(monkeypatch):
-    """Single copy from 16 KiB, 64 KiB slots, no one-shot all_reduce: in the environment
-    (spawned ranks read it at import) and in this process's module (thread ranks)."""
+    """Single copy from 16 KiB, 64 KiB slots, no one-shot all_reduce, in the environment:
+    spawned ranks and thread ranks read it when their group is created."""
     monkeypatch.setenv("CHORUS_SHM_CMA_BYTES", str(THRESHOLD))
     monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(SLOT))
     monkeypatch.setenv("CHORUS_SHM_ONESHOT_BYTES", "0")
     monkeypatch.delenv("CHORUS_SHM_CMA", raising=False)
-    monkeypatch.setattr(shm_direct, "CMA_BYTES", dict.fromkeys(shm_direct.MEASURED, THRESHOLD))
-    monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)
 
 
 def values(seed, n, dtype):
@@ -368,8 +365,9 @@ def _window_with_crew(rank: int, world: int, threads: int):
     from types import SimpleNamespace
 
     from chorus.shm.phases import Crew
+    from chorus.shm.window import Settings
 
-    return SimpleNamespace(rank=rank, world=world, crew=Crew(threads))
+    return SimpleNamespace(rank=rank, world=world, crew=Crew(threads), settings=Settings.read())
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 import chorus as dist
+from chorus import config
 from chorus.shm import placement
 from chorus.shm.sync import Backoff
 from chorus.testing import run_processes
+
+POLLS = config.SETTINGS["CHORUS_SHM_POLLS"].default
 
 
 def _info(cpu_set, quota=0, beyond=False):
@@ -39,11 +42,10 @@ def test_this_process_info_describes_its_affinity():
 
 def test_backoff_counts_the_cpus_it_is_given(monkeypatch):
     monkeypatch.setattr(placement, "usable", lambda: 1)  # a rank pinned to one CPU
-    for name in ("CHORUS_SHM_SPIN_US", "CHORUS_SHM_YIELD_US"):
-        monkeypatch.delenv(name, raising=False)
-    assert placement.backoff_for(8, False) == Backoff(spin_s=0.0, yield_s=1e-3)  # alone, it looks oversubscribed
-    assert placement.backoff_for(8, False, 8) == Backoff(polls=placement.POLLS)  # with the members' 8 CPUs it is not
-    assert placement.backoff_for(8, True, 8) == Backoff(spin_s=0.0, yield_s=1e-3)  # thread ranks never poll
+    with config.override(CHORUS_SHM_SPIN_US=None, CHORUS_SHM_YIELD_US=None, CHORUS_SHM_POLLS=None):
+        assert placement.backoff_for(8, False) == Backoff(spin_s=0.0, yield_s=1e-3)  # alone, it looks oversubscribed
+        assert placement.backoff_for(8, False, 8) == Backoff(polls=POLLS)  # with the members' 8 CPUs it is not
+        assert placement.backoff_for(8, True, 8) == Backoff(spin_s=0.0, yield_s=1e-3)  # thread ranks never poll
 
 
 def _pinned_group(rank, world, placement):
@@ -64,7 +66,7 @@ def _pinned_group(rank, world, placement):
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2
                     or min(os.sched_getaffinity(0)) + 1 not in os.sched_getaffinity(0),
                     reason="needs two neighbouring CPUs to pin ranks to")
-@pytest.mark.parametrize("placement, world, polls", [("spread", 2, placement.POLLS), ("one", 2, 0), ("pairs", 4, 0)])
+@pytest.mark.parametrize("placement, world, polls", [("spread", 2, POLLS), ("one", 2, 0), ("pairs", 4, 0)])
 def test_ranks_pinned_to_cpus_of_their_own_poll_and_ranks_sharing_cpus_do_not(placement, world, polls,
                                                                               monkeypatch):
     """"pairs": ranks 0 and 1 have a CPU each, but ranks 2 and 3 run on the same two CPUs:

@@ -12,7 +12,6 @@ import pytest
 from proc_support import check_survivors, run_ranks
 
 import chorus as dist
-import chorus.shm.collectives as shm_algo
 import chorus.shm.mapped as shm_mapped
 from chorus.shm import registered
 from chorus.testing import run_processes, run_threads
@@ -24,15 +23,12 @@ N = 50_000  # elements: above the threshold below, not a multiple of any piece
 @pytest.fixture
 def mapped_from_16k(monkeypatch):
     """Registered buffers from 16 KiB, 64 KiB slots, no one-shot and no single copy, in the
-    environment (spawned ranks) and this process's modules (thread ranks); counts the
-    ops that took the mapped path."""
+    environment (spawned ranks and thread ranks read it when their group is created);
+    counts the ops that took the mapped path."""
     monkeypatch.setenv("CHORUS_SHM_MAPPED_BYTES", str(16 << 10))
     monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(SLOT))
     monkeypatch.setenv("CHORUS_SHM_ONESHOT_BYTES", "0")
     monkeypatch.setenv("CHORUS_SHM_CMA_BYTES", str(1 << 62))
-    monkeypatch.setattr(shm_mapped, "MAPPED_BYTES", 16 << 10)
-    monkeypatch.setattr(shm_mapped, "ALL_TO_ALL_BYTES", 16 << 10)
-    monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)
     taken = []  # ranks that ran mapped.all_reduce
     real_reduce, real_a2a = shm_mapped.all_reduce, shm_mapped.all_to_all
     monkeypatch.setattr(shm_mapped, "all_reduce", lambda win, *args: taken.append(win.rank) or real_reduce(win, *args))

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import chorus as dist
-from chorus import recorder
-from chorus.shm import direct, phases
+from chorus import config, recorder
+from chorus.shm import phases
 from chorus.testing import run_threads
 
 SLOT = 64 << 10  # 16384 float32 per slot
@@ -34,12 +34,14 @@ def _ops(rank, world):
     return bool((big == sum(range(world))).all() and (out.reshape(world, -1)[:, 0] == np.arange(world)).all())
 
 
-def _recorded(body, world, *args):
-    """Run ``body`` on ``world`` thread ranks with a listener attached: (results, events)."""
+def _recorded(body, world, **settings):
+    """Run ``body`` on ``world`` thread ranks with ``settings`` (config.override) and a
+    listener attached: (results, events)."""
     events = []
     recorder.attach(events.append)
     try:
-        results = run_threads(body, world, *args)
+        with config.override(**settings):
+            results = run_threads(body, world)
     finally:
         recorder.detach()
     return results, events
@@ -57,12 +59,9 @@ def _totals(events):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_sync_copy_and_reduction_is_reported_with_its_op_and_bytes(world, threads, monkeypatch):
-    monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(SLOT))
-    monkeypatch.setenv("CHORUS_SHM_THREADS", str(threads))  # threads 2: stages run in parts
-    monkeypatch.setattr(phases, "PART_BYTES", 1024)
     monkeypatch.setattr(phases, "PART_ROW_BYTES", 256)
-    monkeypatch.setattr(phases, "COPY_PATH_CREW_BYTES", 0)
-    results, events = _recorded(_ops, world)
+    results, events = _recorded(_ops, world, CHORUS_SHM_SLOT_BYTES=SLOT, CHORUS_SHM_THREADS=threads,
+                                CHORUS_SHM_PART_BYTES=1024, CHORUS_SHM_COPY_CREW_BYTES=0)  # threads 2: in parts
     assert all(results)
     assert events and all(e.component == "shm" and e.group == 0 and e.start <= e.end for e in events)
     assert {e.what for e in events} == {"sync", "copy", "reduce"}
@@ -92,11 +91,9 @@ def test_every_sync_copy_and_reduction_is_reported_with_its_op_and_bytes(world, 
         assert gather[1]["copy"][0] == exchange[1]["copy"][0] == 2 * w  # one copy in, one out, per rank
 
 
-def test_single_copy_reads_name_the_peer_they_read(monkeypatch):
+def test_single_copy_reads_name_the_peer_they_read():
     """all_gather with single copy: every rank reads every other rank's block (a ``copy``
     naming that rank), between the op's two syncs."""
-    monkeypatch.setattr(direct, "CMA_BYTES", dict.fromkeys(direct.MEASURED, 1024))
-
     def body(rank, world):
         if dist.group.WORLD.shm.window.cma is None:
             return None
@@ -104,7 +101,7 @@ def test_single_copy_reads_name_the_peer_they_read(monkeypatch):
         dist.all_gather_into_tensor(out, np.full(GATHERED, rank, np.float32), async_op=True).wait()
         return bool((out.reshape(world, -1)[:, -1] == np.arange(world)).all())
 
-    results, events = _recorded(body, 3)
+    results, events = _recorded(body, 3, CHORUS_SHM_CMA_BYTES=1024)
     if results[0] is None:
         pytest.skip("process_vm_readv is not usable here")
     assert all(results)

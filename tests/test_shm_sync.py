@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from chorus import config
 from chorus.engine import OpContext
 from chorus.errors import CollectiveMismatchError, CommTimeoutError
 from chorus.shm import placement
@@ -296,13 +297,12 @@ def test_backoff_settings(monkeypatch):
     yield 1 ms and never poll; CHORUS_SHM_SPIN_US spins; CHORUS_SHM_YIELD_US sets the
     yield phase of any of them."""
     monkeypatch.setattr(placement, "usable", lambda: 8)
-    for name in ("CHORUS_SHM_SPIN_US", "CHORUS_SHM_YIELD_US"):
-        monkeypatch.delenv(name, raising=False)
-    assert placement.backoff_for(8, False) == Backoff(polls=placement.POLLS)
-    assert placement.backoff_for(9, False) == placement.backoff_for(2, True) == Backoff(spin_s=0.0, yield_s=1e-3)
-    monkeypatch.setenv("CHORUS_SHM_YIELD_US", "20000")
-    assert placement.backoff_for(8, False) == Backoff(yield_s=0.02, polls=placement.POLLS)
-    assert placement.backoff_for(2, True).yield_s == 0.02
-    monkeypatch.setenv("CHORUS_SHM_SPIN_US", "50")
-    spinning = placement.backoff_for(8, False)
-    assert spinning.spin_s == pytest.approx(50e-6) and (spinning.yield_s, spinning.polls) == (0.02, placement.POLLS)
+    with config.override(CHORUS_SHM_SPIN_US=None, CHORUS_SHM_YIELD_US=None, CHORUS_SHM_POLLS=7):
+        assert placement.backoff_for(8, False) == Backoff(polls=7)
+        assert placement.backoff_for(9, False) == placement.backoff_for(2, True) == Backoff(spin_s=0.0, yield_s=1e-3)
+        with config.override(CHORUS_SHM_YIELD_US=20000):
+            assert placement.backoff_for(8, False) == Backoff(yield_s=0.02, polls=7)
+            assert placement.backoff_for(2, True).yield_s == 0.02
+            with config.override(CHORUS_SHM_SPIN_US=50):
+                spinning = placement.backoff_for(8, False)
+    assert spinning.spin_s == pytest.approx(50e-6) and (spinning.yield_s, spinning.polls) == (0.02, 7)

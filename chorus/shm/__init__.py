@@ -12,7 +12,6 @@
     registered.py   buffers in shared files (chorus.empty_shared, torch storages moved there)
     mapped.py       the peers' registered buffers, mapped here, and the collectives on them
     group.py        ShmGroup: what chorus.api.launch.run hands a group's collectives to
-    settings.py     CHORUS_SHM_* numbers from the environment
     ring.py         single-producer/single-consumer byte rings for point-to-point payloads
 """
 

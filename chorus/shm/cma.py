@@ -98,11 +98,6 @@ class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-def enabled() -> bool:
-    """False when ``CHORUS_SHM_CMA=0`` (every collective copies through the window)."""
-    return os.environ.get("CHORUS_SHM_CMA", "").strip().lower() not in ("0", "off", "false", "no")
-
-
 _libc = None
 
 

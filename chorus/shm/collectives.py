@@ -34,16 +34,9 @@ from chorus.shm.phases import (
     sub,
     to_my_slot,
 )
-from chorus.shm.settings import env_int
 from chorus.shm.sync import Sync
 from chorus.shm.window import Window
 
-#: all_reduce / reduce are one-shot (every rank reduces everything) while each rank reads
-#: at most this many bytes of the others' data (nbytes x (W - 1)) and the message fits a
-#: slot; above, reduce-scatter + all-gather over slices (each rank reduces 1/W of each
-#: chunk).  One-shot won up to 64 KiB at W = 4 and 16 KiB at W = 8; at W = 2 below 1 MiB
-#: (``chorus bench --world W`` with CHORUS_SHM_ONESHOT_BYTES=0 against a large one).
-ONESHOT_BYTES = env_int("CHORUS_SHM_ONESHOT_BYTES", 256 << 10)
 #: In groups of at most this many ranks, larger all_reduces run one-shot chunk by chunk
 #: (each rank reduces every chunk whole) instead of reduce-scatter + all-gather.  Not a
 #: setting: above 2 the whole chunks' rows could take another numpy method than single
@@ -54,7 +47,10 @@ WHOLE_CHUNKS_WORLD = 2
 
 def one_shot(win: Window, dtype: np.dtype, count: int, op: str = "all_reduce") -> bool:
     """Whether all_reduce (``op``: or reduce) of ``count`` elements of ``dtype`` runs
-    one-shot: it fits a slot, and it is small (``ONESHOT_BYTES``), or the group has at most
+    one-shot (every rank reduces everything): it fits a slot, and each rank reads at most
+    ``CHORUS_SHM_ONESHOT_BYTES`` of the others' data (nbytes x (W - 1); one-shot won up to
+    64 KiB at W = 4 and 16 KiB at W = 8, at W = 2 below 1 MiB: ``chorus bench --world W``
+    with CHORUS_SHM_ONESHOT_BYTES=0 against a large one), or the group has at most
     ``WHOLE_CHUNKS_WORLD`` ranks and the op does not copy once (``direct.use``): then
     one-shot is the whole-chunk algorithm with one chunk (and takes the latency path of
     chorus.api.collectives: at 1 MiB, W = 2, 210-235 us against 265-375 us through the
@@ -62,7 +58,7 @@ def one_shot(win: Window, dtype: np.dtype, count: int, op: str = "all_reduce") -
     if count > win.capacity(dtype):
         return False
     nbytes = count * dtype.itemsize
-    return nbytes * (win.world - 1) <= ONESHOT_BYTES or (
+    return nbytes * (win.world - 1) <= win.settings.oneshot_bytes or (
         win.world <= WHOLE_CHUNKS_WORLD and not direct.use(win, op, nbytes))
 
 
@@ -93,9 +89,10 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
 
     Every rank computes the same numpy reduction of the same rows, so results are
     bit-identical on every rank.  From ``direct.cma_bytes``: single copy
-    (``direct.all_reduce``).  From ``mapped.MAPPED_BYTES``, phase 0 also offers this rank's
-    registered buffer, if it has one, and when every rank did, the op continues on the
-    mapped buffers (``mapped.all_reduce``); else on the path it would have taken.
+    (``direct.all_reduce``).  From ``CHORUS_SHM_MAPPED_BYTES`` (``mapped.use``), phase 0
+    also offers this rank's registered buffer, if it has one, and when every rank did, the
+    op continues on the mapped buffers (``mapped.all_reduce``); else on the path it would
+    have taken.
     """
     me, dt, count = win.rank, data.dtype, data.size
     readers = root < 0 or me == root
@@ -318,7 +315,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         phase k+1   rank q:  out[block r][round k] <- slot[r].piece[q]    for every r
 
     Registered inputs (chorus.shm.mapped), when every rank offered one in phase 0 (a rank
-    offers its input when it sends ``mapped.ALL_TO_ALL_BYTES`` or more): as single copy below,
+    offers its input when it sends enough, ``mapped.use``): as single copy below,
     with the peers' inputs mapped (``mapped.all_to_all``).
 
     Single copy, when some rank sends ``direct.cma_bytes`` or more (known to all after the

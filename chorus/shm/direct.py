@@ -38,7 +38,6 @@ from chorus import recorder
 from chorus.errors import AbortedError, PeerLostError
 from chorus.shm import cma
 from chorus.shm.phases import Reduce, chunks, offsets, part_of, parts_for, span
-from chorus.shm.settings import env_int
 from chorus.shm.sync import SOURCE, Sync
 from chorus.shm.window import Window
 
@@ -77,21 +76,9 @@ MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
 }
 
 
-def _cma_override() -> dict[str, float] | None:
-    """``CHORUS_SHM_CMA_BYTES`` for every collective, or None (``MEASURED`` applies)."""
-    env = env_int("CHORUS_SHM_CMA_BYTES", 0)
-    return dict.fromkeys(MEASURED, env) if env else None
-
-
-#: Per collective, the size from which it copies once, whatever W (None: ``MEASURED``).
-CMA_BYTES = _cma_override()
-
-
-def cma_bytes(op: str, world: int) -> float:
-    """The size from which collective ``op`` copies once in a group of ``world`` ranks."""
-    if CMA_BYTES is not None:
-        return CMA_BYTES[op]
-    return next(nbytes for most, nbytes in MEASURED[op] if world <= most)
+def cma_bytes(win: Window, op: str) -> float:
+    """The size from which collective ``op`` copies once in ``win``'s group."""
+    return win.settings.cma_bytes or next(nbytes for most, nbytes in MEASURED[op] if win.world <= most)
 
 
 #: How long a rank that fails in the middle of a single-copy op waits for its peers to
@@ -102,7 +89,7 @@ DRAIN_S = 2.0
 def use(win: Window, op: str, nbytes: int) -> bool:
     """Whether collective ``op`` of ``nbytes`` (see ``cma_bytes``) reads the peers' buffers
     directly: the same answer on every rank (one verdict per window, the same sizes)."""
-    return win.cma is not None and nbytes >= cma_bytes(op, win.world)
+    return win.cma is not None and nbytes >= cma_bytes(win, op)
 
 
 def open_op(win: Window, sync: Sync, ctx, source: np.ndarray | None) -> list[int]:

@@ -23,7 +23,7 @@ from chorus.shm.cma import address
 from chorus.shm.phases import Crew
 from chorus.shm.segment import Segment
 from chorus.shm.sync import TCP, Backoff, Sync, Waker
-from chorus.shm.window import Layout, Window
+from chorus.shm.window import Layout, Settings, Window
 
 
 class OneShot:
@@ -42,14 +42,15 @@ class OneShot:
 
 
 class ShmGroup:
-    """The window of one group, mapped by this rank (group rank ``rank``)."""
+    """The window of one group, mapped by this rank (group rank ``rank``); ``settings``:
+    the group's (chorus.shm.window.Settings; default: this process's now)."""
 
     def __init__(self, segment: Segment, layout: Layout, rank: int, members: tuple[int, ...],
-                 transport, group: int, backoff: Backoff, threads: int = 1):
+                 transport, group: int, backoff: Backoff, threads: int = 1, settings: Settings | None = None):
         self.segment = segment
         self.transport = transport
         self.group = group
-        self.window = Window(segment.buf, layout, rank)
+        self.window = Window(segment.buf, layout, rank, settings)
         if threads > 1:
             self.window.crew = Crew(threads)
         self.sync = Sync(self.window.control, rank, members, transport, group, backoff,

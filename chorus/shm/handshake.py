@@ -22,7 +22,8 @@ over the group's transport; the window itself is made by chorus.shm.window::
     --- could read and write them or not -->
     <-- single copy: yes / no --------------
 
-Every member publishes its pid and a probe (8 random bytes) in its control line before
+Each member reads its settings once, first (chorus.shm.window.Settings, through
+chorus.config): the group's window keeps them.  Every member publishes its pid and a probe (8 random bytes) in its control line before
 it acks; once the window is in use, each member reads and writes back every other
 member's probe with process_vm_readv/writev (chorus.shm.cma), and the group reads peers'
 buffers directly for large messages only if every member could (``CHORUS_SHM_CMA=0`` on
@@ -62,13 +63,14 @@ import platform
 import struct
 import time
 
+from chorus import config
 from chorus.errors import InvalidArgumentError
-from chorus.shm import cma, direct, mapped, placement, window
-from chorus.shm import collectives as algo
+from chorus.shm import cma, placement, window
 from chorus.shm.group import ShmGroup
 from chorus.shm.mapped import PeerMaps
 from chorus.shm.segment import SHM_DIR
 from chorus.shm.sync import PID, PROBE, SOURCE
+from chorus.shm.window import Settings
 from chorus.wire.frames import Kind
 
 log = logging.getLogger("chorus")
@@ -96,22 +98,20 @@ def create(transport, group: int, members: tuple[int, ...], rank: int,
     host of every member): a, a, b, a -> (0, 0, 1, 0); None for a member that cannot use
     shared memory (no usable /dev/shm, ``CHORUS_TRANSPORT=tcp``)."""
     mode = transport_mode()
+    settings = Settings.read()
     wanted = mode == "shm" or (mode == "auto" and platform_ok())
     digest = host_digest(members[rank]) if wanted else NO_HOST
     talk = _Talk(transport, group, members, time.monotonic() + timeout)
     if rank == 0:
-        return _lead(talk, digest, mode, members)
-    return _follow(talk, digest, rank)
+        return _lead(talk, digest, mode, members, settings)
+    return _follow(talk, digest, rank, settings)
 
 
 def transport_mode() -> str:
     """``CHORUS_TRANSPORT``: ``auto`` (shared memory where every member shares a host, on
     CPUs whose store order the sync relies on), ``shm`` (force it, fail if impossible),
     ``tcp`` (never)."""
-    mode = os.environ.get("CHORUS_TRANSPORT", "auto").strip().lower() or "auto"
-    if mode not in ("auto", "shm", "tcp"):
-        raise ValueError(f"CHORUS_TRANSPORT={mode!r}: use auto, shm or tcp")
-    return mode
+    return config.get("CHORUS_TRANSPORT")
 
 
 def platform_ok() -> bool:
@@ -121,15 +121,14 @@ def platform_ok() -> bool:
 
 def host_id(global_rank: int) -> str | None:
     """This rank's host id (see above), or None when it has no usable ``/dev/shm``."""
-    override = os.environ.get("CHORUS_HOST_ID", "")
-    if override:
-        parts = override.split(",")
+    parts = config.get("CHORUS_HOST_ID")
+    if parts:
         if len(parts) == 1:
-            return override
+            return parts[0]
         if global_rank >= len(parts):
             raise ValueError(f"CHORUS_HOST_ID lists {len(parts)} hosts but this is rank {global_rank}; "
                              "give one entry per rank, or a single value")
-        return parts[global_rank].strip()
+        return parts[global_rank]
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
@@ -147,13 +146,12 @@ def host_digest(global_rank: int) -> bytes:
     return NO_HOST if hid is None else hashlib.sha256(hid.encode()).digest()
 
 
-def _settings() -> bytes:
-    """This process's ``CHORUS_SHM_ONESHOT_BYTES``, ``CHORUS_SHM_CMA_BYTES`` (0: not set) and
-    ``CHORUS_SHM_MAPPED_BYTES`` (0: off)."""
-    override = direct.CMA_BYTES
-    least = None if override is None else min(override.values(), default=_NO_OVERRIDE)
-    cma_bytes = _NO_OVERRIDE if least is None else 2**64 - 1 if least == float("inf") else int(least)
-    return _SETTINGS.pack(algo.ONESHOT_BYTES, cma_bytes, mapped.MAPPED_BYTES, mapped.ALL_TO_ALL_BYTES)
+def _settings(settings: Settings) -> bytes:
+    """The settings that choose algorithms, as the members compare them:
+    ``CHORUS_SHM_ONESHOT_BYTES``, ``CHORUS_SHM_CMA_BYTES`` (0: not set) and the sizes from
+    which registered buffers are used (0: off)."""
+    return _SETTINGS.pack(settings.oneshot_bytes, settings.cma_bytes, settings.mapped_bytes,
+                          settings.all_to_all_bytes)
 
 
 def _describe_settings(packed: bytes) -> str:
@@ -170,9 +168,10 @@ def _settings_error(group: int, who: str, theirs: bytes, mine: bytes) -> Invalid
         "with different ones would fall out of step: set them the same on every rank, or on none.")
 
 
-def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tuple[ShmGroup | None, Hosts]:
+def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...],
+          settings: Settings) -> tuple[ShmGroup | None, Hosts]:
     world = len(members)
-    mine = _settings()
+    mine = _settings(settings)
     first = talk.gather(32 + _SETTINGS.size + placement.INFO_BYTES)
     digests, theirs = [m[:32] for m in first], [m[32:32 + _SETTINGS.size] for m in first]
     apart = placement.combine([placement.info(), *(m[32 + _SETTINGS.size:] for m in first)])
@@ -193,7 +192,7 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
             talk.gather(1)
             verdict = SETTINGS_DIFFER if odd else FORCED_BUT_IMPOSSIBLE if mode == "shm" else NO
         else:
-            probe = window.publish_probe(segment.buf, layout, 0)
+            probe = window.publish_probe(segment.buf, layout, 0, settings.cma)
             talk.scatter(_OFFER.pack(layout.size, layout.slot, nonce, segment.path.encode(), apart))
             acks = talk.gather(1)
             failed = [members[i + 1] for i, a in enumerate(acks) if a != b"\x01"]
@@ -211,7 +210,8 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
         raise _settings_error(talk.group, f"rank {members[odd[0] + 1]}", theirs[odd[0]], mine)
     if verdict == YES:
         shm = ShmGroup(segment, layout, 0, members, talk.transport, talk.group,
-                       placement.backoff(talk.transport, world, apart), placement.threads(talk.transport, world))
+                       placement.backoff(talk.transport, world, apart), placement.threads(talk.transport, world),
+                       settings)
         _single_copy(talk, shm, probe)
         return shm, (0,) * world
     hosts = _host_table([digest, *digests])
@@ -226,8 +226,8 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
     return None, hosts
 
 
-def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hosts]:
-    mine = _settings()
+def _follow(talk: _Talk, digest: bytes, rank: int, settings: Settings) -> tuple[ShmGroup | None, Hosts]:
+    mine = _settings(settings)
     talk.send_to_lead(digest + mine + placement.info())
     size, slot, nonce, path, apart = _OFFER.unpack(talk.recv_from_lead(_OFFER.size))
     segment = None
@@ -235,7 +235,7 @@ def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hos
     if size:
         try:
             segment, layout = window.attach(path.rstrip(b"\0").decode(), size, len(talk.members), slot, nonce)
-            probe = window.publish_probe(segment.buf, layout, rank)
+            probe = window.publish_probe(segment.buf, layout, rank, settings.cma)
         except (OSError, ValueError) as exc:
             log.warning("chorus: rank %d cannot map group %d's shared-memory window: %s",
                         talk.members[rank], talk.group, exc)
@@ -255,7 +255,8 @@ def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hos
             "Set them the same on every rank, or on none.")
     if verdict == YES:
         shm = ShmGroup(segment, layout, rank, talk.members, talk.transport, talk.group,
-                       placement.backoff(talk.transport, world, apart), placement.threads(talk.transport, world))
+                       placement.backoff(talk.transport, world, apart), placement.threads(talk.transport, world),
+                       settings)
         _single_copy(talk, shm, probe)
         return shm, (0,) * world
     if segment is not None:
@@ -286,7 +287,7 @@ def _single_copy(talk: _Talk, shm: ShmGroup, probe: cma.Probe | None) -> None:
                  talk.group, why)
     if agreed:
         win.cma = cma.Peers(win.words(PID))
-        if mapped.MAPPED_BYTES:  # opening /proc/<pid>/fd/N needs what CMA needs
+        if win.settings.mapped_bytes:  # opening /proc/<pid>/fd/N needs what CMA needs
             win.maps = PeerMaps(win.words(PID), shm.sync.members)
 
 

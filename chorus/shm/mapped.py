@@ -56,17 +56,8 @@ from chorus.errors import ChorusError
 from chorus.shm import cma, direct
 from chorus.shm.phases import Reduce, offsets, part_of, parts_for, sub
 from chorus.shm.registered import Descriptor
-from chorus.shm.settings import env_int
 from chorus.shm.window import Window
 
-#: all_reduce / reduce messages of at least this many bytes use registered buffers when
-#: every rank has one (``CHORUS_SHM_MAPPED_BYTES``; 0: never, like ``CHORUS_SHM_MAPPED=0``).
-#: At W = 8 (bench/ab_probe.py, "reg" against "copy", medians of 7): 0.33 ms at 1 MiB
-#: against 0.56 for the copy path, 0.69 against 1.65 at 4 MiB.
-MAPPED_BYTES = 0 if env_int("CHORUS_SHM_MAPPED", 1) == 0 else env_int("CHORUS_SHM_MAPPED_BYTES", 1 << 20)
-#: all_to_all from this many bytes sent (the same runs: 0.36-0.44 ms at 1 MiB against the
-#: copy path's 0.38, 0.75 against 1.23 at 4 MiB; single copy 0.93); the setting above sets both.
-ALL_TO_ALL_BYTES = MAPPED_BYTES if "CHORUS_SHM_MAPPED_BYTES" in os.environ or not MAPPED_BYTES else 4 << 20
 #: Elements of a rank's slice reduced at a time: a private piece that stays in cache.
 PIECE_BYTES = 256 << 10
 #: Files of a peer kept mapped at most.
@@ -75,8 +66,14 @@ KEEP = 64
 
 def use(win: Window, nbytes: int, op: str = "all_reduce") -> bool:
     """Whether ``op`` (all_reduce, reduce, all_to_all) of ``nbytes`` may run on registered
-    buffers (the window's verdict and the size)."""
-    least = ALL_TO_ALL_BYTES if op == "all_to_all" else MAPPED_BYTES
+    buffers: the window's verdict, and the size.  all_reduce and reduce from
+    ``CHORUS_SHM_MAPPED_BYTES`` (1 MiB; 0 or ``CHORUS_SHM_MAPPED=0``: never): at W = 8
+    (bench/ab_probe.py, "reg" against "copy", medians of 7) 0.33 ms at 1 MiB against 0.56
+    for the copy path, 0.69 against 1.65 at 4 MiB.  all_to_all from 4 MiB sent unless that
+    setting is given (the same runs: 0.36-0.44 ms at 1 MiB against the copy path's 0.38,
+    0.75 against 1.23 at 4 MiB; single copy 0.93)."""
+    s = win.settings
+    least = s.all_to_all_bytes if op == "all_to_all" else s.mapped_bytes
     return win.maps is not None and least > 0 and nbytes >= least
 
 
@@ -133,8 +130,8 @@ def all_to_all(win: Window, ctx, inp: np.ndarray, out: np.ndarray, send_table: n
 
 def _split(win: Window, lo: int, hi: int, itemsize: int, run: Callable[[int, int], None]) -> None:
     """``run(a, b)`` over [lo, hi), in parts on the crew's threads from the copy path's
-    ``COPY_PATH_CREW_BYTES`` (below, waking helpers cost more than they gave: 0.51 against
-    0.33 ms at 1 MiB, W = 8, the runs of ``MAPPED_BYTES``)."""
+    ``CHORUS_SHM_COPY_CREW_BYTES`` (below, waking helpers cost more than they gave: 0.51
+    against 0.33 ms at 1 MiB, W = 8, the runs that ``use`` cites)."""
     moved = (hi - lo) * itemsize * win.world  # read from every rank, and written to every rank
     parts = parts_for(win, moved, message=moved)
     if parts <= 1:

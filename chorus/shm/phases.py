@@ -41,7 +41,6 @@ from itertools import accumulate
 import numpy as np
 
 from chorus import recorder
-from chorus.shm.settings import env_int
 from chorus.shm.sync import Sync
 from chorus.shm.window import Window
 
@@ -51,31 +50,27 @@ Reduce = Callable[[np.ndarray, np.ndarray], None]  # reduce(rows, out): out = op
 #: reduction: the bytes of the rows it reduced)
 Stage = Callable[[int, int, int, int], int]
 
-#: A phase is split into parts only if each part moves at least this many bytes: less
-#: work does not pay for waking a helper thread.
-PART_BYTES = env_int("CHORUS_SHM_PART_BYTES", 256 << 10)
 #: A reduction is split only into rows at least this long (fewer parts, or none), the
 #: length from which chorus.reductions' row reduction always reduces element by element
 #: (shorter rows may take ``ufunc.reduce(axis=0)``, whose bits depend on the row length),
 #: so that splitting never changes a result's bits (``rows_part``).
 PART_ROW_BYTES = 64 << 10
-#: The copy path splits phases only for messages of at least this many bytes per rank
-#: (bench/ab_probe.py, W = 8, "copyc" against "copy": helpers made all_reduce 8-12% faster
-#: at 16 MiB, slower at 1 MiB, either way at 4 MiB).  Single copy's shared reads
-#: (chorus.shm.direct.from_peers) are split from ``PART_BYTES`` on (all_to_all at 4 MiB:
-#: 0.62 ms, where the copy path took 0.99-1.43 ms).
-COPY_PATH_CREW_BYTES = env_int("CHORUS_SHM_COPY_CREW_BYTES", 16 << 20)
 #: Whether phases are split at all, read per op (bench/ab_probe.py turns it off to compare).
 CREW_ENABLED = True
 
 
 def parts_for(win: Window, nbytes: int, message: int | None = None) -> int:
-    """Parts for phases that move ``nbytes`` per rank; ``message``: the op's size, on the
-    copy path (see ``COPY_PATH_CREW_BYTES``)."""
+    """Parts for phases that move ``nbytes`` per rank, each at least
+    ``CHORUS_SHM_PART_BYTES`` (less work does not pay for waking a helper thread).
+    ``message``: the op's size, on the copy path, which splits phases only from
+    ``CHORUS_SHM_COPY_CREW_BYTES`` (bench/ab_probe.py, W = 8, "copyc" against "copy":
+    helpers made all_reduce 8-12% faster at 16 MiB, slower at 1 MiB, either way at 4 MiB);
+    single copy's shared reads (chorus.shm.direct.from_peers) are split at any size
+    (all_to_all at 4 MiB: 0.62 ms, where the copy path took 0.99-1.43 ms)."""
     team = win.crew
-    if team is None or not CREW_ENABLED or (message is not None and message < COPY_PATH_CREW_BYTES):
+    if team is None or not CREW_ENABLED or (message is not None and message < win.settings.copy_crew_bytes):
         return 1
-    return max(1, min(team.threads, nbytes // PART_BYTES))
+    return max(1, min(team.threads, nbytes // win.settings.part_bytes))
 
 
 def pipeline(sync: Sync, ctx, n: int, stages: Sequence[Stage], start: int = 0, win: Window | None = None,

@@ -31,9 +31,10 @@ each rank sees it alone: the job's ranks against this process's usable CPUs.
     1       {0}        none
     2       {1, 2}     none    ->   not apart: each rank's own view (ranks 0 and 1 share CPU 0)
 
-Settings: ``CHORUS_SHM_SPIN_US`` (spin this long before yielding, wherever the ranks
-run), ``CHORUS_SHM_YIELD_US`` (yield this long before napping), ``CHORUS_SHM_POLLS``
-(counter reads before a sync starts waiting), ``CHORUS_SHM_THREADS`` (threads per rank).
+Settings (chorus.config, read when the group is created): ``CHORUS_SHM_SPIN_US`` (spin
+this long before yielding, wherever the ranks run), ``CHORUS_SHM_YIELD_US`` (yield this
+long before napping), ``CHORUS_SHM_POLLS`` (counter reads before a sync starts waiting),
+``CHORUS_SHM_THREADS`` (threads per rank).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import logging
 import os
 import struct
 
-from chorus.shm.settings import env_int
+from chorus import config
 from chorus.shm.sync import Backoff
 
 log = logging.getLogger("chorus")
@@ -53,10 +54,6 @@ MASK_BYTES = MAX_CPU // 8
 _TAIL = struct.Struct("<QB")  # quota in whole CPUs (0: none); 1 if this rank may run on CPUs from MAX_CPU on
 #: One member's message: its affinity mask, then ``_TAIL``.
 INFO_BYTES = MASK_BYTES + _TAIL.size
-#: A sync reads a missing rank's counter this many times (a few us) before it starts
-#: waiting (clock, yields, sleeps), where every rank has a core of its own (or where
-#: ``CHORUS_SHM_SPIN_US`` asks for spinning).
-POLLS = env_int("CHORUS_SHM_POLLS", 200)
 #: Threads per rank at most, by default.
 MAX_THREADS = 4
 
@@ -121,20 +118,22 @@ def backoff(transport, world: int, apart: int) -> Backoff:
 
 
 def backoff_for(ranks_here: int, threads: bool, cpus_here: int | None = None) -> Backoff:
-    """Spin only when every rank on the host has a core of its own: ``ranks_here`` ranks
-    on ``cpus_here`` CPUs (default: this process's, ``usable``).  Ranks that are threads
-    of one process share the GIL: they never spin.  ``CHORUS_SHM_SPIN_US`` overrides;
-    ``CHORUS_SHM_YIELD_US`` sets how long a waiter yields before it naps (default 5 ms, 1
-    ms with more ranks than CPUs)."""
-    spin = os.environ.get("CHORUS_SHM_SPIN_US", "").strip()
-    yield_us = env_int("CHORUS_SHM_YIELD_US", 0)
-    if spin:
-        chosen = Backoff(spin_s=float(spin) * 1e-6, polls=POLLS)
+    """Poll (``CHORUS_SHM_POLLS`` reads of a missing rank's counter, a few us, before a
+    sync starts waiting) only when every rank on the host has a core of its own:
+    ``ranks_here`` ranks on ``cpus_here`` CPUs (default: this process's, ``usable``).
+    Ranks that are threads of one process share the GIL: they never poll.
+    ``CHORUS_SHM_SPIN_US`` spins (and polls) wherever they run; ``CHORUS_SHM_YIELD_US``
+    sets how long a waiter yields before it naps (default 5 ms, 1 ms with more ranks than
+    CPUs)."""
+    spin, yield_us, polls = (config.get(name) for name in
+                             ("CHORUS_SHM_SPIN_US", "CHORUS_SHM_YIELD_US", "CHORUS_SHM_POLLS"))
+    if spin is not None:
+        chosen = Backoff(spin_s=spin * 1e-6, polls=polls)
     elif threads or ranks_here > (usable() if cpus_here is None else cpus_here):
         chosen = Backoff(spin_s=0.0, yield_s=1e-3)
     else:
-        chosen = Backoff(polls=POLLS)
-    return dataclasses.replace(chosen, yield_s=yield_us * 1e-6) if yield_us > 0 else chosen
+        chosen = Backoff(polls=polls)
+    return dataclasses.replace(chosen, yield_s=yield_us * 1e-6) if yield_us else chosen
 
 
 def threads(transport, world: int) -> int:
@@ -153,16 +152,13 @@ def threads_for(ranks_here: int, cpus: int, thread_ranks: bool) -> int:
     A malformed ``CHORUS_SHM_THREADS`` is reported and ignored rather than raised: it is
     read while the group's window is being set up, where one rank failing alone would
     leave the others waiting for it."""
-    env = os.environ.get("CHORUS_SHM_THREADS", "").strip()
-    if env:
-        try:
-            value = int(env)
-        except ValueError:
-            value = 0
-        if value >= 1:
-            return value
-        log.warning("chorus: CHORUS_SHM_THREADS=%r is not a whole number of threads >= 1; "
-                    "using the default", env)
+    try:
+        value = config.get("CHORUS_SHM_THREADS")
+    except config.ConfigError as exc:
+        log.warning("chorus: %s; using the default", exc)
+        value = None
+    if value is not None:
+        return value
     if thread_ranks:
         return 1
     return max(1, min(MAX_THREADS, cpus // max(1, ranks_here)))

@@ -31,6 +31,8 @@ reduce or copy.
 
 Slots are 1 MiB (``slot_bytes``; 2 MiB in groups of 2), shrunk for large groups to keep
 the window within ``CHORUS_SHM_BYTES`` (64 MiB); ``CHORUS_SHM_SLOT_BYTES`` sets them.
+The settings that choose a window's algorithms are read once, through chorus.config,
+when the group is created (``Settings``), and held by its window.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ from __future__ import annotations
 import secrets
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
+from chorus import config
 from chorus.shm import cma
 from chorus.shm.registered import OFFSET_BITS, Descriptor
 from chorus.shm.segment import Segment
-from chorus.shm.settings import env_int
 from chorus.shm.sync import ABANDONED, MAPPED, MAPPED_DEVICE, PID, PROBE, SOURCE, UNIFORM, WORDS
 
 MAGIC = b"CHSHM004"  # the layout's version, checked at attach
@@ -74,6 +77,38 @@ DEFAULT_SLOT = 1 << 20
 #: slot here.)
 PAIR_SLOT = 2 << 20
 MIN_SLOT = 64 << 10
+#: all_to_all uses registered buffers from this size unless CHORUS_SHM_MAPPED_BYTES is set
+#: (chorus.shm.mapped gives the measurements).
+MAPPED_ALL_TO_ALL_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings a window's collectives choose their algorithms by, read through
+    chorus.config once, when the group is created (chorus.shm.handshake checks that every
+    member has the same ``oneshot_bytes``, ``cma_bytes``, ``mapped_bytes`` and
+    ``all_to_all_bytes``: they decide the number of syncs of an op).  A test or a bench
+    changes a group's with ``win.settings = dataclasses.replace(win.settings, ...)`` on
+    every rank."""
+
+    oneshot_bytes: int  # CHORUS_SHM_ONESHOT_BYTES (chorus.shm.collectives.one_shot)
+    cma: bool  # CHORUS_SHM_CMA: this member may read and be read directly (chorus.shm.cma)
+    cma_bytes: int  # CHORUS_SHM_CMA_BYTES (0: chorus.shm.direct.MEASURED)
+    mapped_bytes: int  # all_reduce/reduce on registered buffers from this size (0: never; chorus.shm.mapped)
+    all_to_all_bytes: int  # all_to_all on registered buffers from this size (0: never)
+    part_bytes: int  # CHORUS_SHM_PART_BYTES (chorus.shm.phases.parts_for)
+    copy_crew_bytes: int  # CHORUS_SHM_COPY_CREW_BYTES (chorus.shm.phases.parts_for)
+
+    @classmethod
+    def read(cls) -> Settings:
+        """This process's settings now (ConfigError names a value that is not valid)."""
+        mapped = config.get("CHORUS_SHM_MAPPED_BYTES") if config.get("CHORUS_SHM_MAPPED") else 0
+        explicit = config.is_set("CHORUS_SHM_MAPPED_BYTES") or not mapped
+        return cls(oneshot_bytes=config.get("CHORUS_SHM_ONESHOT_BYTES"), cma=config.get("CHORUS_SHM_CMA"),
+                   cma_bytes=config.get("CHORUS_SHM_CMA_BYTES") or 0, mapped_bytes=mapped,
+                   all_to_all_bytes=mapped if explicit else MAPPED_ALL_TO_ALL_BYTES,
+                   part_bytes=config.get("CHORUS_SHM_PART_BYTES"),
+                   copy_crew_bytes=config.get("CHORUS_SHM_COPY_CREW_BYTES"))
 
 
 def _up(n: int, to: int = PAGE) -> int:
@@ -98,13 +133,13 @@ def slot_bytes(world: int) -> int:
     """Bytes per slot: ``CHORUS_SHM_SLOT_BYTES``, else 1 MiB (2 MiB for 2 ranks: ``PAIR_SLOT``),
     shrunk so that the window stays within ``CHORUS_SHM_BYTES`` (default 64 MiB) for large
     groups; at least 64 KiB, which a group of one rank (nothing to share, only copies) gets."""
-    explicit = env_int("CHORUS_SHM_SLOT_BYTES", 0)
+    explicit = config.get("CHORUS_SHM_SLOT_BYTES")
     if explicit:
         slot = explicit
     elif world == 1:
         slot = MIN_SLOT
     else:
-        budget = env_int("CHORUS_SHM_BYTES", 64 << 20)
+        budget = config.get("CHORUS_SHM_BYTES")
         slot = min(PAIR_SLOT if world == 2 else DEFAULT_SLOT, budget // (2 * (world + 1)))
     return max(MIN_SLOT, slot // 4096 * 4096)
 
@@ -131,11 +166,11 @@ def attach(path: str, size: int, world: int, slot: int, nonce: bytes) -> tuple[S
     return segment, layout
 
 
-def publish_probe(buf, layout: Layout, rank: int) -> cma.Probe | None:
+def publish_probe(buf, layout: Layout, rank: int, enabled: bool) -> cma.Probe | None:
     """Write ``rank``'s pid and CMA probe (where, and which 8 bytes) into its control line,
-    before the window is in use; None (and zeros) where CMA is off here."""
+    before the window is in use; None (and zeros) unless CMA is ``enabled`` here."""
     probe = None
-    if cma.enabled() and layout.world > 1:
+    if enabled and layout.world > 1:
         cma.allow_peers()
         probe = cma.Probe()
     line = CONTROL + rank * LINE
@@ -146,11 +181,13 @@ def publish_probe(buf, layout: Layout, rank: int) -> cma.Probe | None:
 
 
 class Window:
-    """Typed views into one mapped window, for rank ``rank``; views are cached per shape."""
+    """Typed views into one mapped window, for rank ``rank``; views are cached per shape.
+    ``settings``: the group's (default: this process's now)."""
 
-    def __init__(self, buf, layout: Layout, rank: int):
+    def __init__(self, buf, layout: Layout, rank: int, settings: Settings | None = None):
         self.buf = buf
         self.layout = layout
+        self.settings = Settings.read() if settings is None else settings
         self.rank = rank
         self.world = layout.world
         self.slot = layout.slot
