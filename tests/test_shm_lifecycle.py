@@ -262,8 +262,8 @@ def test_oversubscribed_host_8_ranks_2000_all_reduces_in_bounded_time():
 
 @pytest.mark.timeout(600)  # a hang still fails in 60 s: run_processes' op timeout
 def test_100000_small_all_reduces_grow_neither_memory_nor_descriptors_nor_segments():
-    """4 ranks on the 2-core machine (oversubscribed).  The loop takes ~10 s on an idle
-    machine, 1-2 min while others' tests run, ~5 min next to a CPU-bound process: waiters
+    """4 ranks, oversubscribed on 2 cores.  The loop takes ~10 s on an idle 2-core host,
+    1-2 min while others' tests run, ~5 min next to a CPU-bound process: waiters
     sched_yield() for 1 ms, and each yield to a busy loop costs milliseconds."""
     for _seconds, before, after, used in run_processes(_many_small_all_reduces, 4, 100_000):
         (rss0, fds0, files0, mapped0), (rss1, fds1, files1, mapped1) = before, after
