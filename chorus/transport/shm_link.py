@@ -58,8 +58,7 @@ from collections.abc import Callable
 
 from chorus import config
 from chorus.net import recv_exact
-from chorus.shm.group import platform_ok, transport_mode
-from chorus.shm.hostid import NO_HOST, host_digest
+from chorus.shm.handshake import NO_HOST, host_digest, platform_ok, transport_mode
 from chorus.shm.ring import RingReader, RingWriter, ring_size
 from chorus.shm.segment import SHM_DIR, Segment
 
