@@ -142,10 +142,10 @@ def _copy_vs_single_copy(rank, world):
     report = []
     for seed, case in enumerate(cases(world)):
         shm.window.cma = None
-        shm.plans.clear()  # the API's one-shot plans depend on whether single copy is possible
+        dist.group.WORLD.lane.forget_plans()  # the API's one-shot plans depend on whether single copy is possible
         copied, criterion = run_case(case, rank, world, seed)
         shm.window.cma = peers
-        shm.plans.clear()
+        dist.group.WORLD.lane.forget_plans()
         before, syncs = peers.nbytes, shm.sync.count
         direct, _ = run_case(case, rank, world, seed)
         same = len(copied) == len(direct) and all(
@@ -164,10 +164,10 @@ def _short_complex_products(rank, world):
             x = values(seed * 10 + rank, n, "complex64")
             copied, direct = x.copy(), x.copy()
             shm.window.cma = None
-            shm.plans.clear()
+            dist.group.WORLD.lane.forget_plans()
             dist.all_reduce(copied, op=dist.ReduceOp.PRODUCT)
             shm.window.cma = peers
-            shm.plans.clear()
+            dist.group.WORLD.lane.forget_plans()
             calls = peers.calls
             dist.all_reduce(direct, op=dist.ReduceOp.PRODUCT)
             report.append((copied.tobytes() == direct.tobytes(), peers.calls > calls))

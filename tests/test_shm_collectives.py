@@ -163,7 +163,7 @@ def test_every_collective_dtype_and_op_through_shared_memory(world, monkeypatch)
         win.settings = dataclasses.replace(win.settings, oneshot_bytes=0)  # reduce-scatter + all-gather ...
         monkeypatch.setattr(shm_algo, "WHOLE_CHUNKS_WORLD", 0)  # ... in groups of 2 as well
         dist.barrier()  # every rank is past its one-shot reductions before the plans go
-        dist.group.WORLD.shm.plans.clear()  # the API's one-shot plans were made under the old sizes
+        dist.group.WORLD.lane.forget_plans()  # the API's one-shot plans were made under the old sizes
         for dtype in DTYPES:
             wrong += reductions(rank, w, dtype, 5)
         return wrong, counter.ran()

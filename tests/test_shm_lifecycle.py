@@ -16,8 +16,9 @@ import pytest
 from proc_support import check_survivors, is_alive, leftovers, run_ranks, wait_until
 
 import chorus as dist
-from chorus.shm import handshake, sweep
-from chorus.shm.segment import Segment
+from chorus.host import identity
+from chorus.host.segment import Segment
+from chorus.shm import sweep
 from chorus.testing import run_processes, run_threads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,14 +31,14 @@ def test_host_id_is_this_machine_and_its_dev_shm(monkeypatch):
     with open("/proc/sys/kernel/random/boot_id") as f:
         boot = f.read().strip()
     st = os.stat("/dev/shm")
-    assert handshake.host_id(0) == handshake.host_id(5) == f"{boot}/{st.st_dev}:{st.st_ino}"
+    assert identity.host_id(0) == identity.host_id(5) == f"{boot}/{st.st_dev}:{st.st_ino}"
     monkeypatch.setenv("CHORUS_HOST_ID", "nodeA")
-    assert handshake.host_id(3) == "nodeA"
+    assert identity.host_id(3) == "nodeA"
     monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b")
-    assert [handshake.host_id(r) for r in range(3)] == ["a", "a", "b"]
+    assert [identity.host_id(r) for r in range(3)] == ["a", "a", "b"]
     with pytest.raises(ValueError, match="one entry per rank"):
-        handshake.host_id(3)
-    assert handshake.host_digest(0) != handshake.host_digest(2) and handshake.host_digest(0) == handshake.host_digest(1)
+        identity.host_id(3)
+    assert identity.host_digest(0) != identity.host_digest(2) and identity.host_digest(0) == identity.host_digest(1)
 
 
 def test_segment_create_attach_unlink_and_sweep(job):
@@ -139,7 +140,7 @@ def test_every_collective_across_processes_and_nothing_left_after_exit():
 
 _KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time, numpy as np, chorus as dist
-    from chorus.shm.segment import Segment
+    from chorus.host.segment import Segment
     victim, outdir = int(sys.argv[1]), sys.argv[2]
     # chorusrun SIGTERMs the survivors once it sees the victim die: carry on, so that what
     # the survivors raise is checked whatever the launcher's timing (its SIGKILL follows in 3 s)

@@ -36,7 +36,8 @@ def _ops(rank, world):
 
 def _recorded(body, world, **settings):
     """Run ``body`` on ``world`` thread ranks with ``settings`` (config.override) and a
-    listener attached: (results, events)."""
+    listener attached: (results, the transfer events; each op's begin and end, which the
+    component reports around them, are left out)."""
     events = []
     recorder.attach(events.append)
     try:
@@ -44,7 +45,7 @@ def _recorded(body, world, **settings):
             results = run_threads(body, world)
     finally:
         recorder.detach()
-    return results, events
+    return results, [e for e in events if e.what not in ("begin", "end")]
 
 
 def _totals(events):

@@ -15,6 +15,6 @@
     ring.py         single-producer/single-consumer byte rings for point-to-point payloads
 """
 
-from chorus.shm.segment import sweep
+from chorus.host.segment import sweep
 
 __all__ = ["sweep"]

@@ -14,14 +14,13 @@ others then stop waiting and raise) and every later op of the group raises Abort
 
 from __future__ import annotations
 
-import os
 import threading
 
 from chorus.errors import AbortedError
+from chorus.host.segment import Segment
 from chorus.shm import collectives as algo
 from chorus.shm.cma import address
 from chorus.shm.phases import Crew
-from chorus.shm.segment import Segment
 from chorus.shm.sync import TCP, Backoff, Sync, Waker
 from chorus.shm.window import Layout, Settings, Window
 
@@ -58,12 +57,6 @@ class ShmGroup:
         self.broken: str | None = None
         self.closed = False
         self._lock = threading.Lock()
-        self.plans: dict = {}  # the API layer's cached one-shot plans (chorus.api.collectives)
-        # Collectives forced onto a TCP algorithm by CHORUS_ALGO_<NAME> (read once, here:
-        # a per-call environment lookup would cost more than the whole one-shot op).
-        # "hierarchical" is no TCP algorithm: inside one host it means shared memory.
-        self.tcp_only = frozenset(name for name in _OPS if os.environ.get(f"CHORUS_ALGO_{name.upper()}", "")
-                                  .strip() not in ("", "hierarchical"))
 
     def __repr__(self) -> str:
         return (f"ShmGroup(group={self.group}, world={self.window.world}, slot={self.window.slot}, "
@@ -230,7 +223,6 @@ class ShmGroup:
         left (an op still running on another thread fails with AbortedError)."""
         self.closed = True
         self.broken = "the group was destroyed"
-        self.plans.clear()  # their views of the window would keep it mapped
         if self.window.crew is not None:
             self.window.crew.close()
         if self.window.maps is not None:

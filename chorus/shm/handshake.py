@@ -32,7 +32,7 @@ any member: no).
 From the unlink on, the window exists only as the members' mappings and vanishes with
 them, whatever way they end (``kill -9`` included).  Only a rank 0 killed between
 creating and unlinking (milliseconds) leaves a file, named after the job for
-``chorus.shm.segment.sweep``.  A group of one rank creates and unlinks at once.
+``chorus.host.segment.sweep``.  A group of one rank creates and unlinks at once.
 
 Shared memory is used only when *every* member is on this host; a group spanning hosts
 learns which member is on which host, so that it can run shared memory inside each host
@@ -56,19 +56,15 @@ pretend to live on different hosts): ``CHORUS_HOST_ID=a,a,b,b``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import platform
 import struct
 import time
 
-from chorus import config
 from chorus.errors import InvalidArgumentError
+from chorus.host.identity import NO_HOST, host_digest, platform_ok, transport_mode
 from chorus.shm import cma, placement, window
 from chorus.shm.group import ShmGroup
 from chorus.shm.mapped import PeerMaps
-from chorus.shm.segment import SHM_DIR
 from chorus.shm.sync import PID, PROBE, SOURCE
 from chorus.shm.window import Settings
 from chorus.wire.frames import Kind
@@ -86,7 +82,6 @@ NO, YES, FORCED_BUT_IMPOSSIBLE, SETTINGS_DIFFER = 0, 1, 2, 3
 #: must all have the same (checked here).
 _SETTINGS = struct.Struct("<QQQQ")
 _NO_OVERRIDE = 0
-NO_HOST = bytes(32)  # the digest of a rank that cannot (or must not) use shared memory
 
 
 Hosts = tuple[int | None, ...]  # per group rank: its host, numbered 0.. in order of first appearance
@@ -105,45 +100,6 @@ def create(transport, group: int, members: tuple[int, ...], rank: int,
     if rank == 0:
         return _lead(talk, digest, mode, members, settings)
     return _follow(talk, digest, rank, settings)
-
-
-def transport_mode() -> str:
-    """``CHORUS_TRANSPORT``: ``auto`` (shared memory where every member shares a host, on
-    CPUs whose store order the sync relies on), ``shm`` (force it, fail if impossible),
-    ``tcp`` (never)."""
-    return config.get("CHORUS_TRANSPORT")
-
-
-def platform_ok() -> bool:
-    """x86-64 (and x86) keep stores in order, which the counters rely on (chorus.shm.sync)."""
-    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-
-
-def host_id(global_rank: int) -> str | None:
-    """This rank's host id (see above), or None when it has no usable ``/dev/shm``."""
-    parts = config.get("CHORUS_HOST_ID")
-    if parts:
-        if len(parts) == 1:
-            return parts[0]
-        if global_rank >= len(parts):
-            raise ValueError(f"CHORUS_HOST_ID lists {len(parts)} hosts but this is rank {global_rank}; "
-                             "give one entry per rank, or a single value")
-        return parts[global_rank]
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        st = os.stat(SHM_DIR)
-    except OSError:
-        return None
-    if not os.access(SHM_DIR, os.W_OK):
-        return None
-    return f"{boot}/{st.st_dev}:{st.st_ino}"
-
-
-def host_digest(global_rank: int) -> bytes:
-    """32 bytes naming this rank's host (NO_HOST when shared memory is unavailable)."""
-    hid = host_id(global_rank)
-    return NO_HOST if hid is None else hashlib.sha256(hid.encode()).digest()
 
 
 def _settings(settings: Settings) -> bytes:

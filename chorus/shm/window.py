@@ -45,9 +45,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from chorus import config
+from chorus.host.segment import Segment
 from chorus.shm import cma
 from chorus.shm.registered import OFFSET_BITS, Descriptor
-from chorus.shm.segment import Segment
 from chorus.shm.sync import ABANDONED, MAPPED, MAPPED_DEVICE, PID, PROBE, SOURCE, UNIFORM, WORDS
 
 MAGIC = b"CHSHM004"  # the layout's version, checked at attach
