@@ -24,7 +24,7 @@ class FakeTransport:
     def __init__(self):
         self.dead, self.error, self.listeners, self.mismatches = {}, None, [], []
 
-    def failure(self, group, peer):
+    def failure(self, group, peer, expect=None):
         return self.error
 
     def group_mismatch(self, group, culprit, seq, fingerprint, detector):

@@ -236,8 +236,10 @@ class CudaComponent(Component):
         status = int(words[L.STATUS])
         if status == L.MISMATCH:
             return self._mismatch(words)
-        lost = self.pg.transport.failure(self.pg.id, None)
-        op = self._described(int(words[L.FAIL_OP]), "an earlier op") if status else "an op"
+        description, seq, fprint = self.ops.get(int(words[L.FAIL_OP]), ("an earlier op", -1, 0))
+        op = description if status else "an op"
+        expect = (seq, fprint) if status and fprint else None  # names this rank's call in a mismatch
+        lost = self.pg.transport.failure(self.pg.id, None, expect=expect)
         bits = int(words[L.FAIL_PEERS])
         ranks = [self.pg.members[r] for r in range(bits.bit_length()) if bits >> r & 1]
         waited = {L.WAIT_BARRIER: "arrive at its barrier", L.WAIT_READY: "send its data",
