@@ -47,16 +47,27 @@ class FakeKernels:
         self.host = host
         self.timeout_s = timeout_s
 
-    def barrier(self, controls, rank, world, host_addr, op_id, timeout_ns):
+    def barrier(self, controls, rank, world, host_addr, op_id, timeout_ns, fprint=0):
         if self.host[L.STATUS]:
             return
         bases = controls.tolist()
+        fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint  # the int64 word's value
         e = word(bases[rank]).value + 1
         word(bases[rank]).value = e
+        prints = L.FPRINT + (e & 1) * L.FPRINT_PARITY
         for b in bases:
+            word(b + prints + 8 * rank).value = fprint
             word(b + L.BARRIER + 8 * rank).value = e
         _spin([bases[rank] + L.BARRIER + 8 * r for r in range(world)], e, self.host, op_id, L.WAIT_BARRIER,
               self.timeout_s)
+        if self.host[L.STATUS]:
+            return
+        other = [r for r in range(world) if word(bases[rank] + prints + 8 * r).value != fprint]
+        if other:
+            self.host[L.FAIL_FP] = word(bases[rank] + prints + 8 * other[0]).value
+            self.host[L.FAIL_OP], self.host[L.FAIL_WHAT] = op_id, L.WAIT_BARRIER
+            self.host[L.FAIL_PEERS] = sum(1 << r for r in other)
+            self.host[L.STATUS] = L.MISMATCH
 
     def post(self, flag, value, host_addr, hdr=0, tag=0, nbytes=0):
         if self.host[L.STATUS]:

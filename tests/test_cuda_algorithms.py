@@ -178,3 +178,35 @@ def test_size_mismatch_breaks_and_timeout_is_bounded():
     g.run(alone)
     host = g.hosts[0]
     assert (host[L.STATUS], host[L.FAIL_PEERS], host[L.FAIL_OP]) == (L.TIMEOUT, 0b10, 3)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_mismatched_collectives_stop_at_the_first_barrier(world):
+    """Rank 1 all-gathers where the others all-reduce (each op's barriers carry its
+    fingerprint): every rank sees MISMATCH at the first barrier, with the other side's
+    ranks and fingerprint, and the rest of the op does not wait (no timeout)."""
+    from chorus.wire.fingerprint import fingerprint
+
+    g = Group(world, SMALL)
+    n = 3000  # several rounds: later barriers are skipped once the page holds the mismatch
+    reduce_fp = fingerprint("all_reduce", "float32", n, -1, "SUM")
+    gather_fp = fingerprint("all_gather", "float32", n)
+    ins = [data(r, n, "float32") for r in range(world)]
+    out = torch.empty(world * n)
+
+    def body(x):
+        if x.rank == 1:
+            x.begin(4, None, 0, "float32", "", gather_fp)
+            A.all_gather(x, ptr(ins[1]), ptr(out), n, 4)
+        else:
+            x.begin(4, None, 0, "float32", "SUM", reduce_fp)
+            A.all_reduce(x, ptr(ins[x.rank]), n, 4)
+
+    g.run(body, timeout=20)
+    for r in range(world):
+        host = g.hosts[r]
+        assert (host[L.STATUS], host[L.FAIL_OP]) == (L.MISMATCH, 4), r
+        if r == 1:  # everyone else differs from rank 1; the lowest is named
+            assert host[L.FAIL_PEERS] == (1 << world) - 1 - 0b10 and host[L.FAIL_FP] == reduce_fp
+        else:
+            assert host[L.FAIL_PEERS] == 0b10 and host[L.FAIL_FP] == gather_fp

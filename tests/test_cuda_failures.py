@@ -13,6 +13,7 @@ from chorus.cuda.component import CudaComponent
 from chorus.errors import (
     AbortedError,
     BufferMismatchError,
+    CollectiveMismatchError,
     CommTimeoutError,
     InvalidArgumentError,
     PeerLostError,
@@ -21,17 +22,21 @@ from chorus.errors import (
 
 class FakeTransport:
     def __init__(self):
-        self.dead, self.error, self.listeners = {}, None, []
+        self.dead, self.error, self.listeners, self.mismatches = {}, None, [], []
 
-    def failure(self, group, peer):
+    def failure(self, group, peer, expect=None):
         return self.error
+
+    def group_mismatch(self, group, culprit, seq, fingerprint, detector):
+        self.mismatches.append((group, culprit, seq, fingerprint, detector))
 
     def add_failure_listener(self, fn):
         self.listeners.append(fn)
 
 
 def component():
-    pg = SimpleNamespace(id=3, name="g3", members=(4, 5, 6), timeout=2.0, transport=FakeTransport())
+    pg = SimpleNamespace(id=3, name="g3", members=(4, 5, 6), timeout=2.0, transport=FakeTransport(),
+                         rank=lambda: 0)
     comp = CudaComponent(pg, None)
     comp.ws = SimpleNamespace(words=np.zeros(L.CONTROL_WORDS, np.int64))
     return comp
@@ -78,3 +83,24 @@ def test_size_mismatch_is_fatal_tag_mismatch_is_not():
     w[L.FAIL_OP], w[L.FAIL_PEERS], w[L.FAIL_EXPECT], w[L.FAIL_GOT], w[L.STATUS] = op, 0b10, 80, 40, L.SIZE_MISMATCH
     with pytest.raises(BufferMismatchError, match="sent 40 bytes but this rank receives 80"):
         comp.check("recv")
+
+
+def test_mismatch_names_both_calls_and_tells_the_transport():
+    from chorus.wire.fingerprint import fingerprint
+
+    comp = component()
+    mine = fingerprint("all_reduce", "float32", 1 << 32, -1, "SUM")  # above 2**63: a negative word
+    theirs = fingerprint("all_gather", "float32", 1 << 30)
+    op = comp._name_op("all_reduce (op #9 of group g3)", 9, mine)
+    w = comp.ws.words
+    w[L.FAIL_OP], w[L.FAIL_PEERS], w[L.FAIL_FP], w[L.STATUS] = op, 0b100, theirs - (1 << 64) * (theirs >> 63), L.MISMATCH
+    with pytest.raises(CollectiveMismatchError) as err:
+        comp.check("all_reduce")
+    text = str(err.value)
+    assert "rank 6 called all_gather(float32, count=1073741824) as op #9" in text, text
+    assert "this rank (rank 4) called all_reduce(float32, count=4294967296, op=SUM)" in text, text
+    assert comp.pg.transport.mismatches == [(3, 6, 9, theirs, 4)]
+    assert w[L.ABORT] == 1
+    with pytest.raises(CollectiveMismatchError):  # broken from now on, told once
+        comp.check("broadcast")
+    assert len(comp.pg.transport.mismatches) == 1

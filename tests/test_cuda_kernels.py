@@ -67,8 +67,12 @@ class Pads:
     def barrier_words(self, r):
         return self.ws[r][L.BARRIER // 8: L.BARRIER // 8 + self.world].tolist()
 
-    def barrier(self, op_id=7, max_spins=200):
-        K.barrier(self.controls, 0, self.world, self.host.data_ptr(), op_id, 10**12, max_spins)
+    def barrier(self, op_id=7, max_spins=200, fprint=0):
+        K.barrier(self.controls, 0, self.world, self.host.data_ptr(), op_id, 10**12, max_spins, fprint)
+
+    def fprint_words(self, r, parity):
+        at = (L.FPRINT + parity * L.FPRINT_PARITY) // 8
+        return self.ws[r][at: at + self.world]
 
 
 def test_barrier_epochs_timeout_abort():
@@ -89,6 +93,35 @@ def test_barrier_epochs_timeout_abort():
     p.host[L.ABORT] = 1
     p.barrier(max_spins=10**9)  # the abort word ends the spin, not the spin count
     assert p.host[L.STATUS] == L.ABORTED and p.host[L.FAIL_PEERS] == 0b10
+
+
+def test_barrier_compares_fingerprints():
+    """Every rank stores its op's fingerprint next to its epoch; a rank whose fingerprint
+    differs from this rank's is reported (MISMATCH, its bit, its fingerprint)."""
+    from chorus.wire.fingerprint import fingerprint
+
+    mine = fingerprint("all_reduce", "float32", 1 << 32, -1, "SUM")  # >= 2**63: stored as a negative word
+    theirs = fingerprint("all_gather", "float32", 1000)
+    assert mine >= 1 << 63
+    p = Pads(4)
+    for r in (1, 2, 3):  # epoch 1 (parity 1): every peer arrived, rank 2 with another op
+        p.ws[0][L.BARRIER // 8 + r] = 1
+        p.fprint_words(0, 1)[r] = K.signed64(theirs if r == 2 else mine)
+    p.barrier(op_id=5, fprint=mine)
+    assert [int(p.fprint_words(r, 1)[0]) for r in range(4)] == [K.signed64(mine)] * 4  # pushed everywhere
+    assert (p.host[L.STATUS], p.host[L.FAIL_OP], p.host[L.FAIL_WHAT]) == (L.MISMATCH, 5, L.WAIT_BARRIER)
+    assert p.host[L.FAIL_PEERS] == 0b0100 and int(p.host[L.FAIL_FP]) == theirs
+
+    p = Pads(2)  # the same op everywhere: nothing to report, at either parity
+    for epoch in (1, 2):
+        p.ws[0][L.BARRIER // 8 + 1] = epoch
+        p.fprint_words(0, epoch & 1)[1] = K.signed64(mine)
+        p.barrier(op_id=epoch, fprint=mine)
+        assert p.host[L.STATUS] == 0, epoch
+    p.fprint_words(0, 0)[1] = K.signed64(theirs)  # rank 1's next op, at the other parity: not read
+    p.ws[0][L.BARRIER // 8 + 1] = 3
+    p.barrier(op_id=3, fprint=mine)  # epoch 3 reads parity 1
+    assert p.host[L.STATUS] == 0
 
 
 def test_post_and_wait_with_headers():

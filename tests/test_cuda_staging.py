@@ -113,3 +113,29 @@ def test_staged_collectives_match_torch():
             parts.append(block[sum(send[:j]):sum(send[:j + 1])])
         assert torch.equal(res[j]["all_to_all"], torch.cat(parts))
     assert torch.equal(res[1]["p2p"], data(0, N, torch.bfloat16, 1))
+
+
+def test_members_on_two_hosts_never_map_and_stage_through_the_hierarchy(monkeypatch):
+    """``CHORUS_HOST_ID=a,a,b,b``: the CUDA workspace sees two hosts (so attach stages,
+    chorus.cuda.workspace) and the staged calls run on the group's hierarchical path."""
+    from chorus.cuda.workspace import _host_id
+
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
+    assert [_host_id(r) for r in range(4)] == ["CHORUS_HOST_ID=a"] * 2 + ["CHORUS_HOST_ID=b"] * 2
+
+    def body(rank, world):
+        pg = current().default_group
+        assert pg.hierarchy is not None and pg.shm is None
+        t = data(rank, N, torch.float32)
+        run("all_reduce", {"data": t}, reduce_op="SUM")
+        o = torch.empty(world * N)
+        run("all_gather", {"input": data(rank, N, torch.float32), "output": o})
+        b = data(rank, N, torch.bfloat16)
+        run("broadcast", {"data": b}, dtype="bfloat16", root=3)
+        return t, o, b
+
+    res = run_threads(body, 4)
+    ins = [data(r, N, torch.float32) for r in range(4)]
+    for t, o, b in res:
+        assert torch.equal(t, sum(ins)) and torch.equal(o, torch.cat(ins))
+        assert torch.equal(b, data(3, N, torch.bfloat16))

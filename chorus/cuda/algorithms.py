@@ -27,7 +27,11 @@ after the barrier reads what it needs from every rank's slot::
     scatter     root: slot_root[q] <- input[q];  barrier; rank q: output <- slot_root[q]
     reduce_scatter  rank r: slot_r[q] <- input block q;  barrier; rank q: output <- op over r
                     of slot_r[q]  (slot_r[q]: the q-th of W equal pieces of the slot)
-    all_to_all  pairwise through the channels (sizes differ per pair; no global rounds)
+    all_to_all  one barrier, then pairwise through the channels (sizes differ per pair)
+
+Every collective passes at least one barrier, where the ranks compare their ops'
+fingerprints (chorus.cuda.kernels): ranks that called different collectives learn it
+there instead of running mismatched ops over each other's memory.
 
 A two-shot all_reduce (reduce-scatter then all-gather over the slots) is the next
 algorithm for large messages; it plugs in next to ``all_reduce`` (chorus.cuda.component
@@ -135,6 +139,7 @@ def exchange(x, sends, recvs, always: bool) -> None:
 
 
 def all_to_all(x, inp: int, out: int, send_counts, recv_counts, item: int) -> None:
+    x.barrier()  # the channels carry no fingerprint: compare them here
     send_at = [sum(send_counts[:q]) for q in range(x.world)]
     recv_at = [sum(recv_counts[:q]) for q in range(x.world)]
     me = x.rank

@@ -15,17 +15,21 @@ Per call, with a mapped workspace::
                      CudaWork holding an event recorded after it)
     p2p(...)         a send or receive through the pair's channel
 
-Streams, as ProcessGroupNCCL: everything is enqueued on ``torch.cuda.current_stream()``
-at the call, so an op runs after the caller's queued work and before later work.  A
-synchronous ``barrier`` also blocks the CPU until it completed on the GPU (as torch's).
+Streams, as ProcessGroupNCCL: everything is enqueued on the current stream of the
+workspace's device at the call, so an op runs after the caller's queued work and before
+later work.  A synchronous ``barrier`` also blocks the CPU until it completed on the GPU
+(as torch's).  When members are threads of one process the op runs on the workspace's
+own stream instead, which first waits for the caller's stream and which the caller's
+stream then waits for (same order for the caller; chorus.cuda.workspace says why).
 
 Failures: every spin is bounded by the group's timeout and by the ABORT word that a
 transport failure listener sets (chorus.cuda.kernels).  A kernel that gives up writes
 why into the control page; the next call on the group, and ``CudaWork.wait`` /
-``synchronize``, read it and raise: PeerLostError or CollectiveMismatchError when the
-transport knows of one, else CommTimeoutError, AbortedError or BufferMismatchError,
-naming the op, the group and the ranks.  From then on the component is broken: every
-later call raises the same.
+``synchronize``, read it and raise: CollectiveMismatchError when a barrier found ranks
+in another collective (naming both calls; the transport is told, so the group's CPU ops
+fail too), PeerLostError or CollectiveMismatchError when the transport knows of one,
+else CommTimeoutError, AbortedError or BufferMismatchError, naming the op, the group
+and the ranks.  From then on the component is broken: every later call raises the same.
 """
 
 from __future__ import annotations
@@ -45,16 +49,19 @@ from chorus.engine import OpContext
 from chorus.errors import (
     AbortedError,
     BufferMismatchError,
+    CollectiveMismatchError,
     CommTimeoutError,
     InvalidArgumentError,
     PeerLostError,
 )
+from chorus.wire.fingerprint import describe
 from chorus.work import Work
 
 log = logging.getLogger("chorus")
 
 DEFAULT_WORKSPACE_BYTES = 64 << 20
 OP_NAMES_KEPT = 4096  # op descriptions kept for error messages
+_U64 = (1 << 64) - 1
 _ALGORITHMS = {"all_to_all": "channels", "barrier": "barrier"}  # everything else: "one_shot"
 
 
@@ -107,7 +114,7 @@ class CudaComponent(Component):
         self.staging_reason = why
         self.lanes = None
         self._reducible: frozenset[str] = frozenset()
-        self.ops: dict[int, str] = {}
+        self.ops: dict[int, tuple[str, int, int]] = {}  # op id -> (description, seq, fingerprint)
         self.next_op = 0
         self.broken: BaseException | None = None
         self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
@@ -135,12 +142,16 @@ class CudaComponent(Component):
         import torch
 
         self.check(call.name)
-        stream = torch.cuda.current_stream()
-        op_id = self._name_op(f"{call.name} (op #{call.seq} of group {self.pg.name})")
+        stream = torch.cuda.current_stream(self.ws.device)
+        op_id = self._name_op(f"{call.name} (op #{call.seq} of group {self.pg.name})", call.seq,
+                              call.fingerprint)
         sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
                              after=staging.on_stream(call.after, stream))
-        run_in_order(sync, self.name, algorithm,
-                     staging.on_stream(lambda ctx: self._enqueue(call, ctx, op_id, stream), stream))
+
+        def transfers(ctx) -> None:
+            self._launch(stream, lambda run: self._enqueue(call, ctx, op_id, run))
+
+        run_in_order(sync, self.name, algorithm, staging.on_stream(transfers, stream))
         if call.name == "barrier" and not call.async_op:
             stream.synchronize()  # torch's barrier blocks the CPU
             self.check(call.name)
@@ -174,7 +185,7 @@ class CudaComponent(Component):
 
         kinds = {kind for kind, *_ in ops}
         self.check("/".join(sorted(kinds)))
-        stream = torch.cuda.current_stream()
+        stream = torch.cuda.current_stream(self.ws.device)
         what = ", ".join(f"{k} {'to' if k == 'send' else 'from'} rank {self.pg.members[p]} (tag {g})"
                          for k, _, p, g in ops)
         op_id = self._name_op(what)
@@ -184,10 +195,13 @@ class CudaComponent(Component):
         def message(t, peer, tag):
             return peer, t.data_ptr(), t.numel() * t.element_size(), tag
 
-        with self._lock:
-            self.lanes.begin(op_id, ctx, stream.cuda_stream)
-            A.exchange(self.lanes, [message(t, p, g) for k, t, p, g in ops if k == "send"],
-                       [message(t, p, g) for k, t, p, g in ops if k == "recv"], True)
+        def enqueue(run) -> None:
+            with self._lock:
+                self.lanes.begin(op_id, ctx, run.cuda_stream)
+                A.exchange(self.lanes, [message(t, p, g) for k, t, p, g in ops if k == "send"],
+                           [message(t, p, g) for k, t, p, g in ops if k == "recv"], True)
+
+        self._launch(stream, enqueue)
         if not async_op:
             return None
         return self._work(stream, what, [t for _, t, _, _ in ops], tuple(t for _, t, _, _ in ops))
@@ -209,7 +223,7 @@ class CudaComponent(Component):
         raise self.broken
 
     def _tag_mismatch(self, words) -> None:
-        op = self.ops.get(int(words[L.TAG_OP]) - 1, "a receive")
+        op = self._described(int(words[L.TAG_OP]) - 1, "a receive")
         peer = self.pg.members[int(words[L.TAG_PEER])]
         expect, got = (_tag(int(words[i])) for i in (L.TAG_EXPECT, L.TAG_GOT))
         words[L.TAG_OP] = 0
@@ -219,9 +233,13 @@ class CudaComponent(Component):
             "post them in the same order on both sides with the same tags")
 
     def _error(self, what: str, words) -> BaseException:
-        lost = self.pg.transport.failure(self.pg.id, None)
         status = int(words[L.STATUS])
-        op = self.ops.get(int(words[L.FAIL_OP]), "an earlier op") if status else "an op"
+        if status == L.MISMATCH:
+            return self._mismatch(words)
+        description, seq, fprint = self.ops.get(int(words[L.FAIL_OP]), ("an earlier op", -1, 0))
+        op = description if status else "an op"
+        expect = (seq, fprint) if status and fprint else None  # names this rank's call in a mismatch
+        lost = self.pg.transport.failure(self.pg.id, None, expect=expect)
         bits = int(words[L.FAIL_PEERS])
         ranks = [self.pg.members[r] for r in range(bits.bit_length()) if bits >> r & 1]
         waited = {L.WAIT_BARRIER: "arrive at its barrier", L.WAIT_READY: "send its data",
@@ -243,6 +261,23 @@ class CudaComponent(Component):
         return AbortedError(f"{where}: {op} was aborted while waiting for rank(s) {ranks} "
                             "(the group failed or was destroyed)")
 
+    def _mismatch(self, words) -> CollectiveMismatchError:
+        """A barrier of op FAIL_OP found ranks FAIL_PEERS in another collective (the lowest
+        of them called FAIL_FP): tell the transport (the group's CPU ops fail too, on every
+        rank) and name both calls."""
+        _, seq, mine = self.ops.get(int(words[L.FAIL_OP]), ("", -1, 0))
+        bits = int(words[L.FAIL_PEERS])
+        others = [self.pg.members[r] for r in range(bits.bit_length()) if bits >> r & 1]
+        culprit, theirs = others[0], int(words[L.FAIL_FP]) & _U64
+        me = self.pg.members[self.pg.rank()]
+        self.pg.transport.group_mismatch(self.pg.id, culprit, seq, theirs, me)
+        also = f" (ranks {others} all called something other than this rank)" if len(others) > 1 else ""
+        return CollectiveMismatchError(
+            f"collective mismatch on group {self.pg.name} (CUDA): rank {culprit} called {describe(theirs)} "
+            f"as op #{seq} of the group{also}, but this rank (rank {me}) called {describe(mine & _U64)}. "
+            "The group is unusable from now on. Every rank of a group must call the same collectives, "
+            "in the same order, with the same dtype, count, root and op.")
+
     def _on_failure(self, group: int, why: str) -> None:
         ws = self.ws
         if ws is None:
@@ -252,12 +287,36 @@ class CudaComponent(Component):
             ws.words[L.ABORT] = 1
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _name_op(self, description: str) -> int:
+    def _name_op(self, description: str, seq: int = -1, fprint: int = 0) -> int:
         op_id = self.next_op = self.next_op + 1
-        self.ops[op_id] = description
+        self.ops[op_id] = (description, seq, fprint)
         if len(self.ops) > OP_NAMES_KEPT:
             del self.ops[next(iter(self.ops))]
         return op_id
+
+    def _described(self, op_id: int, otherwise: str) -> str:
+        entry = self.ops.get(op_id)
+        return entry[0] if entry is not None else otherwise
+
+    def _launch(self, stream, enqueue) -> None:
+        """``enqueue(run)`` puts an op's work on stream ``run``: ``stream`` (the caller's),
+        or the workspace's own stream joined to it both ways (members that are threads of
+        one process: chorus.cuda.workspace).  Either way the op runs after the work queued
+        on ``stream`` and before the work queued there later, on the workspace's device."""
+        import torch
+
+        side = self.ws.stream
+        if side is None:
+            if torch.cuda.current_device() == stream.device.index:
+                enqueue(stream)
+                return
+            with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+                enqueue(stream)
+            return
+        side.wait_stream(stream)
+        with torch.cuda.device(side.device), torch.cuda.stream(side):
+            enqueue(side)
+        stream.wait_stream(side)
 
     def _work(self, stream, what: str, result, keep):
         import torch
@@ -275,7 +334,7 @@ class CudaComponent(Component):
         item = first.element_size() if first is not None else 1
         with self._lock:
             x = self.lanes
-            x.begin(op_id, ctx, stream.cuda_stream, dtype, call.reduce_op)
+            x.begin(op_id, ctx, stream.cuda_stream, dtype, call.reduce_op, call.fingerprint)
             name = call.name
             if name == "barrier":
                 x.barrier()

@@ -6,6 +6,15 @@ scope) an increasing value into a word of the *peer's* workspace and spins (acqu
 system scope) on words of its *own*.  Only plain stores and loads cross the link, no
 atomics (PCIe peers may lack them).
 
+The barrier also compares what every rank is doing: each rank stores its op's fingerprint
+(chorus.wire.fingerprint) into the peer's FPRINT word of the barrier's parity just
+before its epoch (one thread, the epoch's release orders both), and once every epoch
+has arrived compares the W fingerprints with its own.  Ranks that called another
+collective are reported as MISMATCH (their bitmask, and the lowest one's fingerprint)
+instead of letting the ranks run ops of different shapes over each other's slots.  The
+parity keeps the words stable while they are read: a peer can reach the next barrier of
+the same parity only after this rank has reached the one in between.
+
 Every spin is bounded: it gives up when the group's timeout has passed on the GPU's
 ``%globaltimer``, or when the host sets the ABORT word of the control page (page-locked
 host memory, read through unified addressing), or after ``max_spins`` polls.  Giving up
@@ -79,6 +88,21 @@ def _store_header_release(hdr, tag, nbytes, flag, value, INTERPRET: tl.constexpr
 
 
 @triton.jit
+def _store_pair_release(a_addrs, a_values, b_addrs, b_values, mask, INTERPRET: tl.constexpr):
+    """``*a_addrs = a_values`` (plain), then ``*b_addrs = b_values`` (release, system
+    scope), where ``mask``: both by one thread per lane, so whoever acquires b sees a."""
+    if INTERPRET:
+        tl.store(a_addrs.to(tl.pointer_type(tl.int64)), a_values, mask=mask)
+        tl.atomic_xchg(b_addrs.to(tl.pointer_type(tl.int64)), b_values, mask=mask, sem="release", scope="sys")
+    else:
+        tl.inline_asm_elementwise(
+            """{ .reg .pred %p; setp.ne.s32 %p, $2, 0;
+                 @%p st.global.b64 [$1], $3; @%p st.release.sys.global.b64 [$4], $5; mov.u32 $0, 0; }""",
+            "=r,l,r,l,l,l", [a_addrs, mask.to(tl.int32), a_values, b_addrs, b_values], dtype=tl.int32,
+            is_pure=False, pack=1)
+
+
+@triton.jit
 def _spin(addrs, mask, target, host, timeout_ns, max_spins, INTERPRET: tl.constexpr):
     """Poll the words at ``addrs`` (where ``mask``) until each is >= ``target``: returns
     L.OK, L.TIMEOUT or L.ABORTED."""
@@ -108,12 +132,13 @@ def _give_up(host, state, op_id, what, peers):
 
 
 # -- kernels ------------------------------------------------------------------------------------
-@triton.jit
-def barrier_kernel(controls, rank, host_addr, op_id, timeout_ns, max_spins,
+@triton.jit(do_not_specialize=["op_id", "fprint"])
+def barrier_kernel(controls, rank, host_addr, op_id, fprint, timeout_ns, max_spins,
                    W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr):
-    """All W ranks: epoch e = mine + 1; store e into BARRIER[rank] of every rank; wait
-    until my BARRIER[r] >= e for every r.  ``controls``: int64 addresses of every rank's
-    workspace (index = group rank)."""
+    """All W ranks: epoch e = mine + 1; store ``fprint`` into FPRINT[e % 2][rank] and then
+    e into BARRIER[rank] of every rank; wait until my BARRIER[r] >= e for every r; then
+    compare my FPRINT[e % 2][r] with ``fprint``.  ``controls``: int64 addresses of every
+    rank's workspace (index = group rank)."""
     host = host_addr.to(tl.pointer_type(tl.int64))
     if tl.load(host + 1, volatile=True) == 0:  # STATUS: not broken
         lanes = tl.arange(0, WP)
@@ -122,17 +147,27 @@ def barrier_kernel(controls, rank, host_addr, op_id, timeout_ns, max_spins,
         epoch_ptr = base.to(tl.pointer_type(tl.int64))  # EPOCH = 0
         e = tl.load(epoch_ptr) + 1
         tl.store(epoch_ptr, e)
+        prints = 2560 + (e & 1) * 512  # FPRINT of this parity
+        mine_fp = tl.zeros([WP], tl.int64) + fprint
         peers = tl.load(controls + lanes, mask=mask, other=0)
-        _store_release(peers + 512 + rank * 8, tl.zeros([WP], tl.int64) + e, mask, INTERPRET)
+        _store_pair_release(peers + prints + rank * 8, mine_fp, peers + 512 + rank * 8,
+                            tl.zeros([WP], tl.int64) + e, mask, INTERPRET)
         mine = base + 512 + lanes * 8  # BARRIER
         state = _spin(mine, mask, e, host, timeout_ns, max_spins, INTERPRET)
+        one = tl.full([WP], 1, tl.int64) << lanes.to(tl.int64)
         if state != 0:
             late = mask & ((_load_acquire(mine, INTERPRET) - e) < 0)
-            bits = tl.sum(tl.where(late, tl.full([WP], 1, tl.int64) << lanes.to(tl.int64), 0))
-            _give_up(host, state, op_id, 0, bits)
+            _give_up(host, state, op_id, 0, tl.sum(tl.where(late, one, 0)))
+        else:
+            theirs = _load_acquire(base + prints + lanes * 8, INTERPRET)
+            other = mask & (theirs != mine_fp)
+            if tl.sum(other.to(tl.int32)) != 0:
+                first = tl.min(tl.where(other, lanes, WP))
+                tl.store(host + 7, tl.sum(tl.where(lanes == first, theirs, 0)))  # FAIL_FP
+                _give_up(host, 4, op_id, 0, tl.sum(tl.where(other, one, 0)))  # MISMATCH
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["value", "tag", "nbytes"])
 def post_kernel(flag_addr, value, hdr_addr, tag, nbytes, host_addr,
                 HEADER: tl.constexpr, INTERPRET: tl.constexpr):
     """``*flag_addr = value`` (release), after writing the channel header at ``hdr_addr``
@@ -147,7 +182,7 @@ def post_kernel(flag_addr, value, hdr_addr, tag, nbytes, host_addr,
             _store_release(one + flag_addr, one + value, one == 0, INTERPRET)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["target", "expect_tag", "expect_nbytes", "peer", "op_id"])
 def wait_kernel(flag_addr, target, hdr_addr, expect_tag, expect_nbytes, peer, host_addr, op_id, what,
                 timeout_ns, max_spins, HEADER: tl.constexpr, INTERPRET: tl.constexpr):
     """Wait until ``*flag_addr >= target`` (a local word that peer ``peer`` stores into);
@@ -231,9 +266,16 @@ def _pow2(n: int) -> int:
 
 
 def barrier(controls, rank: int, world: int, host_addr: int, op_id: int, timeout_ns: int,
-            max_spins: int = NEVER) -> None:
-    barrier_kernel[(1,)](controls, rank, host_addr, op_id, timeout_ns, max_spins, W=world,
+            max_spins: int = NEVER, fprint: int = 0) -> None:
+    """``fprint``: this rank's op's fingerprint (any 64-bit value; the same on every rank
+    that calls the same op)."""
+    barrier_kernel[(1,)](controls, rank, host_addr, op_id, signed64(fprint), timeout_ns, max_spins, W=world,
                          WP=max(2, _pow2(world)), INTERPRET=INTERPRET, num_warps=1)
+
+
+def signed64(value: int) -> int:
+    """``value`` (0 <= value < 2**64, or already signed) as the int64 with its bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def post(flag_addr: int, value: int, host_addr: int, hdr_addr: int = 0, tag: int = 0, nbytes: int = 0) -> None:
@@ -276,3 +318,4 @@ def reduce(rows, offset: int, out_addr: int, n: int, world: int, op: str, dtype:
 assert (L.BARRIER, L.STATUS, L.FAIL_OP, L.FAIL_WHAT, L.FAIL_PEERS, L.ABORT) == (512, 1, 2, 3, 4, 0), \
     "the kernels hard-code these offsets"
 assert (L.FAIL_EXPECT, L.FAIL_GOT, L.TAG_OP, L.TAG_PEER, L.TAG_EXPECT, L.TAG_GOT) == (5, 6, 8, 9, 10, 11)
+assert (L.FPRINT, L.FPRINT_PARITY, L.FAIL_FP, L.MISMATCH) == (2560, 512, 7, 4)

@@ -51,10 +51,13 @@ class Lanes:
         self.stream = 0
         self.dtype = ""
         self.reduce_op = ""
+        self.fprint = 0
 
-    def begin(self, op_id: int, ctx, stream: int, dtype: str = "", reduce_op: str = "") -> None:
-        """Enqueue the next op's work on ``stream`` (a raw cudaStream_t)."""
+    def begin(self, op_id: int, ctx, stream: int, dtype: str = "", reduce_op: str = "", fprint: int = 0) -> None:
+        """Enqueue the next op's work on ``stream`` (a raw cudaStream_t); its barriers carry
+        ``fprint`` (the Call's fingerprint, compared with every peer's: chorus.cuda.kernels)."""
         self.op_id, self.ctx, self.stream, self.dtype, self.reduce_op = op_id, ctx, stream, dtype, reduce_op
+        self.fprint = fprint
 
     # -- what the algorithms call -------------------------------------------------------------
     def round(self) -> None:
@@ -65,7 +68,8 @@ class Lanes:
 
     def barrier(self) -> None:
         t = time.perf_counter()
-        self.k.barrier(self.controls, self.rank, self.world, self.host, self.op_id, self.timeout_ns)
+        self.k.barrier(self.controls, self.rank, self.world, self.host, self.op_id, self.timeout_ns,
+                       fprint=self.fprint)
         if recorder.current is not None:
             recorder.transfer("sync", self.ctx, "cuda", t, algorithm="barrier")
 

@@ -6,30 +6,58 @@ Members publish, under ``cuda/<group id>/<generation>/`` in the job's store: the
 process id, device, the workspace's address and its CUDA IPC handle.  Each then maps
 every peer's workspace: ``cudaIpcOpenMemHandle`` for a peer in another process; the
 address itself for a peer that is a thread of this process (chorus.testing runs ranks
-as threads; a process cannot open its own handles), with peer access enabled between
-the two devices.  Members agree through the store after mapping and after the check,
-so either every member uses the workspace or none does (:class:`Unusable` says why).
+as threads; a process cannot open its own handles), with peer access enabled from this
+rank's device to the peer's (every rank does it for its own device, with its device
+current).  Members agree through the store after mapping and after the check, so either
+every member uses the workspace or none does (:class:`Unusable` says why).
+
+Ranks that are threads of one process share the CUDA contexts of their devices, and
+there the legacy default stream (torch's default stream) orders a copy between two
+devices after *everything* queued on either device (CUDA programming guide, peer-to-peer
+memory copy): a rank's copy into or out of a peer's workspace would wait for the peer's
+barrier kernel, which spins until this rank arrives, so neither moves until the spin
+times out.  Such a workspace therefore has its own stream (``stream``, non-blocking, on
+this rank's device), on which the check and every op run (chorus.cuda.component joins
+it to the caller's stream both ways).  Ranks in separate processes share no context and
+use the caller's stream directly.
+
+The members' hosts come from the boot id and host name, or from ``CHORUS_HOST_ID`` (as
+chorus.shm.handshake reads it): members on several hosts never map each other.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import socket
+import threading
 
 import numpy as np
 
+from chorus import config
 from chorus.cuda import kernels, runtime
 from chorus.cuda import layout as L
 
+log = logging.getLogger("chorus")
+
 CHECK_TIMEOUT_S = 60.0  # the check's spins give up after this (or the group's timeout if shorter)
+
+# Workspaces that threads of this process map by address: address -> [device, members still
+# using it].  The last member to close frees it (a peer's kernel may read it until then).
+_SHARED: dict[int, list[int]] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 class Unusable(Exception):
     """Peer memory cannot be used by this group; the message says why (one line)."""
 
 
-def _host_id() -> str:
+def _host_id(global_rank: int) -> str:
+    if config.get("CHORUS_HOST_ID"):
+        from chorus.shm.handshake import host_id
+
+        return f"CHORUS_HOST_ID={host_id(global_rank)}"
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
@@ -53,7 +81,9 @@ class Workspace:
     """This rank's workspace and its view of every member's (see the module docstring).
 
     ``bases[r]``: the address (in this process) of group rank r's workspace;
-    ``host_addr``/``words``: the control page (chorus.cuda.layout's words)."""
+    ``host_addr``/``words``: the control page (chorus.cuda.layout's words);
+    ``stream``: the stream the group's ops run on when some member is a thread of this
+    process, else None (the caller's stream)."""
 
     def __init__(self, pg, total: int):
         import torch
@@ -68,7 +98,9 @@ class Workspace:
         self.words = runtime.host_words(self.host_addr, L.CONTROL_WORDS)
         self.words[:] = 0
         self.bases: list[int] = []
+        self.stream = None
         self._opened: list[int] = []
+        self._held: list[int] = []  # workspaces of threads of this process (own included) it uses
         self._torch = torch
         torch.as_tensor(runtime.DeviceArray(self.ptr, total), device=self.device).zero_()
         torch.cuda.synchronize(self.device)
@@ -86,7 +118,7 @@ class Workspace:
         ws, why = None, ""
         try:
             ws = cls(pg, total)
-            info = dict(host=_host_id(), pid=os.getpid(), device=ws.device.index, ptr=ws.ptr,
+            info = dict(host=_host_id(pg.members[rank]), pid=os.getpid(), device=ws.device.index, ptr=ws.ptr,
                         handle=runtime.ipc_handle(ws.ptr))
         except Exception as exc:  # noqa: BLE001 - told to every member, then raised
             info, why = {}, f"{type(exc).__name__}: {exc}"
@@ -117,44 +149,60 @@ class Workspace:
 
     def _map(self, infos: list[dict]) -> None:
         me = infos[self.rank]
-        for r, info in enumerate(infos):
-            if r == self.rank:
-                self.bases.append(self.ptr)
-            elif info["pid"] == me["pid"]:  # a thread of this process: same address space
-                if info["device"] != self.device.index:
-                    runtime.enable_peer_access(info["device"])
-                self.bases.append(info["ptr"])
-            else:
-                ptr = runtime.ipc_open(info["handle"])
-                self._opened.append(ptr)
-                self.bases.append(ptr)
+        threads = [i for i in infos if i["pid"] == me["pid"]]  # this rank and its peers in this process
+        if len(threads) > 1:
+            with _SHARED_LOCK:  # first, so that a failure below still lets go of all of them
+                for info in threads:
+                    _SHARED.setdefault(info["ptr"], [info["device"], 0])[1] += 1
+                    self._held.append(info["ptr"])
+        with self._torch.cuda.device(self.device):
+            for r, info in enumerate(infos):
+                if r == self.rank:
+                    self.bases.append(self.ptr)
+                elif info["pid"] == me["pid"]:  # a thread of this process: same address space
+                    if info["device"] != self.device.index:
+                        runtime.enable_peer_access(info["device"])  # from this device, current here
+                    self.bases.append(info["ptr"])
+                else:
+                    ptr = runtime.ipc_open(info["handle"])
+                    self._opened.append(ptr)
+                    self.bases.append(ptr)
+            if len(threads) > 1:
+                self.stream = self._torch.cuda.Stream(self.device)  # see the module docstring
 
     def _check(self, timeout_s: float) -> str:
         """Write a pattern into my slot and into every peer's CHECK word for me, barrier,
         read every peer's pattern by copy engine and by kernel, barrier; "" if all came
-        back right, else why not."""
+        back right, else why not.  On ``stream`` when set, else the current stream."""
+        torch = self._torch
+        stream = self.stream or torch.cuda.current_stream(self.device)
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            why = self._check_on(stream, timeout_s)
+        return why
+
+    def _check_on(self, stream, timeout_s: float) -> str:
         torch = self._torch
         w, me, dev = self.world, self.rank, self.device
         value = np.add.outer((np.arange(w) + 1) * 1_000_003, np.arange(w)).astype(np.int64)  # [writer, j]
-        stream = torch.cuda.current_stream(dev).cuda_stream
+        raw = stream.cuda_stream
         slot0 = [b + self.layout.slot_at(0) for b in self.bases]
         mine = torch.as_tensor(value[me], device=dev)
-        runtime.memcpy_async(slot0[me], mine.data_ptr(), w * 8, stream)
-        for q in range(w):
-            runtime.memcpy_async(self.bases[q] + L.CHECK + 8 * me, mine.data_ptr() + 8 * q, 8, stream)
         controls = torch.tensor(self.bases, dtype=torch.int64, device=dev)
+        rows = torch.tensor(slot0, dtype=torch.int64, device=dev)
+        got = torch.empty((w, w), dtype=torch.int64, device=dev)
+        summed = torch.empty(w, dtype=torch.int64, device=dev)
+        checks = torch.empty(w, dtype=torch.int64, device=dev)
+        runtime.memcpy_async(slot0[me], mine.data_ptr(), w * 8, raw)
+        for q in range(w):
+            runtime.memcpy_async(self.bases[q] + L.CHECK + 8 * me, mine.data_ptr() + 8 * q, 8, raw)
         timeout_ns = int(timeout_s * 1e9)
         kernels.barrier(controls, me, w, self.host_addr, 0, timeout_ns)
-        got = torch.empty((w, w), dtype=torch.int64, device=dev)
         for r in range(w):
-            runtime.memcpy_async(got[r].data_ptr(), slot0[r], w * 8, stream)
-        summed = torch.empty(w, dtype=torch.int64, device=dev)
-        rows = torch.tensor(slot0, dtype=torch.int64, device=dev)
+            runtime.memcpy_async(got[r].data_ptr(), slot0[r], w * 8, raw)
         kernels.reduce(rows, 0, summed.data_ptr(), w, w, "SUM", "int64")
-        checks = torch.empty(w, dtype=torch.int64, device=dev)
-        runtime.memcpy_async(checks.data_ptr(), self.bases[me] + L.CHECK, w * 8, stream)
+        runtime.memcpy_async(checks.data_ptr(), self.bases[me] + L.CHECK, w * 8, raw)
         kernels.barrier(controls, me, w, self.host_addr, 0, timeout_ns)
-        torch.cuda.current_stream(dev).synchronize()
+        stream.synchronize()
         if self.words[L.STATUS]:
             return (f"the check's barrier gave up (status {int(self.words[L.STATUS])}, ranks missing: "
                     f"{_ranks(int(self.words[L.FAIL_PEERS]))})")
@@ -167,16 +215,37 @@ class Workspace:
         return ""
 
     def close(self) -> None:
-        """Unmap the peers' workspaces and free this rank's (after this rank's queued work)."""
+        """Unmap the peers' workspaces and free this rank's (after this rank's queued work).
+        Best effort: a failure is logged, never raised (a dead peer's handle may refuse)."""
         torch = self._torch
         self.words[L.ABORT] = 1  # queued spins end now instead of at their timeout
-        torch.cuda.synchronize(self.device)
-        for ptr in self._opened:
-            runtime.ipc_close(ptr)
+        steps = [lambda: torch.cuda.synchronize(self.device)]
+        steps += [lambda p=ptr: runtime.ipc_close(p) for ptr in self._opened]
+        if self._held:  # threads of this process: the last one to let go frees (see _SHARED)
+            steps += [lambda p=ptr: self._let_go(p) for ptr in self._held]
+        else:
+            steps.append(lambda: runtime.free(self.ptr))
+        steps.append(lambda: runtime.host_free(self.host_addr))
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - the group is going away regardless
+                log.warning("chorus: releasing a CUDA workspace: %s: %s", type(exc).__name__, exc)
         self._opened.clear()
-        runtime.free(self.ptr)
-        runtime.host_free(self.host_addr)
+        self._held.clear()
         self.ptr = self.host_addr = 0
+        self.stream = None
+
+    def _let_go(self, ptr: int) -> None:
+        with _SHARED_LOCK:
+            entry = _SHARED[ptr]
+            entry[1] -= 1
+            if entry[1]:
+                return
+            del _SHARED[ptr]
+        with self._torch.cuda.device(entry[0]):
+            self._torch.cuda.synchronize()  # its own device's last reads of it are done
+            runtime.free(ptr)
 
 
 def _ranks(bits: int) -> list[int]:

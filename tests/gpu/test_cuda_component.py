@@ -53,13 +53,19 @@ def test_spin_timeout_is_reported(small_workspace):
 
 def test_ranks_as_threads_share_pointers(small_workspace):
     """Ranks that are threads of one process cannot open their own IPC handles: they use
-    the raw addresses (peer access enabled between their devices)."""
+    the raw addresses (peer access enabled from each device to the others), and run their
+    ops on the workspace's own stream: on the legacy default stream a copy between two
+    devices of one process waits for everything queued on both, including the peer's
+    spinning barrier (chorus.cuda.workspace).  Every kind of transfer, several rounds and
+    channel chunks each, then the workspaces are released only once every thread let go."""
     from chorus.api.state import current
     from chorus.cuda.component import attach
     from chorus.store import HashStore
     from chorus.testing import run_threads
 
     store = HashStore()
+    world = min(4, torch.cuda.device_count())
+    n = 300_001  # several rounds of a 4 MiB workspace's 1 MiB slots
 
     def body(rank, world):
         torch.cuda.set_device(rank)
@@ -67,15 +73,30 @@ def test_ranks_as_threads_share_pointers(small_workspace):
         pg = current().default_group
         comp = attach(pg)
         assert comp.lanes is not None, comp.staging_reason
-        x = torch.full((100_000,), float(rank + 1), device="cuda")
-        gpu_workers.issue(comp, pg, "all_reduce", {"data": x}, count=x.numel(), dtype="float32", reduce_op="SUM")
+        assert comp.ws.stream is not None  # threads of one process: the workspace's own stream
+        issue = gpu_workers.issue
+        x = torch.full((n,), float(rank + 1), device="cuda")
+        issue(comp, pg, "all_reduce", {"data": x}, count=n, dtype="float32", reduce_op="SUM")
+        inp = torch.arange(n, device="cuda", dtype=torch.float32) + rank * n
+        out = torch.empty(world * n, device="cuda")
+        issue(comp, pg, "all_gather", {"input": inp, "output": out}, count=n, dtype="float32")
+        b = torch.full((n,), float(rank), device="cuda")
+        issue(comp, pg, "broadcast", {"data": b}, count=n, dtype="float32", root=world - 1)
+        sent = torch.arange(2_000_001, device="cuda", dtype=torch.float32) * (rank + 1)  # several chunks
+        got = torch.empty_like(sent)
+        comp.p2p_batch([("send", sent, (rank + 1) % world, 5), ("recv", got, (rank - 1) % world, 5)], False)
         torch.cuda.synchronize()
-        comp.check("all_reduce")
-        result = x.cpu()
+        comp.check("threads")
+        result = [t.cpu() for t in (x, out, b, got)]
         comp.close()
         return result
 
-    world = min(4, torch.cuda.device_count())
-    results = run_threads(body, world, timeout=300)
-    want = float(sum(range(1, world + 1)))
-    assert all(bool((r == want).all()) for r in results)
+    results = run_threads(body, world, timeout=120)
+    want_sum = float(sum(range(1, world + 1)))
+    want_gather = torch.arange(world * n, dtype=torch.float32)
+    for rank, (x, out, b, got) in enumerate(results):
+        assert bool((x == want_sum).all()), rank
+        assert torch.equal(out, want_gather), rank
+        assert bool((b == world - 1).all()), rank
+        left = (rank - 1) % world
+        assert torch.equal(got, torch.arange(2_000_001, dtype=torch.float32) * (left + 1)), rank
