@@ -53,7 +53,7 @@ def _check_tag(tag: Any, op: str) -> int:
 
 def _recv_buffer(tensor: Any, op: str) -> Buffer:
     buf = as_buffer(tensor, op=op, what="receive buffer")
-    if not buf.array.flags.writeable:
+    if not buf.writable:
         raise InvalidArgumentError(f"{op}: the receive buffer is read-only; pass a writable array")
     return buf
 
