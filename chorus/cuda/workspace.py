@@ -22,7 +22,7 @@ it to the caller's stream both ways).  Ranks in separate processes share no cont
 use the caller's stream directly.
 
 The members' hosts come from the boot id and host name, or from ``CHORUS_HOST_ID`` (as
-chorus.shm.handshake reads it): members on several hosts never map each other.
+chorus.host.identity reads it): members on several hosts never map each other.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import numpy as np
 from chorus import config
 from chorus.cuda import kernels, runtime
 from chorus.cuda import layout as L
+from chorus.host.identity import host_id
 
 log = logging.getLogger("chorus")
 
@@ -55,8 +56,6 @@ class Unusable(Exception):
 
 def _host_id(global_rank: int) -> str:
     if config.get("CHORUS_HOST_ID"):
-        from chorus.shm.handshake import host_id
-
         return f"CHORUS_HOST_ID={host_id(global_rank)}"
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
