@@ -10,17 +10,19 @@ Per call, with a mapped workspace::
 
     supports(call)   a CUDA call: "one_shot" (collectives), "channels" (all_to_all),
                      "barrier"; "staging" for reductions of dtypes the kernels lack
-    start(call)      enqueue the algorithm (chorus.cuda.algorithms) on the caller's
-                     current stream, in issue order; return at once (async_op: a
-                     CudaWork holding an event recorded after it)
+    start(call)      enqueue the algorithm (chorus.cuda.algorithms) on the group's
+                     stream, in issue order; return at once (async_op: a CudaWork
+                     holding an event recorded after it)
     p2p(...)         a send or receive through the pair's channel
 
-Streams, as ProcessGroupNCCL: everything is enqueued on the current stream of the
-workspace's device at the call, so an op runs after the caller's queued work and before
-later work.  A synchronous ``barrier`` also blocks the CPU until it completed on the GPU
-(as torch's).  When members are threads of one process the op runs on the workspace's
-own stream instead, which first waits for the caller's stream and which the caller's
-stream then waits for (same order for the caller; chorus.cuda.workspace says why).
+Streams, as ProcessGroupNCCL's: every op of a group runs on the group's own stream
+(one per workspace), which first waits for the caller's current stream, so an op runs
+after the caller's queued work, and ops issued from different streams (FSDP's
+all-gather and reduce-scatter streams) still run in issue order, which the barrier
+epochs and slot parities rely on.  A synchronous op makes the caller's stream wait for
+it; an async one records an event on the group's stream, which ``work.wait()`` makes the
+current stream wait for, and its buffers are marked in use there (``record_stream``).
+A synchronous ``barrier`` also blocks the CPU until it completed (as torch's).
 
 Failures: every spin is bounded by the group's timeout and by the ABORT word that a
 transport failure listener sets (chorus.cuda.kernels).  A kernel that gives up writes
@@ -143,21 +145,24 @@ class CudaComponent(Component):
 
         self.check(call.name)
         stream = torch.cuda.current_stream(self.ws.device)
+        side = self.ws.stream
         op_id = self._name_op(f"{call.name} (op #{call.seq} of group {self.pg.name})", call.seq,
                               call.fingerprint)
-        sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
-                             after=staging.on_stream(call.after, stream))
+        side.wait_stream(stream)  # after the caller's queued work (its before-hook included)
+        sync = call._replace(async_op=False, before=_on(call.before, side), after=_on(call.after, side))
 
         def transfers(ctx) -> None:
-            self._launch(stream, lambda run: self._enqueue(call, ctx, op_id, run))
+            self._launch(lambda run: self._enqueue(call, ctx, op_id, run))
 
-        run_in_order(sync, self.name, algorithm, staging.on_stream(transfers, stream))
-        if call.name == "barrier" and not call.async_op:
-            stream.synchronize()  # torch's barrier blocks the CPU
-            self.check(call.name)
+        run_in_order(sync, self.name, algorithm, _on(transfers, side))
         if not call.async_op:
+            stream.wait_stream(side)  # the caller's later work sees the result
+            if call.name == "barrier":
+                stream.synchronize()  # torch's barrier blocks the CPU
+                self.check(call.name)
             return None
-        return self._work(stream, call.name, call.result, call.buffers)
+        _keep(call.buffers.values(), side)
+        return self._work(side, call.name, call.result, call.buffers)
 
     def close(self) -> None:
         if self.ws is not None:
@@ -201,10 +206,14 @@ class CudaComponent(Component):
                 A.exchange(self.lanes, [message(t, p, g) for k, t, p, g in ops if k == "send"],
                            [message(t, p, g) for k, t, p, g in ops if k == "recv"], True)
 
-        self._launch(stream, enqueue)
+        side = self.ws.stream
+        side.wait_stream(stream)
+        self._launch(enqueue)
         if not async_op:
+            stream.wait_stream(side)
             return None
-        return self._work(stream, what, [t for _, t, _, _ in ops], tuple(t for _, t, _, _ in ops))
+        _keep([t for _, t, _, _ in ops], side)
+        return self._work(side, what, [t for _, t, _, _ in ops], tuple(t for _, t, _, _ in ops))
 
     # -- failures ------------------------------------------------------------------------------------
     def check(self, what: str) -> None:
@@ -298,25 +307,18 @@ class CudaComponent(Component):
         entry = self.ops.get(op_id)
         return entry[0] if entry is not None else otherwise
 
-    def _launch(self, stream, enqueue) -> None:
-        """``enqueue(run)`` puts an op's work on stream ``run``: ``stream`` (the caller's),
-        or the workspace's own stream joined to it both ways (members that are threads of
-        one process: chorus.cuda.workspace).  Either way the op runs after the work queued
-        on ``stream`` and before the work queued there later, on the workspace's device."""
+    def _launch(self, enqueue) -> None:
+        """``enqueue(run)`` puts an op's work on the group's own stream ``run`` (which the
+        caller has made wait for its stream), on the workspace's device.
+
+        One stream per group, as ProcessGroupNCCL's: ops issued from different caller
+        streams (FSDP's all-gather and reduce-scatter streams) still run on the GPU in
+        issue order, which the barrier epochs and slot parities rely on."""
         import torch
 
         side = self.ws.stream
-        if side is None:
-            if torch.cuda.current_device() == stream.device.index:
-                enqueue(stream)
-                return
-            with torch.cuda.device(stream.device), torch.cuda.stream(stream):
-                enqueue(stream)
-            return
-        side.wait_stream(stream)
         with torch.cuda.device(side.device), torch.cuda.stream(side):
             enqueue(side)
-        stream.wait_stream(side)
 
     def _work(self, stream, what: str, result, keep):
         import torch
@@ -392,3 +394,23 @@ class _All(Work):
 
         for w in self.works:
             w.get_future().add_done_callback(one)
+
+
+def _on(fn, stream):
+    """``fn`` run with ``stream`` (and its device) current, from whatever thread."""
+    if fn is None:
+        return None
+    import torch
+
+    def run(*args):
+        with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+            return fn(*args)
+
+    return run
+
+
+def _keep(tensors, stream) -> None:
+    """Tell torch's caching allocator that ``tensors`` are in use on ``stream`` (an async
+    op's buffers: their memory is not reused before the op is done there)."""
+    for t in tensors:
+        t.record_stream(stream)

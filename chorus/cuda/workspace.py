@@ -16,10 +16,9 @@ there the legacy default stream (torch's default stream) orders a copy between t
 devices after *everything* queued on either device (CUDA programming guide, peer-to-peer
 memory copy): a rank's copy into or out of a peer's workspace would wait for the peer's
 barrier kernel, which spins until this rank arrives, so neither moves until the spin
-times out.  Such a workspace therefore has its own stream (``stream``, non-blocking, on
-this rank's device), on which the check and every op run (chorus.cuda.component joins
-it to the caller's stream both ways).  Ranks in separate processes share no context and
-use the caller's stream directly.
+times out.  That is one reason every workspace has its own stream (``stream``, on this
+rank's device), on which the check and every op run; the other is that ops issued from
+several caller streams must still run in issue order (chorus.cuda.component).
 
 The members' hosts come from the boot id and host name, or from ``CHORUS_HOST_ID`` (as
 chorus.host.identity reads it): members on several hosts never map each other.
@@ -81,8 +80,7 @@ class Workspace:
 
     ``bases[r]``: the address (in this process) of group rank r's workspace;
     ``host_addr``/``words``: the control page (chorus.cuda.layout's words);
-    ``stream``: the stream the group's ops run on when some member is a thread of this
-    process, else None (the caller's stream)."""
+    ``stream``: the stream the group's ops run on (see the module docstring)."""
 
     def __init__(self, pg, total: int):
         import torch
@@ -166,8 +164,8 @@ class Workspace:
                     ptr = runtime.ipc_open(info["handle"])
                     self._opened.append(ptr)
                     self.bases.append(ptr)
-            if len(threads) > 1:
-                self.stream = self._torch.cuda.Stream(self.device)  # see the module docstring
+            # the group's own stream, which every op runs on (chorus.cuda.component._launch)
+            self.stream = self._torch.cuda.Stream(self.device)
 
     def _check(self, timeout_s: float) -> str:
         """Write a pattern into my slot and into every peer's CHECK word for me, barrier,

@@ -67,7 +67,18 @@ def nccl_reduce(t: torch.Tensor, op: str, group, root: int | None = None) -> Non
     t.copy_(out)
 
 
+#: dtypes NCCL does not take: the reference runs on a wider one (exact for these values)
+WIDER = {torch.int16: torch.int32}
+
+
+def nccl(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` for the NCCL side, in a dtype NCCL takes."""
+    return t.to(WIDER[t.dtype]) if t.dtype in WIDER else t.clone()
+
+
 def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype:
+        b = b.to(a.dtype)
     return a.shape == b.shape and a.dtype == b.dtype and bool((a.view(torch.uint8) == b.view(torch.uint8)).all())
 
 
@@ -110,7 +121,7 @@ class Program:
         root = ranks[root_index]
         what = f"step {i}: {kind} {dtype} n={n} op={op} root={root} group={ranks}"
         x = values(self.gen, n, dtype)
-        c, t = x.clone(), x.clone()
+        c, t = x.clone(), nccl(x)
         if kind == "all_reduce":
             dist.all_reduce(c, red(dist, op), group=cg)
             nccl_reduce(t, op, tg)
@@ -126,39 +137,39 @@ class Program:
                 self.check(what, [c], [t])
         elif kind == "all_gather":
             co = [torch.empty_like(x) for _ in range(w)]
-            to = [torch.empty_like(x) for _ in range(w)]
+            to = [torch.empty_like(t) for _ in range(w)]
             dist.all_gather(co, c, group=cg)
             tdist.all_gather(to, t, group=tg)
             self.check(what, co, to)
         elif kind == "all_gather_into_tensor":
-            co, to = x.new_empty(w * n), x.new_empty(w * n)
+            co, to = x.new_empty(w * n), t.new_empty(w * n)
             dist.all_gather_into_tensor(co, c, group=cg)
             tdist.all_gather_into_tensor(to, t, group=tg)
             self.check(what, [co], [to])
         elif kind == "gather":
             co = [torch.empty_like(x) for _ in range(w)] if self.rank == root else None
-            to = [torch.empty_like(x) for _ in range(w)] if self.rank == root else None
+            to = [torch.empty_like(t) for _ in range(w)] if self.rank == root else None
             dist.gather(c, co, dst=root, group=cg)
             tdist.gather(t, to, dst=root, group=tg)
             if self.rank == root:
                 self.check(what, co, to)
         elif kind == "scatter":
             parts = [values(self.gen, n, dtype) for _ in range(w)]
-            co, to = torch.empty_like(x), torch.empty_like(x)
+            co, to = torch.empty_like(x), torch.empty_like(t)
             dist.scatter(co, [p.clone() for p in parts] if self.rank == root else None, src=root, group=cg)
-            tdist.scatter(to, [p.clone() for p in parts] if self.rank == root else None, src=root, group=tg)
+            tdist.scatter(to, [nccl(p) for p in parts] if self.rank == root else None, src=root, group=tg)
             self.check(what, [co], [to])
         elif kind in ("reduce_scatter", "reduce_scatter_tensor"):
             if dtype == "bool" or op in BITWISE or op in ("AVG", "PREMUL_SUM") and kind == "reduce_scatter":
                 return  # (NCCL's reduce_scatter takes neither bool nor bitwise ops)
             src = values(self.gen, w * n, dtype)
-            co, to = x.new_empty(n), x.new_empty(n)
+            co, to = x.new_empty(n), t.new_empty(n)
             if kind == "reduce_scatter":
                 dist.reduce_scatter(co, list(src.clone().chunk(w)), red(dist, op), group=cg)
-                tdist.reduce_scatter(to, list(src.clone().chunk(w)), red(tdist, op), group=tg)
+                tdist.reduce_scatter(to, list(nccl(src).chunk(w)), red(tdist, op), group=tg)
             else:
                 dist.reduce_scatter_tensor(co, src.clone(), red(dist, op), group=cg)
-                tdist.reduce_scatter_tensor(to, src.clone(), red(tdist, op), group=tg)
+                tdist.reduce_scatter_tensor(to, nccl(src), red(tdist, op), group=tg)
             self.check(what, [co], [to])
         elif kind in ("all_to_all", "all_to_all_single"):
             send = [counts[me * w + j] for j in range(w)]
@@ -167,18 +178,18 @@ class Program:
             if kind == "all_to_all":
                 ins = list(src.split(send))
                 co = [x.new_empty(k) for k in recv]
-                to = [x.new_empty(k) for k in recv]
+                to = [t.new_empty(k) for k in recv]
                 dist.all_to_all(co, [p.clone() for p in ins], group=cg)
-                tdist.all_to_all(to, [p.clone() for p in ins], group=tg)
+                tdist.all_to_all(to, [nccl(p) for p in ins], group=tg)
                 self.check(what, co, to)
             else:
-                co, to = x.new_empty(sum(recv)), x.new_empty(sum(recv))
+                co, to = x.new_empty(sum(recv)), t.new_empty(sum(recv))
                 dist.all_to_all_single(co, src.clone(), recv, send, group=cg)
-                tdist.all_to_all_single(to, src.clone(), recv, send, group=tg)
+                tdist.all_to_all_single(to, nccl(src), recv, send, group=tg)
                 self.check(what, [co], [to])
         elif kind == "p2p_ring" and w > 1:
             nxt, prv = ranks[(me + 1) % w], ranks[(me - 1) % w]
-            co, to = torch.empty_like(x), torch.empty_like(x)
+            co, to = torch.empty_like(x), torch.empty_like(t)
             for lib, out, inp, g in ((dist, co, c, cg), (tdist, to, t, tg)):
                 if me % 2 == 0:  # even/odd order, as seed 004's ring does
                     lib.send(inp, nxt, group=g)
@@ -189,7 +200,7 @@ class Program:
             self.check(what, [co], [to])
         elif kind == "batch_ring" and w > 1:
             nxt, prv = ranks[(me + 1) % w], ranks[(me - 1) % w]
-            co, to = torch.empty_like(x), torch.empty_like(x)
+            co, to = torch.empty_like(x), torch.empty_like(t)
             for lib, out, inp, g in ((dist, co, c, cg), (tdist, to, t, tg)):
                 ops = [lib.P2POp(lib.isend, inp, nxt, g), lib.P2POp(lib.irecv, out, prv, g)]
                 for work in lib.batch_isend_irecv(ops):
