@@ -11,8 +11,6 @@ What the ranks run for the training checks is in tests/torch_training.py.
 from __future__ import annotations
 
 import math
-import os
-import pickle
 import tempfile
 import time
 import traceback
@@ -23,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="chorus.torch needs torch (pip install 'chorus[torch]')")
 
 import torch.distributed as tdist  # noqa: E402
+from proc_support import run_forked  # noqa: E402
 from torch_training import (  # noqa: E402
     MLP,
     checkpoint,
@@ -35,7 +34,6 @@ from torch_training import (  # noqa: E402
 )
 
 import chorus.torch  # noqa: E402, F401 - registers the backend
-from chorus.launch import spawn  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -56,17 +54,12 @@ def _job_main(rank, world, workdir, body):
     results["seconds"] = seconds
     if tdist.is_initialized():
         tdist.destroy_process_group()
-    with open(os.path.join(workdir, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump((results, failures), f)
+    return results, failures
 
 
 def _run_job(body, world):
     with tempfile.TemporaryDirectory(prefix="chorus-torch-") as workdir:
-        spawn(_job_main, args=(world, workdir, body), nprocs=world)
-        out = []
-        for rank in range(world):
-            with open(os.path.join(workdir, f"rank{rank}.pkl"), "rb") as f:
-                out.append(pickle.load(f))
+        out = run_forked(_job_main, world, workdir, body, timeout=110)
     failures = {(rank, name): tb for rank, (_, fails) in enumerate(out) for name, tb in fails.items()}
     assert not failures, "\n".join(f"rank {r} {name}:\n{tb}" for (r, name), tb in failures.items())
     return [results for results, _ in out]
