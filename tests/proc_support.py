@@ -90,7 +90,8 @@ TORCH_PRELOAD = ["numpy", "torch", "torch.distributed", "torch.multiprocessing",
                  "torch.nn.parallel", "torch.optim", "torch._dynamo", "torch.distributed.checkpoint",
                  "chorus", "chorus.api.collectives", "chorus.api.exchange", "chorus.api.gathering",
                  "chorus.api.objects", "chorus.api.p2p", "chorus.launch", "chorus.rendezvous", "chorus.store",
-                 "chorus.transport.tcp", "chorus.utils", "chorus.torch", "torch_training", "differential_cases"]
+                 "chorus.transport.tcp", "chorus.utils", "chorus.torch", "torch_training", "differential_cases",
+                 "test_seeds"]
 _PASSED_ON = ("CHORUS_", "MASTER_", "PYTHONPATH")
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from proc_support import reserved_port
+from proc_support import reserved_port, torch_forkserver
 
 from chorus.launch.supervisor import die_with_parent
 
@@ -228,13 +228,6 @@ def _run_real(ex: Example, variant: str, tmp: Path, port: int) -> tuple[int, str
     return (max(abs(p.returncode) for p in procs), "".join(o for o, _ in outs), "".join(e for _, e in outs))
 
 
-_PRELOAD = ["numpy", "torch", "torch.distributed", "torch.multiprocessing", "torch.nn.functional", "torch.optim",
-            "torch._dynamo", "chorus",
-            "chorus.api.collectives", "chorus.api.exchange", "chorus.api.gathering", "chorus.api.objects",
-            "chorus.api.p2p", "chorus.launch", "chorus.rendezvous", "chorus.store", "chorus.transport.tcp",
-            "chorus.utils"]
-
-
 def _forked_script(script: str, how: str, env: dict[str, str], out: str, err: str) -> None:
     """In a fork of the forkserver: run ``script`` as __main__ with whole-line output
     to ``out``/``err``; the ranks it spawns are forks too."""
@@ -271,8 +264,7 @@ def _forked_rank(script: str, env: dict[str, str], launcher_pid: int) -> None:
 
 
 def run_forked(ex: Example, variant: str, tmp: Path) -> tuple[int, str, str]:
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD + [__name__])
+    ctx = torch_forkserver()  # shared with the other torch tests: torch is imported once
     out, err = tmp / f"{variant}-{ex.id}.out", tmp / f"{variant}-{ex.id}.err"
     with reserved_port() as port:
         p = ctx.Process(target=_forked_script,
