@@ -70,7 +70,7 @@ class Case:
         return " ".join(p for p in parts if p)
 
 
-def _one(collective: str, size: int, sub: bool) -> list[Case]:
+def _one(collective: str, size: int, sub: bool, large: bool) -> list[Case]:
     """The cases of one collective on a group of ``size`` ranks."""
     dtypes = SUB_DTYPES if sub else DTYPES
     roots = range(size) if collective in ROOTED else [None]
@@ -92,16 +92,18 @@ def _one(collective: str, size: int, sub: bool) -> list[Case]:
     op = "SUM" if collective in REDUCING else None
     variant = "uneven" if collective == "all_to_all_single" else ""
     out.append(Case(collective, "float32", op, last, async_op=True, variant=variant))
-    out.append(Case(collective, "float32", op, last, n=LARGE, variant=variant))
+    if large:
+        out.append(Case(collective, "float32", op, last, n=LARGE, variant=variant))
     return out
 
 
-def cases(world: int) -> list[Case]:
+def cases(world: int, large: bool = True) -> list[Case]:
     """Every case of a job of ``world`` ranks, in the order every rank runs them: the world
-    group's, then (for 3+ ranks) the sub-group's of ranks 1..W-1."""
-    out = [case for coll in COLLECTIVES for case in _one(coll, world, sub=False)]
+    group's, then (for 3+ ranks) the sub-group's of ranks 1..W-1.  ``large``: with a
+    LARGE case per collective."""
+    out = [case for coll in COLLECTIVES for case in _one(coll, world, False, large)]
     if world >= 3:
-        out += [case for coll in COLLECTIVES for case in _one(coll, world - 1, sub=True)]
+        out += [case for coll in COLLECTIVES for case in _one(coll, world - 1, True, large)]
     return out
 
 
@@ -321,13 +323,13 @@ def same(got, expected) -> str:
     return ""
 
 
-def run_grid(rank: int, world: int, workdir: str, only: str | None = None) -> Report:
-    """Every case of ``cases(world)`` (``only``: of that collective) on this rank; stops at
-    the first exception (the ranks are out of step after it)."""
+def run_grid(rank: int, world: int, workdir: str, large: bool = True, only: str | None = None) -> Report:
+    """Every case of ``cases(world, large)`` (``only``: of that collective) on this rank;
+    stops at the first exception (the ranks are out of step after it)."""
     world_group = dist.group.WORLD
     report = Report(rank, component(world_group), type(world_group.transport).__name__)
     sub = dist.new_group(list(range(1, world))) if world >= 3 else None
-    for case in cases(world):
+    for case in cases(world, large):
         if only is not None and case.collective != only:
             continue
         try:
