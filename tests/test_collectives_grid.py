@@ -65,7 +65,9 @@ COMPONENTS = (
 )
 
 
-@pytest.fixture(scope="module", params=COMPONENTS, ids=lambda c: c.id)
+@pytest.fixture(scope="module", ids=lambda c: c.id,
+                params=[pytest.param(c, marks=[pytest.mark.slow] if c.kind == "processes" else [])
+                        for c in COMPONENTS])
 def grid(request, tmp_path_factory):
     """(component, each rank's grid_cases.Report) of one job running the whole grid."""
     comp = request.param

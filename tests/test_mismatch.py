@@ -83,6 +83,7 @@ def test_mismatch_message_names_both_calls():
     assert "count=8" in message and "count=9" in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_mismatch_in_processes(transport, monkeypatch):
     monkeypatch.setenv("CHORUS_TRANSPORT", transport)
