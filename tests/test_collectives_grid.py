@@ -5,8 +5,9 @@ schedules, shared-memory windows, simulated hosts) with 1-4 ranks, real processe
 TCP (4 ranks), over shared memory (2 and 4), on simulated hosts (hierarchical, 4).
 
 One job per (component, world size) runs the whole grid inside its ranks (a process
-job costs one start-up, not one per case); each rank returns its mismatches against
-numpy, and the tests below read them per collective.  The components are chosen with
+job costs one start-up, not one per case: its ranks are forks of a server that imported
+chorus once, proc_support.run_forked); each rank returns its mismatches against numpy,
+and the tests below read them per collective.  The components are chosen with
 the public switches: ``CHORUS_TRANSPORT=tcp`` (no shared memory), the default (shared
 memory on one host), ``CHORUS_HOST_ID`` (ranks on simulated hosts); each job checks
 that its world group runs where it should.
@@ -20,10 +21,10 @@ import threading
 import grid_cases
 import pytest
 from grid_cases import COLLECTIVES, cases
-from proc_support import leftovers
+from proc_support import leftovers, run_forked
 
 import chorus
-from chorus.testing import run_processes, run_threads
+from chorus.testing import run_threads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +83,18 @@ def grid(request, tmp_path_factory):
         if comp.kind == "threads":
             reports = run_threads(grid_cases.run_grid, comp.world, workdir, comp.large, timeout=100, op_timeout=20)
         else:
-            reports = run_processes(grid_cases.run_grid, comp.world, workdir, comp.large, op_timeout=20)
+            reports = run_forked(_process_grid, comp.world, workdir, comp.large)
     assert not leftovers(job), "a thread job left shared-memory files behind"
     return comp, reports
+
+
+def _process_grid(rank, world, workdir, large):
+    chorus.init_process_group("chorus", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world,
+                              timeout=20)
+    try:
+        return grid_cases.run_grid(rank, world, workdir, large)
+    finally:
+        chorus.destroy_process_group()
 
 
 def test_the_job_ran_on_its_component(grid):
