@@ -124,9 +124,11 @@ def run_forked(fn, world: int, *args, env: dict | None = None, timeout: float = 
     """``fn(rank, world, *args)`` on ``world`` ranks forked from the torch forkserver, with
     this process's CHORUS_* variables (plus ``env``) and a job token and id of their own;
     returns the results.  A rank that raises or dies stops the others and fails the test
-    with its traceback; so does a job still running after ``timeout`` seconds."""
+    with its traceback; so does a job still running after ``timeout`` seconds, and one
+    that leaves shared-memory files behind."""
     env = {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ON)} | dict(env or {})
-    env.update(CHORUS_TOKEN=secrets.token_hex(16), CHORUS_JOB_ID="test" + secrets.token_hex(6))
+    job = "test" + secrets.token_hex(6)
+    env.update(CHORUS_TOKEN=secrets.token_hex(16), CHORUS_JOB_ID=job)
     ctx = torch_forkserver()
     with tempfile.TemporaryDirectory(prefix="chorus-forked-") as outdir:
         procs = [ctx.Process(target=_forked_rank, args=(fn, r, world, args, env, outdir)) for r in range(world)]
@@ -157,7 +159,8 @@ def run_forked(fn, world: int, *args, env: dict | None = None, timeout: float = 
         for r in range(world):
             with open(os.path.join(outdir, f"rank{r}.pkl"), "rb") as f:
                 results.append(pickle.load(f))
-        return results
+    assert not leftovers(job), f"the job's ranks exited and left {leftovers(job)}"
+    return results
 
 
 def _read(path: str) -> str:

@@ -84,7 +84,7 @@ def grid(request, tmp_path_factory):
             reports = run_threads(grid_cases.run_grid, comp.world, workdir, comp.large, timeout=100, op_timeout=20)
         else:
             reports = run_forked(_process_grid, comp.world, workdir, comp.large)
-    assert not leftovers(job), "a thread job left shared-memory files behind"
+    assert not leftovers(job), "a thread job left shared-memory files behind"  # (run_forked checks its own)
     return comp, reports
 
 
