@@ -17,8 +17,10 @@ that imported torch and chorus once (multiprocessing's forkserver): the script r
 ``__main__``, its ``mp.spawn`` / ``chorus.spawn`` start their ranks with fork instead of
 fresh interpreters, and launcher-style scripts get torchrun's environment variables
 (MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE) -- real processes and real TCP,
-only the interpreter start-up is shared.  ``test_*_as_users_run_it`` run one example of
-each kind exactly as a user does; ``CHORUS_SEEDS_REAL=1`` runs every example that way.
+only the interpreter start-up is shared.  ``test_a_launcher_example_as_users_run_it``
+runs one example exactly as a user does; ``CHORUS_SEEDS_REAL=1`` runs every example that
+way, a spawn-style one too (``test_a_spawn_example_as_users_run_it``; by default
+tests/test_spawn.py runs a spawn-style script as users do, without torch).
 """
 
 from __future__ import annotations
@@ -326,6 +328,8 @@ def _example(name: str) -> Example:
     return next(ex for ex in SEED_EXAMPLES if ex.id == name)
 
 
+@pytest.mark.skipif(not REAL, reason="its 5 fresh interpreters import torch (~15 s of CPU); CHORUS_SEEDS_REAL=1 "
+                                     "runs it (a spawn-style script run so without torch: tests/test_spawn.py)")
 def test_a_spawn_example_as_users_run_it(tmp_path):
     """``python examples/seeds/p2p_sync.py``: mp.spawn-style, ranks in fresh interpreters."""
     pytest.importorskip("torch")
