@@ -35,7 +35,7 @@ COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "all_gather_in
                "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier")
 PREMUL_FACTOR = 0.5
 SMALL = 7  # elements: odd, so no block divides evenly by accident
-LARGE = 600_000  # float32 elements (2.4 MB): more than a shared-memory slot, past the small-message algorithms
+LARGE = 300_000  # float32 elements (1.2 MB): more than a shared-memory slot of 4 ranks, past the small-message algorithms
 SUB_DTYPES = ("int64", "float32")  # the sub-group runs these
 #: collectives whose input on each rank is a block per rank: their large case has LARGE in all
 WHOLE = ("reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "scatter")
