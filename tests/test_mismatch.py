@@ -3,6 +3,7 @@ on threads over the loopback transport and over shared-memory windows (every kin
 ranks), and in real processes over TCP and over shared memory (every kind in one job, each
 on a group of its own: a mismatch leaves its group unusable)."""
 
+import threading
 import time
 
 import numpy as np
@@ -70,15 +71,24 @@ def _check(kind, results):
         assert f"this rank (rank {rank}) called" in message, (kind, rank, message)
 
 
+def _body_then_stay(rank, world, kind, everyone):
+    """_body, then stay until every rank has its error: a rank that leaves (destroys its
+    group) before another rank's next call has met the mismatch turns that call's error into
+    PeerLostError ("rank 3 left the job")."""
+    out = _body(rank, world, kind)
+    everyone.wait(30)
+    return out
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_mismatch_raises_on_every_rank_within_2s(kind, transport, monkeypatch):
     monkeypatch.setenv("CHORUS_TRANSPORT", TRANSPORTS[transport])
-    _check(kind, run_threads(_body, 4, kind))
+    _check(kind, run_threads(_body_then_stay, 4, kind, threading.Barrier(4)))
 
 
 def test_mismatch_message_names_both_calls():
-    message = run_threads(_body, 2, "count")[0][0]
+    message = run_threads(_body_then_stay, 2, "count", threading.Barrier(2))[0][0]
     assert "all_reduce(float32, count=9, op=SUM)" in message or "all_reduce(float32, count=8, op=SUM)" in message
     assert "count=8" in message and "count=9" in message
 
