@@ -16,6 +16,7 @@ that its world group runs where it should.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import threading
 
 import grid_cases
@@ -73,7 +74,7 @@ def grid(request, tmp_path_factory):
     """(component, each rank's grid_cases.Report) of one job running the whole grid."""
     comp = request.param
     workdir = str(tmp_path_factory.mktemp(comp.id))
-    job = f"grid{comp.id.replace('-', '')}{id(comp) % 10000}"
+    job = "grid" + secrets.token_hex(6)  # shared-memory names of its own (other runs share /dev/shm)
     with pytest.MonkeyPatch.context() as mp:
         for name in ("CHORUS_TRANSPORT", "CHORUS_HOST_ID"):
             mp.delenv(name, raising=False)
