@@ -9,6 +9,7 @@ import contextlib
 import glob
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import pickle
 import secrets
@@ -99,10 +100,15 @@ def torch_forkserver():
     """multiprocessing's forkserver context, its server preloaded with torch and chorus.
 
     Its children are forks of the server: they see the server's environment (the test
-    process's when the server started), not the caller's -- pass what they need, as
-    run_forked does."""
+    process's when the server started, without CHORUS_* variables), not the caller's --
+    pass what they need, as run_forked does."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(TORCH_PRELOAD)
+    settings = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("CHORUS_")}
+    try:  # the server starts (once) without the settings of the test that happens to start it
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.update(settings)
     return ctx
 
 
