@@ -114,6 +114,7 @@ def test_join_false_returns_a_context():
 
 
 _SCRIPT = """
+import os
 import sys
 
 import numpy as np
@@ -127,7 +128,7 @@ def run(rank, world, workdir):
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rdzv", rank=rank, world_size=world)
     t = np.array([rank + 1])
     dist.all_reduce(t)
-    print(f"rank {rank} of {world}: {int(t[0])}", flush=True)
+    os.write(1, f"rank {rank} of {world}: {int(t[0])}\\n".encode())  # one write: lines never interleave
     dist.destroy_process_group()
 
 
