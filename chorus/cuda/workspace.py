@@ -97,6 +97,7 @@ class Workspace:
         self.words = runtime.host_words(self.host_addr, L.CONTROL_WORDS)
         self.words[:] = 0
         self.bases: list[int] = []
+        self.barriers = 0  # barriers the check made (chorus.cuda.lanes counts on from there)
         self.stream = None
         self._opened: list[int] = []
         self._held: list[int] = []  # workspaces of threads of this process (own included) it uses
@@ -201,6 +202,7 @@ class Workspace:
         kernels.reduce(rows, 0, summed.data_ptr(), w, w, "SUM", "int64")
         runtime.memcpy_async(checks.data_ptr(), self.bases[me] + L.CHECK, w * 8, raw)
         kernels.barrier(controls, me, w, self.host_addr, 0, timeout_ns)
+        self.barriers = 2
         stream.synchronize()
         if self.words[L.STATUS]:
             return (f"the check's barrier gave up (status {int(self.words[L.STATUS])}, ranks missing: "
