@@ -8,8 +8,12 @@ through pinned host memory instead (chorus.cuda.staging).
 
 Per call, with a mapped workspace::
 
-    supports(call)   a CUDA call: "one_shot" (collectives), "channels" (all_to_all),
-                     "barrier"; "staging" for reductions of dtypes the kernels lack
+    supports(call)   a CUDA call: all_reduce "one_shot" / "two_shot" by size (or
+                     "copy_reduce", by name: chorus.cuda.algorithms), "one_shot" (other
+                     collectives), "channels" (all_to_all), "barrier"; "staging" for
+                     reductions of dtypes the kernels lack
+    all_reduce_now   a synchronous all_reduce from a cached plan, with none of the general
+                     path's per-call objects (the API's latency lane)
     start(call)      enqueue the algorithm (chorus.cuda.algorithms) on the caller's
                      current stream, in issue order; return at once (async_op: a
                      CudaWork holding an event recorded after it)
@@ -38,7 +42,7 @@ import logging
 import threading
 import time
 
-from chorus import config
+from chorus import config, recorder
 from chorus.call import Call
 from chorus.components import select
 from chorus.components.base import Component, run_in_order
@@ -54,7 +58,7 @@ from chorus.errors import (
     InvalidArgumentError,
     PeerLostError,
 )
-from chorus.wire.fingerprint import describe
+from chorus.wire.fingerprint import describe, fingerprint
 from chorus.work import Work
 
 log = logging.getLogger("chorus")
@@ -63,6 +67,7 @@ DEFAULT_WORKSPACE_BYTES = 64 << 20
 OP_NAMES_KEPT = 4096  # op descriptions kept for error messages
 _U64 = (1 << 64) - 1
 _ALGORITHMS = {"all_to_all": "channels", "barrier": "barrier"}  # everything else: "one_shot"
+PLANS = 256  # all_reduce_now's cached plans (dtype, shape, op) before the cache starts over
 
 
 def setting(name: str, default: int) -> int:
@@ -114,11 +119,18 @@ class CudaComponent(Component):
         self.staging_reason = why
         self.lanes = None
         self._reducible: frozenset[str] = frozenset()
-        self.ops: dict[int, tuple[str, int, int]] = {}  # op id -> (description, seq, fingerprint)
+        self.ops: dict[int, tuple] = {}  # op id -> (description or None, seq, fingerprint, name)
         self.next_op = 0
         self.broken: BaseException | None = None
         self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
+        self._plans: dict = {}  # all_reduce_now's plans
+        self._device_index = -1
+        self._torch = None
         if ws is not None:
+            import torch
+
+            self._torch = torch
+            self._device_index = ws.device.index
             from chorus.cuda.kernels import REDUCIBLE
             from chorus.cuda.lanes import Lanes
 
@@ -134,6 +146,10 @@ class CudaComponent(Component):
             return "staging"
         if call.reduce_op and staging.torch_dtype_name(_first(call)) not in self._reducible:
             return "staging"
+        if call.name == "all_reduce":
+            if call.algorithm in A.ALL_REDUCE_ALGORITHMS:
+                return call.algorithm
+            return A.all_reduce_algorithm(call.nbytes, self.pg.size())
         return _ALGORITHMS.get(call.name, "one_shot")
 
     def start(self, call: Call, algorithm: str):
@@ -143,13 +159,12 @@ class CudaComponent(Component):
 
         self.check(call.name)
         stream = torch.cuda.current_stream(self.ws.device)
-        op_id = self._name_op(f"{call.name} (op #{call.seq} of group {self.pg.name})", call.seq,
-                              call.fingerprint)
+        op_id = self._name_op(None, call.seq, call.fingerprint, call.name)
         sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
                              after=staging.on_stream(call.after, stream))
 
         def transfers(ctx) -> None:
-            self._launch(stream, lambda run: self._enqueue(call, ctx, op_id, run))
+            self._launch(stream, lambda run: self._enqueue(call, ctx, op_id, run, algorithm))
 
         run_in_order(sync, self.name, algorithm, staging.on_stream(transfers, stream))
         if call.name == "barrier" and not call.async_op:
@@ -158,6 +173,61 @@ class CudaComponent(Component):
         if not call.async_op:
             return None
         return self._work(stream, call.name, call.result, call.buffers)
+
+    def all_reduce_now(self, tensor, op) -> bool:
+        """all_reduce of ``tensor`` (a CUDA tensor), synchronous, now: True if enqueued on
+        the current stream; False if the general path must take it (it gives the same
+        result or error).  The plan of a (dtype, shape, op) is made once: its dtype name,
+        fingerprint and algorithm; per call this checks what a repeated call can change
+        (contiguity, device, the group's queue and state), takes the sequence number and
+        launches the kernel through the cached launcher (chorus.cuda.kernels.launch)."""
+        lanes = self.lanes
+        if lanes is None or self.ws.stream is not None:
+            return False
+        plan = self._plans.get((tensor.dtype, tensor.shape, op))
+        if plan is None:
+            plan = self._plan(tensor, op)
+        pg = self.pg
+        if (not plan or pg.queue or recorder.current is not None or self.broken is not None
+                or not tensor.is_contiguous() or tensor.get_device() != self._device_index
+                or self._torch._C._cuda_getDevice() != self._device_index):
+            return False
+        seq = pg.take_seq()
+        self.check("all_reduce")
+        op_id = self._name_op(None, seq, plan[1], "all_reduce")
+        stream = self._torch._C._cuda_getCurrentRawStream(self._device_index)
+        with self._lock:
+            lanes.begin(op_id, None, stream, plan[0], plan[2], plan[1])
+            A.all_reduce(lanes, tensor.data_ptr(), plan[3], plan[4], plan[5])
+        if plan[6]:
+            tensor.div_(pg.size())  # AVG (floating dtypes only: see _plan)
+        return True
+
+    def _plan(self, tensor, op):
+        """(dtype name, fingerprint, reduce op, count, itemsize, algorithm, average) for
+        all_reduce_now, or False: this call takes the general path."""
+        import torch
+
+        if len(self._plans) >= PLANS:
+            self._plans.clear()
+        key = (tensor.dtype, tensor.shape, op)
+        self._plans[key] = False
+        name = staging.torch_dtype_name(tensor)
+        wire = "uint8" if name.startswith("float8") else name
+        kind = getattr(op, "name", None)
+        if (kind not in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR") or name not in self._reducible
+                or (kind == "AVG" and not tensor.is_floating_point()) or tensor.numel() == 0):
+            return False
+        if kind in ("BAND", "BOR", "BXOR") and (tensor.is_floating_point() or tensor.dtype == torch.bool):
+            return False  # the general path raises it
+        count, item = tensor.numel(), tensor.element_size()
+        try:
+            fp = fingerprint("all_reduce", wire, count, -1, kind)
+        except (KeyError, ValueError):
+            return False
+        plan = (name, fp, kind, count, item, A.all_reduce_algorithm(count * item, self.pg.size()), kind == "AVG")
+        self._plans[key] = plan
+        return plan
 
     def close(self) -> None:
         if self.ws is not None:
@@ -236,7 +306,7 @@ class CudaComponent(Component):
         status = int(words[L.STATUS])
         if status == L.MISMATCH:
             return self._mismatch(words)
-        description, seq, fprint = self.ops.get(int(words[L.FAIL_OP]), ("an earlier op", -1, 0))
+        description, seq, fprint = self._entry(int(words[L.FAIL_OP])) or ("an earlier op", -1, 0)
         op = description if status else "an op"
         expect = (seq, fprint) if status and fprint else None  # names this rank's call in a mismatch
         lost = self.pg.transport.failure(self.pg.id, None, expect=expect)
@@ -265,7 +335,7 @@ class CudaComponent(Component):
         """A barrier of op FAIL_OP found ranks FAIL_PEERS in another collective (the lowest
         of them called FAIL_FP): tell the transport (the group's CPU ops fail too, on every
         rank) and name both calls."""
-        _, seq, mine = self.ops.get(int(words[L.FAIL_OP]), ("", -1, 0))
+        _, seq, mine = self._entry(int(words[L.FAIL_OP])) or ("", -1, 0)
         bits = int(words[L.FAIL_PEERS])
         others = [self.pg.members[r] for r in range(bits.bit_length()) if bits >> r & 1]
         culprit, theirs = others[0], int(words[L.FAIL_FP]) & _U64
@@ -287,15 +357,27 @@ class CudaComponent(Component):
             ws.words[L.ABORT] = 1
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _name_op(self, description: str, seq: int = -1, fprint: int = 0) -> int:
+    def _name_op(self, description: str | None, seq: int = -1, fprint: int = 0, name: str = "") -> int:
+        """An id for the op being enqueued (kernels report it); ``description`` None: the
+        collective ``name``'s, written out only when an error needs it."""
         op_id = self.next_op = self.next_op + 1
-        self.ops[op_id] = (description, seq, fprint)
+        self.ops[op_id] = (description, seq, fprint, name)
         if len(self.ops) > OP_NAMES_KEPT:
             del self.ops[next(iter(self.ops))]
         return op_id
 
-    def _described(self, op_id: int, otherwise: str) -> str:
+    def _entry(self, op_id: int):
+        """(description, seq, fingerprint) of op ``op_id``, or None."""
         entry = self.ops.get(op_id)
+        if entry is None:
+            return None
+        description, seq, fprint, name = entry
+        if description is None:
+            description = f"{name} (op #{seq} of group {self.pg.name})"
+        return description, seq, fprint
+
+    def _described(self, op_id: int, otherwise: str) -> str:
+        entry = self._entry(op_id)
         return entry[0] if entry is not None else otherwise
 
     def _launch(self, stream, enqueue) -> None:
@@ -327,7 +409,7 @@ class CudaComponent(Component):
         event.record(stream)
         return CudaWork(event, lambda: self.check(what), result, (keep,))
 
-    def _enqueue(self, call: Call, ctx, op_id: int, stream) -> None:
+    def _enqueue(self, call: Call, ctx, op_id: int, stream, algorithm: str = "") -> None:
         b = call.buffers
         first = _first(call)
         dtype = staging.torch_dtype_name(first) if first is not None else ""
@@ -339,7 +421,7 @@ class CudaComponent(Component):
             if name == "barrier":
                 x.barrier()
             elif name == "all_reduce":
-                A.all_reduce(x, b["data"].data_ptr(), b["data"].numel(), item)
+                A.all_reduce(x, b["data"].data_ptr(), b["data"].numel(), item, algorithm)
             elif name == "reduce":
                 A.reduce(x, b["data"].data_ptr(), b["data"].numel(), item, call.root)
             elif name == "broadcast":
