@@ -19,7 +19,8 @@ peer that gave up.  The whole run is bounded by ``--time-limit``: then the ranks
 killed and the sizes done so far reported.
 
 Libraries: ``chorus`` (the public API: ``chorus.all_reduce(t)``; ``--algorithm`` passes
-chorus's ``algorithm=``), ``chorus-lane`` (all_reduce only, with ``--lane``: the
+chorus's ``algorithm=``), ```chorus:<algorithm>`` (``--algorithm a,b``: one column per chorus
+algorithm), ``chorus-lane`` (all_reduce only, with ``--lane``: the
 component's ``all_reduce_now``, the cached-plan path an API fast lane would call),
 ``nccl`` (torch.distributed, NCCL, NCCL_NVLS_ENABLE=0 unless set), ``symm-1shot`` and
 ``symm-2shot`` (all_reduce only: torch.ops.symm_mem.one_shot_all_reduce /
@@ -89,7 +90,7 @@ class _Cases:
         coll, n, w, r = self.cfg["collective"], self.count, self.world, self.rank
         t_op = getattr(tdist.ReduceOp, OPS[self.op])
         c_op = getattr(chorus.ReduceOp, OPS[self.op])
-        algo = self.cfg.get("algorithm") or None
+        algo = lib.split(":", 1)[1] if ":" in lib else self.cfg.get("algorithm") or None
         api = chorus if lib.startswith("chorus") else tdist
         op = c_op if api is chorus else t_op
         extra = {"algorithm": algo} if api is chorus and algo else {}
@@ -323,8 +324,8 @@ def _human(nbytes: int) -> str:
 def format_table(rows: list[dict], collective: str, world: int, dtype: str) -> str:
     """nccl-tests' columns per library (time = GPU us per call; cpu = CPU us per call),
     then each baseline's time over chorus's (``x`` > 1: chorus is faster)."""
-    libs = [lib for lib in ("chorus", "chorus-lane", "nccl", "symm-1shot", "symm-2shot")
-            if any(r["library"] == lib for r in rows)]
+    libs = list(dict.fromkeys(r["library"] for r in rows))
+    libs.sort(key=lambda lib: (not lib.startswith("chorus"), lib != "chorus", lib))
     by = {(r["library"], r["nbytes"]): r for r in rows}
     head = f"{'size':>6} {'count':>10} {'type':>8}"
     for lib in libs:
@@ -394,7 +395,9 @@ def run(args) -> int:
     if not counts:
         return fail("no size holds a whole element per rank")
     baseline = args.baseline if args.baseline in ("nccl", "symm", "none") else "auto"
-    libs = ["chorus"] + (["chorus-lane"] if args.lane and args.collective == "all_reduce" and not DRY else [])
+    algos = [a for a in (args.algorithm or "").split(",") if a]
+    libs = ["chorus"] if len(algos) < 2 else [f"chorus:{a}" for a in algos]
+    libs += ["chorus-lane"] if args.lane and args.collective == "all_reduce" and not DRY else []
     libs += ["nccl"] if baseline != "none" else []
     if (args.collective == "all_reduce" and baseline in ("auto", "symm") and args.op in ("sum", "avg", "max", "min")
             and not DRY):
