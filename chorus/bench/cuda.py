@@ -172,8 +172,10 @@ def _sync(torch) -> None:
         torch.cuda.synchronize()
 
 
-def _time(torch, run, iters: int, warmup: int) -> tuple[float, float]:
-    """(GPU seconds, CPU seconds) per call of ``iters`` back-to-back calls."""
+def _time(torch, chorus, run, iters: int, warmup: int) -> tuple[float, float]:
+    """(GPU seconds, CPU seconds) per call of ``iters`` back-to-back calls.  Every rank
+    holds its GPU equally long (the ranks agree on the longest CPU estimate first, which
+    also lines them up), so no rank's first call waits for a peer still asleep."""
     if DRY:
         for _ in range(warmup):
             run()
@@ -188,6 +190,11 @@ def _time(torch, run, iters: int, warmup: int) -> tuple[float, float]:
         run()
     cpu_est = (time.perf_counter() - t0) / max(1, warmup)
     torch.cuda.synchronize()
+    import numpy as np
+
+    est = np.array([cpu_est], np.float64)
+    chorus.all_reduce(est, op=chorus.ReduceOp.MAX)
+    cpu_est = float(est[0])
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sleep_s = min(SLEEP_CAP_S, cpu_est * iters * 1.5 + 200e-6)
     torch.cuda._sleep(int(sleep_s * CLOCK_HZ))
@@ -262,7 +269,7 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
                     wrong = int((got.view(torch.uint8).view(-1, item) != reference.view(torch.uint8).view(-1, item))
                                 .any(dim=1).sum().item()) if got.numel() == reference.numel() else got.numel()
                 tdist.barrier()
-                gpu, cpu = _time(torch, run, iters, warmup)
+                gpu, cpu = _time(torch, chorus, run, iters, warmup)
                 row = {"library": lib, "nbytes": nbytes, "count": count, "seconds": gpu, "cpu_seconds": cpu,
                        "wrong": wrong, "iters": iters}
                 del run, result, reset

@@ -158,6 +158,18 @@ class CudaComponent(Component):
         import torch
 
         self.check(call.name)
+        if (not call.async_op and call.name != "barrier" and not self.pg.queue and recorder.current is None
+                and self.ws.stream is None and torch._C._cuda_getDevice() == self._device_index):
+            # the common case, inline: what run_in_order and _launch would do, without their
+            # per-call closures (the group is idle, the caller's stream is current)
+            op_id = self._name_op(None, call.seq, call.fingerprint, call.name)
+            if call.before is not None:
+                call.before()
+            raw = torch._C._cuda_getCurrentRawStream(self._device_index)
+            self._enqueue(call, None, op_id, _Raw(raw), algorithm)
+            if call.after is not None:
+                call.after()
+            return None
         stream = torch.cuda.current_stream(self.ws.device)
         op_id = self._name_op(None, call.seq, call.fingerprint, call.name)
         sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
@@ -212,8 +224,7 @@ class CudaComponent(Component):
             self._plans.clear()
         key = (tensor.dtype, tensor.shape, op)
         self._plans[key] = False
-        name = staging.torch_dtype_name(tensor)
-        wire = "uint8" if name.startswith("float8") else name
+        name = staging.torch_dtype_name(tensor)  # as the API names it: the fingerprints must agree
         kind = getattr(op, "name", None)
         if (kind not in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR") or name not in self._reducible
                 or (kind == "AVG" and not tensor.is_floating_point()) or tensor.numel() == 0):
@@ -222,7 +233,7 @@ class CudaComponent(Component):
             return False  # the general path raises it
         count, item = tensor.numel(), tensor.element_size()
         try:
-            fp = fingerprint("all_reduce", wire, count, -1, kind)
+            fp = fingerprint("all_reduce", name, count, -1, kind)
         except (KeyError, ValueError):
             return False
         plan = (name, fp, kind, count, item, A.all_reduce_algorithm(count * item, self.pg.size()), kind == "AVG")
@@ -440,6 +451,15 @@ class CudaComponent(Component):
                              call.args["recv_counts"], item)
             else:
                 raise InvalidArgumentError(f"chorus.cuda cannot run {name}")
+
+
+class _Raw:
+    """A raw cudaStream_t where _enqueue expects a torch stream (it reads cuda_stream)."""
+
+    __slots__ = ("cuda_stream",)
+
+    def __init__(self, raw: int):
+        self.cuda_stream = raw
 
 
 def _first(call: Call):

@@ -76,7 +76,7 @@ bench() {
   local name=$1 cap=$2
   shift 2
   part "$name" "$cap" python -c "import sys; from chorus.cli import main; sys.exit(main())" bench --device cuda \
-      --time-limit $((cap - 10)) --json "$LOGS/$name.json" "$@"
+      --time-limit $((cap - 10)) --cuda-timeout 20 --json "$LOGS/$name.json" "$@"
 }
 
 part smoke 60 python tests/gpu/speed_smoke.py --max 64M --time-limit 50
