@@ -568,30 +568,27 @@ FUSED_WARPS = 4
 HINTS = os.environ.get("CHORUS_CUDA_HINTS", "1") != "0"
 
 
+_PLANS: dict = {}  # all_reduce_fused's per-shape launch plans
+_SMALL = (1 << 31) - 2
+
+
 def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, slot_off: int, rank: int,
                      world: int, host_addr: int, op_id: int, fprint: int, epoch: int, timeout_ns: int, op: str,
                      dtype: str, max_spins: int = NEVER, stream: int | None = None) -> int:
     """Launch the one-shot (``kind`` "one_shot") or two-shot ("two_shot") all_reduce
     kernel of ``n`` elements from ``inp`` into ``out`` (addresses on this device) through
     this rank's slot at ``slot_off``; its barriers are epochs ``epoch`` (and ``epoch`` +
-    1: two-shot).  Returns the number of barriers it uses (1 or 2)."""
-    dt, raw, acc, is_bool, red = _ops(op, dtype)
-    hint_io = HINTS and inp % 16 == 0 and out % 16 == 0
-    fprint = signed64(fprint)
-    wp = max(2, _pow2(world))
-    if kind == "one_shot":
-        grid, per = L.one_shot_geometry(n)
-        args = (inp, out, controls_addr, slot_off, n, per, rank, host_addr, op_id, fprint, epoch, timeout_ns,
-                max_spins, world, wp, red, dt, raw, acc, is_bool, L.FUSED_BLOCK, hint_io, HINTS, INTERPRET)
-        kernel, barriers = one_shot_kernel, 1
-    else:
-        grid, per, piece = L.two_shot_geometry(n, world)
-        args = (inp, out, controls_addr, slot_off, n, per, piece, rank, host_addr, op_id, fprint, epoch,
-                timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, L.FUSED_BLOCK, hint_io, HINTS,
-                INTERPRET)
-        kernel, barriers = two_shot_kernel, 2
-    key = (kind, n, controls_addr, rank, world, host_addr, timeout_ns, max_spins, red, dtype, hint_io, HINTS,
-           _fits(slot_off), _fits(op_id), _fits(fprint), _fits(epoch + 1))
+    1: two-shot).  Returns the number of barriers it uses (1 or 2).  What depends only on
+    the shape is planned once (geometry, types, the launch key's fixed part)."""
+    aligned = not (inp | out) & 15
+    pkey = (kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS)
+    plan = _PLANS.get(pkey)
+    if plan is None:
+        plan = _fused_plan(pkey)
+    kernel, grid, head, tail, barriers = plan
+    fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
+    args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, *tail)
+    key = (pkey, slot_off <= _SMALL and op_id <= _SMALL and epoch <= _SMALL, _fits(fprint))
     try:
         launch(kernel, key, grid, args, FUSED_WARPS, stream)
     except Exception as exc:  # noqa: BLE001 - a compiler that refuses the hints: once more without
@@ -603,9 +600,28 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
     return barriers
 
 
+def _fused_plan(pkey: tuple) -> tuple:
+    kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, hints = pkey
+    if len(_PLANS) >= 4096:
+        _PLANS.clear()
+    dt, raw, acc, is_bool, red = _ops(op, dtype)
+    wp = max(2, _pow2(world))
+    tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, L.FUSED_BLOCK, hints and aligned, hints,
+            INTERPRET)
+    if kind == "one_shot":
+        grid, per = L.one_shot_geometry(n)
+        plan = (one_shot_kernel, grid, (n, per, rank, host_addr), tail, 1)
+    else:
+        grid, per, piece = L.two_shot_geometry(n, world)
+        plan = (two_shot_kernel, grid, (n, per, piece, rank, host_addr), tail, 2)
+    _PLANS[pkey] = plan
+    return plan
+
+
 def _no_hints(exc: BaseException) -> None:
     global HINTS
     HINTS = False
+    _PLANS.clear()
     log.warning("chorus.cuda: compiling the fused all_reduce with vectorisation hints failed (%s: %s); "
                 "compiling without them", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
 
