@@ -422,7 +422,7 @@ def _reduce_range(controls, slot_off, out_addr, also_addr, lo, hi, W: tl.constex
             tl.store(_hint(also + offs, HINT_WS), y, mask=m)
 
 
-@triton.jit(do_not_specialize=["inp", "out", "slot_off", "op_id", "fprint", "epoch"])
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
 def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, op_id, fprint, epoch, timeout_ns,
                     max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
                     RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
@@ -448,7 +448,7 @@ def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, 
                           HINT_WS, False)
 
 
-@triton.jit(do_not_specialize=["inp", "out", "slot_off", "op_id", "fprint", "epoch"])
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
 def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host_addr, op_id, fprint, epoch,
                     timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
                     RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,

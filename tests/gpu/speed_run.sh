@@ -79,16 +79,16 @@ bench() {
       --time-limit $((cap - 10)) --cuda-timeout 20 --json "$LOGS/$name.json" "$@"
 }
 
-part smoke 60 python tests/gpu/speed_smoke.py --max 64M --time-limit 50
+part smoke 75 python tests/gpu/speed_smoke.py --max 64M --time-limit 65
 grep -E "^ *(bfloat16|float32)|SMOKE|only" "$LOGS/smoke.log" | head -20
 
-bench all_reduce 100 --collective all_reduce -b 4 -e 1G -f 4 -n 200 -w 20 --scale-iters --lane
-bench calibrate 35 --collective all_reduce -b 16K -e 8M -f 2 -n 200 -w 20 --baseline none \
+bench all_reduce 95 --collective all_reduce -b 4 -e 1G -f 4 -n 200 -w 20 --scale-iters --lane
+bench calibrate 30 --collective all_reduce -b 16K -e 8M -f 2 -n 200 -w 20 --baseline none \
     --algorithm one_shot,two_shot,copy_reduce
-bench all_gather 40 --collective all_gather -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
-bench reduce_scatter 40 --collective reduce_scatter -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
-bench broadcast 25 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
-bench all_to_all 25 --collective all_to_all -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
+bench all_gather 35 --collective all_gather -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
+bench reduce_scatter 35 --collective reduce_scatter -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
+bench broadcast 20 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
+bench all_to_all 20 --collective all_to_all -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
 
 python - "$LOGS" <<'PY'
 import json, os, sys
