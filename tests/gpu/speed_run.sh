@@ -43,7 +43,7 @@ except ImportError as e:
     print("triton missing:", e)
 PY
 
-# part NAME CAP_S CMD...: run CMD in its own session, output to $LOGS/NAME.log
+# part NAME CAP_S CMD...: run CMD under timeout (its own process group), output to $LOGS/NAME.log
 part() {
   local name=$1 cap=$2
   shift 2
@@ -56,12 +56,12 @@ part() {
   [ "$cap" -gt "$left" ] && cap=$left
   local t0
   t0=$(date +%s)
-  setsid timeout -k 10 "$cap" "$@" >"$LOGS/$name.log" 2>&1 &
+  timeout -k 10 "$cap" "$@" >"$LOGS/$name.log" 2>&1 &  # timeout leads a process group of its own
   local pid=$!
   PIDS+=("$pid")
   wait "$pid"
   local rc=$?
-  kill -9 -- "-$pid" 2>/dev/null  # whatever of its session is left (ranks, compilers)
+  kill -9 -- "-$pid" 2>/dev/null  # whatever of that group is left (ranks, compilers)
   local verdict=FAIL
   case $rc in
     0) verdict=PASS ;;
@@ -75,6 +75,9 @@ part() {
 bench() {
   local name=$1 cap=$2
   shift 2
+  local left=$((BUDGET - ($(date +%s) - START)))
+  [ "$cap" -gt "$left" ] && cap=$left
+  [ "$cap" -lt 20 ] && cap=20  # (part reports NOT RUN when under 15 s are left)
   part "$name" "$cap" python -c "import sys; from chorus.cli import main; sys.exit(main())" bench --device cuda \
       --time-limit $((cap - 10)) --cuda-timeout 20 --json "$LOGS/$name.json" "$@"
 }

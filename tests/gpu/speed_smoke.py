@@ -116,6 +116,9 @@ def main() -> int:
     p.add_argument("--time-limit", type=float, default=120.0)
     a = p.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    if a.world < 2:
+        print(f"SMOKE FAIL: needs 2 or more GPUs, found {torch.cuda.device_count()}")
+        return 1
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, a.world, (_port(), _port()), parse_size(a.max), queue))
@@ -147,7 +150,7 @@ def main() -> int:
             m[1] += wrong
             m[2] = m[2] or (f"rank {rank}: {error}" if error else "")
     for (dtype, algo), (checked, wrong, error, secs) in merged.items():
-        ok = ok and not wrong and not error
+        ok = ok and not wrong and not error and checked > 0
         print(f"{dtype:>9} {algo:>12} {checked:>6} {wrong:>7} {secs:>8.2f}  {error}")
     if len(got) < a.world:
         print(f"only {len(got)} of {a.world} ranks reported (killed after {a.time_limit:g} s or crashed)")
