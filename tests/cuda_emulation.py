@@ -47,12 +47,12 @@ class FakeKernels:
         self.host = host
         self.timeout_s = timeout_s
 
-    def barrier(self, controls, rank, world, host_addr, op_id, timeout_ns, fprint=0):
+    def barrier(self, controls, rank, world, host_addr, op_id, timeout_ns, fprint=0, epoch=0, stream=None):
         if self.host[L.STATUS]:
             return
         bases = controls.tolist()
         fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint  # the int64 word's value
-        e = word(bases[rank]).value + 1
+        e = epoch or word(bases[rank]).value + 1
         word(bases[rank]).value = e
         prints = L.FPRINT + (e & 1) * L.FPRINT_PARITY
         for b in bases:
@@ -93,7 +93,7 @@ class FakeKernels:
                 self.host[L.TAG_PEER], self.host[L.TAG_EXPECT], self.host[L.TAG_GOT] = peer, tag, got_tag
                 self.host[L.TAG_OP] = op_id + 1
 
-    def reduce(self, rows, offset, out, n, world, op, dtype):
+    def reduce(self, rows, offset, out, n, world, op, dtype, stream=None):
         if n == 0:
             return
         dt = getattr(torch, dtype)
@@ -101,6 +101,75 @@ class FakeKernels:
         views = [torch.frombuffer((ctypes.c_char * size).from_address(a + offset), dtype=dt)
                  for a in rows.tolist()]
         torch.frombuffer((ctypes.c_char * size).from_address(out), dtype=dt).copy_(reference(views, op))
+
+    # -- the fused all_reduce kernels, block by block (the blocks of one rank in order) ------
+    def all_reduce_fused(self, kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
+                         epoch, timeout_ns, op, dtype, max_spins=None, stream=None):
+        barriers = 1 if kind == "one_shot" else 2
+        if self.host[L.STATUS]:
+            return barriers
+        bases = [word(controls_addr + 8 * r).value for r in range(world)]
+        fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
+        dt = getattr(torch, dtype)
+        item = dt.itemsize
+
+        def view(addr, lo, hi):
+            if hi <= lo:
+                return torch.empty(0, dtype=dt)
+            return torch.frombuffer((ctypes.c_char * ((hi - lo) * item)).from_address(addr + lo * item), dtype=dt)
+
+        slots = [b + slot_off for b in bases]
+        if kind == "one_shot":
+            blocks, per = L.one_shot_geometry(n)
+            for b in range(blocks):
+                lo, hi = b * per, min((b + 1) * per, n)
+                view(slots[rank], lo, hi).copy_(view(inp, lo, hi))
+                if not self.block_sync(bases, rank, world, b, epoch, fprint, op_id):
+                    continue
+                view(out, lo, hi).copy_(reference([view(s, lo, hi) for s in slots], op))
+            return barriers
+        blocks, per, piece = L.two_shot_geometry(n, world)
+        for b in range(blocks):
+            ranges = [(s * piece + b * per, min(s * piece + (b + 1) * per, (s + 1) * piece, n)) for s in range(world)]
+            for lo, hi in ranges:
+                view(slots[rank], lo, hi).copy_(view(inp, lo, hi))
+            if not self.block_sync(bases, rank, world, b, epoch, fprint, op_id):
+                continue
+            lo, hi = ranges[rank]
+            got = reference([view(s, lo, hi) for s in slots], op) if hi > lo else None
+            if got is not None:
+                view(out, lo, hi).copy_(got)
+                view(slots[rank], lo, hi).copy_(got)
+            if not self.block_sync(bases, rank, world, b, epoch + 1, fprint, op_id):
+                continue
+            for s, (lo, hi) in enumerate(ranges):
+                if s != rank:
+                    view(out, lo, hi).copy_(view(slots[s], lo, hi))
+        return barriers
+
+    def block_sync(self, bases, rank, world, b, e, fprint, op_id) -> bool:
+        """chorus.cuda.kernels._block_sync: push (fingerprint, epoch), spin, compare."""
+        if self.host[L.STATUS]:
+            return False
+        bar, prints = L.block_barrier(b), L.block_fprint(b, e & 1)
+        if b == 0:
+            word(bases[rank]).value = e
+        for base in bases:
+            word(base + prints + 8 * rank).value = fprint
+            word(base + bar + 8 * rank).value = e
+        _spin([bases[rank] + bar + 8 * r for r in range(world)], e, self.host, op_id, L.WAIT_BARRIER,
+              self.timeout_s)
+        if self.host[L.STATUS]:
+            return False
+        other = [r for r in range(world) if word(bases[rank] + prints + 8 * r).value != fprint]
+        if other:
+            if b == 0:
+                self.host[L.FAIL_FP] = word(bases[rank] + prints + 8 * other[0]).value
+                self.host[L.FAIL_OP], self.host[L.FAIL_WHAT] = op_id, L.WAIT_BARRIER
+                self.host[L.FAIL_PEERS] = sum(1 << r for r in other)
+                self.host[L.STATUS] = L.MISMATCH
+            return False
+        return True
 
 
 def reference(rows, op: str) -> torch.Tensor:

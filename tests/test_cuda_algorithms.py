@@ -210,3 +210,71 @@ def test_mismatched_collectives_stop_at_the_first_barrier(world):
             assert host[L.FAIL_PEERS] == (1 << world) - 1 - 0b10 and host[L.FAIL_FP] == reduce_fp
         else:
             assert host[L.FAIL_PEERS] == 0b10 and host[L.FAIL_FP] == gather_fp
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "copy_reduce"])
+def test_all_reduce_algorithms_rounds_and_epochs(world, algorithm):
+    """Each all_reduce algorithm, in several rounds of a small slot, between other
+    collectives (whose barriers share the epochs), for sizes that do not divide evenly."""
+    g = Group(world, SMALL)
+    sizes = [1, 63, 3000, 5001]  # 5001 bf16: three one-shot rounds, more two-shot ones
+    for dtype in ("bfloat16", "int32"):
+        ins = {n: [data(r, n, dtype, n) for r in range(world)] for n in sizes}
+        bufs = {n: [t.clone() for t in ins[n]] for n in sizes}
+        gathered = [torch.empty(world * 100) for _ in range(world)]
+        small = [data(r, 100, "float32") for r in range(world)]
+
+        def body(x, bufs=bufs, dtype=dtype, gathered=gathered, small=small):
+            for n in sizes:
+                x.begin(1, None, 0, dtype, "SUM")
+                A.all_reduce(x, ptr(bufs[n][x.rank]), n, bufs[n][x.rank].element_size(), algorithm)
+                x.begin(2, None, 0, "float32", "")
+                A.all_gather(x, ptr(small[x.rank]), ptr(gathered[x.rank]), 100, 4)
+                x.barrier()
+            return x.epoch
+
+        epochs = g.run(body)
+        assert len(set(epochs)) == 1
+        for n in sizes:
+            want = reference(ins[n], "SUM")
+            for r in range(world):
+                assert torch.equal(bufs[n][r], want), (dtype, n, r)
+        for r in range(world):
+            assert torch.equal(gathered[r], torch.cat(small))
+
+
+def test_all_reduce_picks_by_size():
+    assert A.all_reduce_algorithm(8, 4) == "one_shot"
+    assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES - 1, 4) == "one_shot"
+    assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES, 4) == "two_shot"
+    assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES // 2, 8) == "two_shot"
+    assert A.all_reduce_algorithm(1 << 30, 1) == "one_shot"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_all_reduce_meets_a_mismatched_barrier(world):
+    """Rank 1 runs a two-shot all_reduce where the others all-gather: block 0 of the fused
+    kernel and the barrier kernel meet at the same epoch and compare fingerprints."""
+    from chorus.wire.fingerprint import fingerprint
+
+    g = Group(world, SMALL)
+    n = 3000
+    reduce_fp = fingerprint("all_reduce", "float32", n, -1, "SUM")
+    gather_fp = fingerprint("all_gather", "float32", n)
+    ins = [data(r, n, "float32") for r in range(world)]
+    out = [torch.empty(world * n) for _ in range(world)]
+
+    def body(x):
+        if x.rank == 1:
+            x.begin(4, None, 0, "float32", "SUM", reduce_fp)
+            A.all_reduce(x, ptr(ins[1]), n, 4, "two_shot")
+        else:
+            x.begin(4, None, 0, "float32", "", gather_fp)
+            A.all_gather(x, ptr(ins[x.rank]), ptr(out[x.rank]), n, 4)
+
+    g.run(body, timeout=30)
+    for r in range(world):
+        host = g.hosts[r]
+        assert (host[L.STATUS], host[L.FAIL_OP]) == (L.MISMATCH, 4), r
+        assert host[L.FAIL_FP] == (gather_fp if r == 1 else reduce_fp)

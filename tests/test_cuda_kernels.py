@@ -148,3 +148,127 @@ def test_post_and_wait_with_headers():
 
 def hdr_index(p, hdr):
     return (hdr - p.ws[0].data_ptr()) // 8
+
+
+# -- the fused all_reduce kernels ----------------------------------------------------------------
+class Fused:
+    """W workspaces (control words and two slots) in host memory, and a control page per
+    rank.  The interpreter runs one kernel at a time, so the ranks run one after the other:
+    ``arrive`` first makes it look as if every peer had already reached the epochs (its
+    words, its slot's data), as the peers' kernels would on a GPU."""
+
+    def __init__(self, world, slot=1 << 15):
+        self.world, self.slot = world, slot
+        self.ws = [torch.zeros((L.CONTROL_BYTES + 2 * slot) // 8, dtype=torch.int64) for _ in range(world)]
+        self.controls = torch.tensor([w.data_ptr() for w in self.ws])
+        self.hosts = [torch.zeros(L.CONTROL_WORDS, dtype=torch.int64) for _ in range(world)]
+
+    def slot_view(self, r, parity, dtype, n):
+        at = L.CONTROL_BYTES + parity * self.slot
+        return self.ws[r].view(torch.uint8)[at: at + n * dtype.itemsize].view(dtype)
+
+    def arrive(self, blocks, epochs, fprint, skip=()):
+        for r in range(self.world):
+            for b in range(blocks):
+                for q in range(self.world):
+                    if (q, b) in skip:
+                        continue
+                    for e in epochs:
+                        self.ws[r][L.block_barrier(b) // 8 + q] = e
+                        self.ws[r][L.block_fprint(b, e & 1) // 8 + q] = K.signed64(fprint)
+
+    def run(self, kind, r, inp, out, parity, epoch, fprint, op="SUM", max_spins=200):
+        return K.all_reduce_fused(kind, inp.data_ptr(), out.data_ptr(), inp.numel(), self.controls.data_ptr(),
+                                  L.CONTROL_BYTES + parity * self.slot, r, self.world, self.hosts[r].data_ptr(), 9,
+                                  fprint, epoch, 10**12, op, str(inp.dtype)[6:], max_spins)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int32", "bool", "float16"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_one_shot_kernel(dtype, world):
+    """Every rank's output is op over every rank's input in rank order (bit for bit), its
+    input landed in its slot, and it pushed its epoch and fingerprint into every rank's
+    words of every block."""
+    n = 2500  # three blocks, the last partial
+    dt = getattr(torch, dtype)
+    ins = [((torch.arange(n) * (r + 2) + r) % 4 - (0 if dtype == "bool" else 1)) for r in range(world)]
+    ins = [(t > 0) if dtype == "bool" else t.to(dt) for t in ins]
+    f = Fused(world)
+    blocks, _ = L.one_shot_geometry(n)
+    assert blocks == 3
+    fp = (1 << 63) + 12345  # a negative word
+    for op in ("SUM", "MAX") if dtype != "bool" else ("SUM", "PRODUCT"):
+        for q in range(world):
+            f.slot_view(q, 1, dt, n).copy_(ins[q])
+        f.arrive(blocks, [7], fp)
+        outs = [torch.empty_like(ins[0]) for _ in range(world)]
+        for r in range(world):
+            assert f.run("one_shot", r, ins[r], outs[r], 1, 7, fp, op) == 1
+            assert f.hosts[r].tolist() == [0] * L.CONTROL_WORDS, (r, f.hosts[r])
+        want = reference(ins, op)
+        for r in range(world):
+            assert torch.equal(outs[r].view(torch.uint8), want.view(torch.uint8)), (op, r)
+            assert torch.equal(f.slot_view(r, 1, dt, n), ins[r])
+            assert int(f.ws[r][0]) == 7  # EPOCH, from block 0
+            for b in range(blocks):
+                assert f.ws[r][L.block_barrier(b) // 8: L.block_barrier(b) // 8 + world].tolist() == [7] * world
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_two_shot_kernel_in_place(world):
+    """Two-shot in place: each rank reduces its slice into its slot and output, then copies
+    the others' slices from their slots (here prepared as their kernels would leave them)."""
+    n = 4100  # slices of 2112 / 1088 elements: several blocks per slice, a short last slice
+    dt = torch.bfloat16
+    ins = [(((torch.arange(n) * 7 + r * 3) % 5) - 1).to(dt) for r in range(world)]
+    want = reference(ins, "SUM")
+    blocks, per, piece = L.two_shot_geometry(n, world)
+    f = Fused(world)
+    for q in range(world):
+        s = f.slot_view(q, 0, dt, n)
+        s.copy_(ins[q])
+        s[q * piece: (q + 1) * piece] = want[q * piece: (q + 1) * piece]
+    f.arrive(blocks, [4, 5], 77)
+    bufs = [t.clone() for t in ins]
+    for r in range(world):
+        assert f.run("two_shot", r, bufs[r], bufs[r], 0, 4, 77) == 2
+        assert f.hosts[r][L.STATUS] == 0
+    for r in range(world):
+        assert torch.equal(bufs[r], want), r
+        assert torch.equal(f.slot_view(r, 0, dt, n)[r * piece: (r + 1) * piece], want[r * piece: (r + 1) * piece])
+
+
+def test_fused_kernels_report_timeout_mismatch_and_skip_when_broken():
+    n = 3000
+    x = torch.ones(n)
+    out = torch.zeros(n)
+    blocks, _ = L.one_shot_geometry(n)
+    f = Fused(2)
+    f.arrive(blocks, [1], 5, skip={(1, 2)})  # rank 1's block 2 never arrives
+    f.run("one_shot", 0, x, out, 1, 1, 5)
+    h = f.hosts[0]
+    assert (h[L.STATUS], h[L.FAIL_OP], h[L.FAIL_WHAT], h[L.FAIL_PEERS]) == (L.TIMEOUT, 9, L.WAIT_BARRIER, 0b10)
+    assert torch.equal(out[:2048], torch.ones(2048))  # blocks 0 and 1 finished (rank 1's slot: zeros)
+    assert torch.equal(out[2048:], torch.zeros(n - 2048))
+    before = f.ws[1].clone()
+    f.run("one_shot", 0, x, out, 0, 2, 5)  # broken: does nothing at all
+    assert torch.equal(f.ws[1], before)
+
+    f = Fused(2)  # rank 1 called another op: block 0 reports it; no block reads the slots
+    blocks, _, _ = L.two_shot_geometry(n, 2)
+    f.arrive(blocks, [3], 5)
+    f.ws[0][L.block_fprint(0, 1) // 8 + 1] = 6
+    for b in range(1, blocks):
+        f.ws[0][L.block_fprint(b, 1) // 8 + 1] = 6
+    out.zero_()
+    f.run("two_shot", 0, x, out, 0, 3, 5)
+    h = f.hosts[0]
+    assert (h[L.STATUS], h[L.FAIL_PEERS], h[L.FAIL_FP]) == (L.MISMATCH, 0b10, 6)
+    assert not out.any()
+
+
+def test_barrier_with_host_epoch():
+    p = Pads(2)
+    p.ws[0][L.BARRIER // 8 + 1] = 5
+    K.barrier(p.controls, 0, 2, p.host.data_ptr(), 1, 10**12, 200, 0, epoch=5)
+    assert p.host[L.STATUS] == 0 and p.ws[0][0] == 5 and p.ws[1][L.BARRIER // 8] == 5

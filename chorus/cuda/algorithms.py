@@ -9,6 +9,7 @@ What an executor offers (addresses are ints; sizes are bytes unless they say ele
     x.barrier()                        every rank arrives; writes before it are seen after it
     x.copy(dst, src, nbytes, peer)     copy engine (peer: the rank whose memory is read/written)
     x.reduce(out, offset, n)           out[:n] = op over ranks r (in order) of slot(r)[offset:][:n]
+    x.all_reduce_fused(kind, inp, out, n)   one kernel: copy in, barrier(s), reduce (below)
     x.send_chunk(peer, src, nbytes, tag, total)   through my channel to peer (flags, acks)
     x.recv_chunk(peer, dst, nbytes, tag, total)   out of peer's channel to me
 
@@ -16,10 +17,20 @@ Rounds: a round writes only the writer's own slot of its parity, then has one ba
 then reads.  Round k+2 reuses round k's parity; its writes come after round k+1's barrier,
 which every rank reaches only after finishing round k's reads (one stream per rank).
 
-One-shot everywhere, chunked by the slot: every rank writes its input into its slot, and
-after the barrier reads what it needs from every rank's slot::
+all_reduce runs as one fused kernel per round (chorus.cuda.kernels), chosen by size::
 
-    all_reduce  rank r: slot_r <- data;          barrier; data <- op(slot_0 .. slot_W-1)
+    one_shot    (< ONE_SHOT_MAX_BYTES)  rank r: slot_r <- data; barrier; data <- op(slot_0 .. slot_W-1)
+    two_shot    (from there on, in rounds of the slot)  rank r: slot_r <- data; barrier;
+                slot_r[slice r] = data[slice r] <- op over q of slot_q[slice r]; barrier;
+                data[slice q] <- slot_q[slice q] for every q
+    copy_reduce (by name only) the copy engine, the barrier kernel, the reduce kernel: three
+                launches, as one_shot; kept to compare against
+
+Each of its blocks syncs with the same block of the other ranks only (they touch the same
+elements), so a round is one launch with no grid-wide sync.  The other collectives are
+one-shot, chunked by the slot: every rank writes its input into its slot, and after the
+barrier reads what it needs from every rank's slot::
+
     reduce      as all_reduce, only the root reads
     broadcast   root: slot_root <- data;         barrier; others: data <- slot_root
     all_gather  rank r: slot_r <- input;         barrier; output[q] <- slot_q for every q
@@ -33,12 +44,12 @@ Every collective passes at least one barrier, where the ranks compare their ops'
 fingerprints (chorus.cuda.kernels): ranks that called different collectives learn it
 there instead of running mismatched ops over each other's memory.
 
-A two-shot all_reduce (reduce-scatter then all-gather over the slots) is the next
-algorithm for large messages; it plugs in next to ``all_reduce`` (chorus.cuda.component
-picks by name).
+chorus.cuda.component picks the algorithm by name (``all_reduce_algorithm`` for "auto").
 """
 
 from __future__ import annotations
+
+from chorus.cuda.layout import two_shot_chunk
 
 #: the tag of the channel messages of all_to_all (p2p tags are the user's)
 EXCHANGE_TAG = -1
@@ -50,12 +61,37 @@ def _chunks(total: int, step: int):
         yield off, min(step, total - off)
 
 
-def all_reduce(x, data: int, n: int, item: int) -> None:
-    for off, m in _chunks(n, x.layout.slot // item):
+#: all_reduce messages below this many bytes run one-shot, the rest two-shot.  Measured on
+#: 4 x H100/H200 (NVLink, bf16): see the "one_shot vs two_shot" table of
+#:     bash tests/gpu/speed_run.sh
+#: (chorus bench --device cuda --collective all_reduce --algorithm one_shot / two_shot).
+ONE_SHOT_MAX_BYTES = 256 << 10
+#: ... for groups of more ranks than this, two-shot from ONE_SHOT_MAX_BYTES / 4 on (every
+#: one-shot rank reads W - 1 peers' whole messages; two-shot reads 2 (W - 1) / W of one)
+ONE_SHOT_WIDE = 4
+ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "copy_reduce")
+
+
+def all_reduce_algorithm(nbytes: int, world: int) -> str:
+    """The all_reduce algorithm for a message of ``nbytes`` on ``world`` ranks."""
+    limit = ONE_SHOT_MAX_BYTES if world <= ONE_SHOT_WIDE else ONE_SHOT_MAX_BYTES // 4
+    return "one_shot" if nbytes < limit or world < 2 else "two_shot"
+
+
+def all_reduce(x, data: int, n: int, item: int, algorithm: str = "auto") -> None:
+    if algorithm not in ALL_REDUCE_ALGORITHMS:
+        algorithm = all_reduce_algorithm(n * item, x.world)
+    if algorithm == "copy_reduce":
+        for off, m in _chunks(n, x.layout.slot // item):
+            x.round()
+            x.copy(x.slot(x.rank), data + off * item, m * item, x.rank)
+            x.barrier()
+            x.reduce(data + off * item, 0, m)
+        return
+    step = x.layout.slot // item if algorithm == "one_shot" else two_shot_chunk(x.layout.slot, item, x.world)
+    for off, m in _chunks(n, step):
         x.round()
-        x.copy(x.slot(x.rank), data + off * item, m * item, x.rank)
-        x.barrier()
-        x.reduce(data + off * item, 0, m)
+        x.all_reduce_fused(algorithm, data + off * item, data + off * item, m)
 
 
 def reduce(x, data: int, n: int, item: int, root: int) -> None:

@@ -8,21 +8,25 @@ through pinned host memory instead (chorus.cuda.staging).
 
 Per call, with a mapped workspace::
 
-    supports(call)   a CUDA call: "one_shot" (collectives), "channels" (all_to_all),
-                     "barrier"; "staging" for reductions of dtypes the kernels lack
-    start(call)      enqueue the algorithm (chorus.cuda.algorithms) on the group's
-                     stream, in issue order; return at once (async_op: a CudaWork
-                     holding an event recorded after it)
+    supports(call)   a CUDA call: all_reduce "one_shot" / "two_shot" by size (or
+                     "copy_reduce", by name: chorus.cuda.algorithms), "one_shot" (other
+                     collectives), "channels" (all_to_all), "barrier"; "staging" for
+                     reductions of dtypes the kernels lack
+    all_reduce_now   a synchronous all_reduce from a cached plan, with none of the general
+                     path's per-call objects (the API's latency lane)
+    start(call)      enqueue the algorithm (chorus.cuda.algorithms) on the caller's
+                     current stream, in issue order; return at once (async_op: a
+                     CudaWork holding an event recorded after it)
     p2p(...)         a send or receive through the pair's channel
 
-Streams, as ProcessGroupNCCL's: every op of a group runs on the group's own stream
-(one per workspace), which first waits for the caller's current stream, so an op runs
-after the caller's queued work, and ops issued from different streams (FSDP's
-all-gather and reduce-scatter streams) still run in issue order, which the barrier
-epochs and slot parities rely on.  A synchronous op makes the caller's stream wait for
-it; an async one records an event on the group's stream, which ``work.wait()`` makes the
-current stream wait for, and its buffers are marked in use there (``record_stream``).
-A synchronous ``barrier`` also blocks the CPU until it completed (as torch's).
+Streams, as ProcessGroupNCCL's contract: an op is enqueued on the caller's current stream
+(after the work queued there; later work there runs after it); synchronous calls return
+once enqueued; ``async_op`` gives a CudaWork holding an event recorded after the op.  The
+ops of a group still run on the GPU in issue order when they come from several streams
+(``_follow``): an op on another stream than the group's last op makes its stream wait for
+that op first.  Members that are threads of one process run every op on the
+workspace's own stream, joined to the caller's both ways (chorus.cuda.workspace).  A
+synchronous ``barrier`` also blocks the CPU until it completed (as torch's).
 
 Failures: every spin is bounded by the group's timeout and by the ABORT word that a
 transport failure listener sets (chorus.cuda.kernels).  A kernel that gives up writes
@@ -40,7 +44,7 @@ import logging
 import threading
 import time
 
-from chorus import config
+from chorus import config, recorder
 from chorus.call import Call
 from chorus.components import select
 from chorus.components.base import Component, run_in_order
@@ -56,7 +60,7 @@ from chorus.errors import (
     InvalidArgumentError,
     PeerLostError,
 )
-from chorus.wire.fingerprint import describe
+from chorus.wire.fingerprint import describe, fingerprint
 from chorus.work import Work
 
 log = logging.getLogger("chorus")
@@ -65,6 +69,7 @@ DEFAULT_WORKSPACE_BYTES = 64 << 20
 OP_NAMES_KEPT = 4096  # op descriptions kept for error messages
 _U64 = (1 << 64) - 1
 _ALGORITHMS = {"all_to_all": "channels", "barrier": "barrier"}  # everything else: "one_shot"
+PLANS = 256  # all_reduce_now's cached plans (dtype, shape, op) before the cache starts over
 
 
 def setting(name: str, default: int) -> int:
@@ -116,11 +121,20 @@ class CudaComponent(Component):
         self.staging_reason = why
         self.lanes = None
         self._reducible: frozenset[str] = frozenset()
-        self.ops: dict[int, tuple[str, int, int]] = {}  # op id -> (description, seq, fingerprint)
+        self.ops: dict[int, tuple] = {}  # op id -> (description or None, seq, fingerprint, name)
         self.next_op = 0
         self.broken: BaseException | None = None
+        self._last_stream = None  # the stream of the group's last op, and its raw handle (_follow)
+        self._last_raw = 0
         self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
+        self._plans: dict = {}  # all_reduce_now's plans
+        self._device_index = -1
+        self._torch = None
         if ws is not None:
+            import torch
+
+            self._torch = torch
+            self._device_index = ws.device.index
             from chorus.cuda.kernels import REDUCIBLE
             from chorus.cuda.lanes import Lanes
 
@@ -136,6 +150,10 @@ class CudaComponent(Component):
             return "staging"
         if call.reduce_op and staging.torch_dtype_name(_first(call)) not in self._reducible:
             return "staging"
+        if call.name == "all_reduce":
+            if call.algorithm in A.ALL_REDUCE_ALGORITHMS:
+                return call.algorithm
+            return A.all_reduce_algorithm(call.nbytes, self.pg.size())
         return _ALGORITHMS.get(call.name, "one_shot")
 
     def start(self, call: Call, algorithm: str):
@@ -144,25 +162,89 @@ class CudaComponent(Component):
         import torch
 
         self.check(call.name)
+        if (not call.async_op and call.name != "barrier" and not self.pg.queue and recorder.current is None
+                and self.ws.stream is None and torch._C._cuda_getDevice() == self._device_index
+                and torch._C._cuda_getCurrentRawStream(self._device_index) == self._last_raw):
+            # the common case, inline: what run_in_order and _launch would do, without their
+            # per-call closures (the group is idle, the caller's stream is current)
+            op_id = self._name_op(None, call.seq, call.fingerprint, call.name)
+            if call.before is not None:
+                call.before()
+            raw = torch._C._cuda_getCurrentRawStream(self._device_index)
+            self._enqueue(call, None, op_id, _Raw(raw), algorithm)
+            if call.after is not None:
+                call.after()
+            return None
         stream = torch.cuda.current_stream(self.ws.device)
-        side = self.ws.stream
-        op_id = self._name_op(f"{call.name} (op #{call.seq} of group {self.pg.name})", call.seq,
-                              call.fingerprint)
-        side.wait_stream(stream)  # after the caller's queued work (its before-hook included)
-        sync = call._replace(async_op=False, before=_on(call.before, side), after=_on(call.after, side))
+        op_id = self._name_op(None, call.seq, call.fingerprint, call.name)
+        sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
+                             after=staging.on_stream(call.after, stream))
 
         def transfers(ctx) -> None:
-            self._launch(lambda run: self._enqueue(call, ctx, op_id, run))
+            self._launch(stream, lambda run: self._enqueue(call, ctx, op_id, run, algorithm))
 
-        run_in_order(sync, self.name, algorithm, _on(transfers, side))
+        run_in_order(sync, self.name, algorithm, staging.on_stream(transfers, stream))
+        if call.name == "barrier" and not call.async_op:
+            stream.synchronize()  # torch's barrier blocks the CPU
+            self.check(call.name)
         if not call.async_op:
-            stream.wait_stream(side)  # the caller's later work sees the result
-            if call.name == "barrier":
-                stream.synchronize()  # torch's barrier blocks the CPU
-                self.check(call.name)
             return None
-        _keep(call.buffers.values(), side)
-        return self._work(side, call.name, call.result, call.buffers)
+        return self._work(stream, call.name, call.result, call.buffers)
+
+    def all_reduce_now(self, tensor, op) -> bool:
+        """all_reduce of ``tensor`` (a CUDA tensor), synchronous, now: True if enqueued on
+        the current stream; False if the general path must take it (it gives the same
+        result or error).  The plan of a (dtype, shape, op) is made once: its dtype name,
+        fingerprint and algorithm; per call this checks what a repeated call can change
+        (contiguity, device, the group's queue and state), takes the sequence number and
+        launches the kernel through the cached launcher (chorus.cuda.kernels.launch)."""
+        lanes = self.lanes
+        if lanes is None or self.ws.stream is not None:
+            return False
+        plan = self._plans.get((tensor.dtype, tensor.shape, op))
+        if plan is None:
+            plan = self._plan(tensor, op)
+        pg = self.pg
+        if (not plan or pg.queue or recorder.current is not None or self.broken is not None
+                or not tensor.is_contiguous() or tensor.get_device() != self._device_index
+                or self._torch._C._cuda_getDevice() != self._device_index
+                or self._torch._C._cuda_getCurrentRawStream(self._device_index) != self._last_raw):
+            return False  # (another stream than the group's last op's: the general path orders them)
+        seq = pg.take_seq()
+        self.check("all_reduce")
+        op_id = self._name_op(None, seq, plan[1], "all_reduce")
+        stream = self._torch._C._cuda_getCurrentRawStream(self._device_index)
+        with self._lock:
+            lanes.begin(op_id, None, stream, plan[0], plan[2], plan[1])
+            A.all_reduce(lanes, tensor.data_ptr(), plan[3], plan[4], plan[5])
+        if plan[6]:
+            tensor.div_(pg.size())  # AVG (floating dtypes only: see _plan)
+        return True
+
+    def _plan(self, tensor, op):
+        """(dtype name, fingerprint, reduce op, count, itemsize, algorithm, average) for
+        all_reduce_now, or False: this call takes the general path."""
+        import torch
+
+        if len(self._plans) >= PLANS:
+            self._plans.clear()
+        key = (tensor.dtype, tensor.shape, op)
+        self._plans[key] = False
+        name = staging.torch_dtype_name(tensor)  # as the API names it: the fingerprints must agree
+        kind = getattr(op, "name", None)
+        if (kind not in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR") or name not in self._reducible
+                or (kind == "AVG" and not tensor.is_floating_point()) or tensor.numel() == 0):
+            return False
+        if kind in ("BAND", "BOR", "BXOR") and (tensor.is_floating_point() or tensor.dtype == torch.bool):
+            return False  # the general path raises it
+        count, item = tensor.numel(), tensor.element_size()
+        try:
+            fp = fingerprint("all_reduce", name, count, -1, kind)
+        except (KeyError, ValueError):
+            return False
+        plan = (name, fp, kind, count, item, A.all_reduce_algorithm(count * item, self.pg.size()), kind == "AVG")
+        self._plans[key] = plan
+        return plan
 
     def close(self) -> None:
         if self.ws is not None:
@@ -206,14 +288,10 @@ class CudaComponent(Component):
                 A.exchange(self.lanes, [message(t, p, g) for k, t, p, g in ops if k == "send"],
                            [message(t, p, g) for k, t, p, g in ops if k == "recv"], True)
 
-        side = self.ws.stream
-        side.wait_stream(stream)
-        self._launch(enqueue)
+        self._launch(stream, enqueue)
         if not async_op:
-            stream.wait_stream(side)
             return None
-        _keep([t for _, t, _, _ in ops], side)
-        return self._work(side, what, [t for _, t, _, _ in ops], tuple(t for _, t, _, _ in ops))
+        return self._work(stream, what, [t for _, t, _, _ in ops], tuple(t for _, t, _, _ in ops))
 
     # -- failures ------------------------------------------------------------------------------------
     def check(self, what: str) -> None:
@@ -245,7 +323,7 @@ class CudaComponent(Component):
         status = int(words[L.STATUS])
         if status == L.MISMATCH:
             return self._mismatch(words)
-        description, seq, fprint = self.ops.get(int(words[L.FAIL_OP]), ("an earlier op", -1, 0))
+        description, seq, fprint = self._entry(int(words[L.FAIL_OP])) or ("an earlier op", -1, 0)
         op = description if status else "an op"
         expect = (seq, fprint) if status and fprint else None  # names this rank's call in a mismatch
         lost = self.pg.transport.failure(self.pg.id, None, expect=expect)
@@ -274,7 +352,7 @@ class CudaComponent(Component):
         """A barrier of op FAIL_OP found ranks FAIL_PEERS in another collective (the lowest
         of them called FAIL_FP): tell the transport (the group's CPU ops fail too, on every
         rank) and name both calls."""
-        _, seq, mine = self.ops.get(int(words[L.FAIL_OP]), ("", -1, 0))
+        _, seq, mine = self._entry(int(words[L.FAIL_OP])) or ("", -1, 0)
         bits = int(words[L.FAIL_PEERS])
         others = [self.pg.members[r] for r in range(bits.bit_length()) if bits >> r & 1]
         culprit, theirs = others[0], int(words[L.FAIL_FP]) & _U64
@@ -296,29 +374,60 @@ class CudaComponent(Component):
             ws.words[L.ABORT] = 1
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _name_op(self, description: str, seq: int = -1, fprint: int = 0) -> int:
+    def _name_op(self, description: str | None, seq: int = -1, fprint: int = 0, name: str = "") -> int:
+        """An id for the op being enqueued (kernels report it); ``description`` None: the
+        collective ``name``'s, written out only when an error needs it."""
         op_id = self.next_op = self.next_op + 1
-        self.ops[op_id] = (description, seq, fprint)
+        self.ops[op_id] = (description, seq, fprint, name)
         if len(self.ops) > OP_NAMES_KEPT:
             del self.ops[next(iter(self.ops))]
         return op_id
 
-    def _described(self, op_id: int, otherwise: str) -> str:
+    def _entry(self, op_id: int):
+        """(description, seq, fingerprint) of op ``op_id``, or None."""
         entry = self.ops.get(op_id)
+        if entry is None:
+            return None
+        description, seq, fprint, name = entry
+        if description is None:
+            description = f"{name} (op #{seq} of group {self.pg.name})"
+        return description, seq, fprint
+
+    def _described(self, op_id: int, otherwise: str) -> str:
+        entry = self._entry(op_id)
         return entry[0] if entry is not None else otherwise
 
-    def _launch(self, enqueue) -> None:
-        """``enqueue(run)`` puts an op's work on the group's own stream ``run`` (which the
-        caller has made wait for its stream), on the workspace's device.
-
-        One stream per group, as ProcessGroupNCCL's: ops issued from different caller
-        streams (FSDP's all-gather and reduce-scatter streams) still run on the GPU in
-        issue order, which the barrier epochs and slot parities rely on."""
+    def _launch(self, stream, enqueue) -> None:
+        """``enqueue(run)`` puts an op's work on stream ``run``: ``stream`` (the caller's),
+        or the workspace's own stream joined to it both ways (members that are threads of
+        one process: chorus.cuda.workspace).  Either way the op runs after the work queued
+        on ``stream`` and before the work queued there later, on the workspace's device."""
         import torch
 
         side = self.ws.stream
+        if side is None:
+            self._follow(stream)
+            if torch.cuda.current_device() == stream.device.index:
+                enqueue(stream)
+                return
+            with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+                enqueue(stream)
+            return
+        side.wait_stream(stream)
         with torch.cuda.device(side.device), torch.cuda.stream(side):
             enqueue(side)
+        stream.wait_stream(side)
+
+    def _follow(self, stream) -> None:
+        """Ops of a group must run on the GPU in issue order (the barrier epochs and slot
+        parities rely on it), as on ProcessGroupNCCL's one stream per communicator: an op
+        issued on another stream than the group's last op makes that stream wait for the
+        last op first (FSDP2 issues all-gathers and reduce-scatters on streams of their
+        own).  On the same stream, as in the common case, nothing is added."""
+        raw = stream.cuda_stream
+        if self._last_stream is not None and raw != self._last_raw:
+            stream.wait_stream(self._last_stream)
+        self._last_stream, self._last_raw = stream, raw
 
     def _work(self, stream, what: str, result, keep):
         import torch
@@ -329,7 +438,7 @@ class CudaComponent(Component):
         event.record(stream)
         return CudaWork(event, lambda: self.check(what), result, (keep,))
 
-    def _enqueue(self, call: Call, ctx, op_id: int, stream) -> None:
+    def _enqueue(self, call: Call, ctx, op_id: int, stream, algorithm: str = "") -> None:
         b = call.buffers
         first = _first(call)
         dtype = staging.torch_dtype_name(first) if first is not None else ""
@@ -341,7 +450,7 @@ class CudaComponent(Component):
             if name == "barrier":
                 x.barrier()
             elif name == "all_reduce":
-                A.all_reduce(x, b["data"].data_ptr(), b["data"].numel(), item)
+                A.all_reduce(x, b["data"].data_ptr(), b["data"].numel(), item, algorithm)
             elif name == "reduce":
                 A.reduce(x, b["data"].data_ptr(), b["data"].numel(), item, call.root)
             elif name == "broadcast":
@@ -360,6 +469,15 @@ class CudaComponent(Component):
                              call.args["recv_counts"], item)
             else:
                 raise InvalidArgumentError(f"chorus.cuda cannot run {name}")
+
+
+class _Raw:
+    """A raw cudaStream_t where _enqueue expects a torch stream (it reads cuda_stream)."""
+
+    __slots__ = ("cuda_stream",)
+
+    def __init__(self, raw: int):
+        self.cuda_stream = raw
 
 
 def _first(call: Call):
@@ -394,23 +512,3 @@ class _All(Work):
 
         for w in self.works:
             w.get_future().add_done_callback(one)
-
-
-def _on(fn, stream):
-    """``fn`` run with ``stream`` (and its device) current, from whatever thread."""
-    if fn is None:
-        return None
-    import torch
-
-    def run(*args):
-        with torch.cuda.device(stream.device), torch.cuda.stream(stream):
-            return fn(*args)
-
-    return run
-
-
-def _keep(tensors, stream) -> None:
-    """Tell torch's caching allocator that ``tensors`` are in use on ``stream`` (an async
-    op's buffers: their memory is not reused before the op is done there)."""
-    for t in tensors:
-        t.record_stream(stream)

@@ -29,12 +29,15 @@ the clock.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import triton
 import triton.language as tl
 
 from chorus.cuda import layout as L
+
+log = logging.getLogger("chorus")
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 NEVER = 1 << 62  # max_spins when the clock bounds the spin
@@ -132,13 +135,14 @@ def _give_up(host, state, op_id, what, peers):
 
 
 # -- kernels ------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["op_id", "fprint"])
-def barrier_kernel(controls, rank, host_addr, op_id, fprint, timeout_ns, max_spins,
+@triton.jit(do_not_specialize=["op_id", "fprint", "epoch"])
+def barrier_kernel(controls, rank, host_addr, op_id, fprint, timeout_ns, max_spins, epoch,
                    W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr):
     """All W ranks: epoch e = mine + 1; store ``fprint`` into FPRINT[e % 2][rank] and then
     e into BARRIER[rank] of every rank; wait until my BARRIER[r] >= e for every r; then
     compare my FPRINT[e % 2][r] with ``fprint``.  ``controls``: int64 addresses of every
-    rank's workspace (index = group rank)."""
+    rank's workspace (index = group rank).  ``epoch`` > 0: e itself (the executor counts
+    the group's barriers, fused kernels' included); 0: e = my EPOCH word + 1."""
     host = host_addr.to(tl.pointer_type(tl.int64))
     if tl.load(host + 1, volatile=True) == 0:  # STATUS: not broken
         lanes = tl.arange(0, WP)
@@ -146,6 +150,8 @@ def barrier_kernel(controls, rank, host_addr, op_id, fprint, timeout_ns, max_spi
         base = tl.load(controls + rank)
         epoch_ptr = base.to(tl.pointer_type(tl.int64))  # EPOCH = 0
         e = tl.load(epoch_ptr) + 1
+        if epoch > 0:
+            e = epoch.to(tl.int64)
         tl.store(epoch_ptr, e)
         prints = 2560 + (e & 1) * 512  # FPRINT of this parity
         mine_fp = tl.zeros([WP], tl.int64) + fprint
@@ -260,17 +266,249 @@ def _load_row(rows, r, offset, offs, mask, DT: tl.constexpr, RAW: tl.constexpr, 
     return x
 
 
+# -- fused all_reduce kernels -------------------------------------------------------------------
+# One launch per op (per round of the slot): the copy into this rank's slot, the barrier and
+# the reduction in one kernel.  The barrier is per block: block b of every rank copies,
+# syncs and reads the same element range, so block b needs only the other ranks' block b
+# (chorus.cuda.layout's per-block words; block 0 uses the group's BARRIER/FPRINT words,
+# where it meets barrier_kernel: a rank in another op is a MISMATCH, as ever).
+@triton.jit
+def _spin_block(addrs, mask, target, host, timeout_ns, max_spins, INTERPRET: tl.constexpr):
+    """As _spin, and also ends when another block of this rank already broke the group
+    (STATUS set): 0 OK, 1 TIMEOUT, 2 ABORTED, 3 broken elsewhere."""
+    state = 0
+    spins = tl.zeros([], tl.int64)
+    start = _now(INTERPRET)
+    while state == 0:
+        late = mask & ((_load_acquire(addrs, INTERPRET) - target) < 0)
+        spins += 1
+        if tl.sum(late.to(tl.int32)) == 0:
+            state = 1
+        elif spins % 32 == 0:
+            if tl.load(host + 0, volatile=True) != 0:  # ABORT
+                state = 3
+            elif tl.load(host + 1, volatile=True) != 0:  # STATUS: another block gave up
+                state = 4
+            elif ((_now(INTERPRET) - start) > timeout_ns) | (spins >= max_spins):
+                state = 2
+    return state - 1
+
+
+@triton.jit
+def _block_sync(controls, rank, blk, epoch, fprint, host, op_id, timeout_ns, max_spins,
+                W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr):
+    """Block ``blk``'s barrier at ``epoch``: push (fingerprint, epoch) into every rank's
+    words of this block (release), spin on mine (acquire), compare the fingerprints.
+    0: go on; else the block stops (block 0 reports a MISMATCH; a timeout or abort is
+    reported by the block that saw it)."""
+    lanes = tl.arange(0, WP)
+    mask = lanes < W
+    extra = 4096 + (blk - 1).to(tl.int64) * 1536  # BLOCKS + (b - 1) * BLOCK_STRIDE
+    bar = tl.where(blk == 0, 512, extra)
+    prints = tl.where(blk == 0, 2560, extra + 512) + (epoch & 1) * 512
+    e = tl.zeros([WP], tl.int64) + epoch
+    mine_fp = tl.zeros([WP], tl.int64) + fprint
+    peers = tl.load(controls + lanes, mask=mask, other=0)
+    base = tl.load(controls + rank)
+    if blk == 0:
+        tl.store(base.to(tl.pointer_type(tl.int64)), epoch.to(tl.int64))  # EPOCH: barriers so far
+    _store_pair_release(peers + prints + rank * 8, mine_fp, peers + bar + rank * 8, e, mask, INTERPRET)
+    mine = base + bar + lanes * 8
+    state = _spin_block(mine, mask, epoch, host, timeout_ns, max_spins, INTERPRET)
+    one = tl.full([WP], 1, tl.int64) << lanes.to(tl.int64)
+    if (state == 1) | (state == 2):
+        late = mask & ((_load_acquire(mine, INTERPRET) - epoch) < 0)
+        _give_up(host, state, op_id, 0, tl.sum(tl.where(late, one, 0)))
+    elif state == 0:
+        theirs = _load_acquire(base + prints + lanes * 8, INTERPRET)
+        other = mask & (theirs != mine_fp)
+        if tl.sum(other.to(tl.int32)) != 0:
+            state = 4
+            if blk == 0:
+                first = tl.min(tl.where(other, lanes, WP))
+                tl.store(host + 7, tl.sum(tl.where(lanes == first, theirs, 0)))  # FAIL_FP
+                _give_up(host, 4, op_id, 0, tl.sum(tl.where(other, one, 0)))  # MISMATCH
+    return state
+
+
+@triton.jit
+def _hint(ptrs, HINT: tl.constexpr):
+    """``ptrs`` (a contiguous run starting 16-byte aligned), told to the compiler."""
+    if HINT:
+        ptrs = tl.multiple_of(ptrs, 16)
+    return ptrs
+
+
+@triton.jit
+def _get(ptrs, mask, MASKED: tl.constexpr, PEER: tl.constexpr):
+    """Load; a peer's memory bypasses L1 (written by another GPU since we last looked)."""
+    if MASKED:
+        if PEER:
+            x = tl.load(ptrs, mask=mask, other=0, cache_modifier=".cg")
+        else:
+            x = tl.load(ptrs, mask=mask, other=0)
+    else:
+        if PEER:
+            x = tl.load(ptrs, cache_modifier=".cg")
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _copy(src_addr, dst_addr, lo, hi, RAW: tl.constexpr, BLOCK: tl.constexpr, HS: tl.constexpr,
+          HD: tl.constexpr, PEER: tl.constexpr):
+    """dst[lo:hi] = src[lo:hi] (elements of RAW; addresses as int64)."""
+    src = src_addr.to(tl.pointer_type(RAW))
+    dst = dst_addr.to(tl.pointer_type(RAW))
+    full = (hi - lo) // BLOCK
+    for i in range(0, full):
+        offs = lo + i * BLOCK + tl.arange(0, BLOCK)
+        tl.store(_hint(dst + offs, HD), _get(_hint(src + offs, HS), offs < hi, False, PEER))
+    tail = lo + full * BLOCK
+    if tail < hi:
+        offs = tail + tl.arange(0, BLOCK)
+        m = offs < hi
+        tl.store(_hint(dst + offs, HD), _get(_hint(src + offs, HS), m, True, PEER), mask=m)
+
+
+@triton.jit
+def _row_at(controls, r, slot_off, offs, mask, MASKED: tl.constexpr, DT: tl.constexpr, RAW: tl.constexpr,
+            ACC: tl.constexpr, BOOL: tl.constexpr, HINT: tl.constexpr):
+    row = (tl.load(controls + r) + slot_off).to(tl.pointer_type(RAW))
+    x = _get(_hint(row + offs, HINT), mask, MASKED, True)
+    if RAW != DT:
+        x = x.to(DT, bitcast=True)
+    x = x.to(ACC)
+    if BOOL:
+        x = (x != 0).to(ACC)
+    return x
+
+
+@triton.jit
+def _reduce_step(controls, slot_off, offs, mask, MASKED: tl.constexpr, W: tl.constexpr, OP: tl.constexpr,
+                 DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, HINT: tl.constexpr):
+    acc = _row_at(controls, 0, slot_off, offs, mask, MASKED, DT, RAW, ACC, BOOL, HINT)
+    for r in tl.static_range(1, W):
+        acc = _combine(acc, _row_at(controls, r, slot_off, offs, mask, MASKED, DT, RAW, ACC, BOOL, HINT), OP)
+    out = acc.to(DT)
+    if RAW != DT:
+        out = out.to(RAW, bitcast=True)
+    return out
+
+
+@triton.jit
+def _reduce_range(controls, slot_off, out_addr, also_addr, lo, hi, W: tl.constexpr, OP: tl.constexpr,
+                  DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr,
+                  BLOCK: tl.constexpr, HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, ALSO: tl.constexpr):
+    """out[lo:hi] = op over ranks r of slot_r[lo:hi] (rank order, in ACC); when ALSO, the
+    result goes to ``also_addr`` (this rank's slot) too."""
+    out = out_addr.to(tl.pointer_type(RAW))
+    also = also_addr.to(tl.pointer_type(RAW))
+    full = (hi - lo) // BLOCK
+    for i in range(0, full):
+        offs = lo + i * BLOCK + tl.arange(0, BLOCK)
+        y = _reduce_step(controls, slot_off, offs, offs < hi, False, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
+        tl.store(_hint(out + offs, HINT_IO), y)
+        if ALSO:
+            tl.store(_hint(also + offs, HINT_WS), y)
+    tail = lo + full * BLOCK
+    if tail < hi:
+        offs = tail + tl.arange(0, BLOCK)
+        m = offs < hi
+        y = _reduce_step(controls, slot_off, offs, m, True, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
+        tl.store(_hint(out + offs, HINT_IO), y, mask=m)
+        if ALSO:
+            tl.store(_hint(also + offs, HINT_WS), y, mask=m)
+
+
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
+def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, op_id, fprint, epoch, timeout_ns,
+                    max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
+                    RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
+                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
+    """One-shot all_reduce of elements [0, n) in one launch.  Block b (elements
+    [b * per, (b + 1) * per)): copy them from ``inp`` into this rank's slot (at
+    ``slot_off`` in its workspace), barrier of block b at ``epoch``, then
+    ``out`` = op over every rank's slot, in rank order (the same bits on every rank)."""
+    host = host_addr.to(tl.pointer_type(tl.int64))
+    if tl.load(host + 1, volatile=True) == 0:  # STATUS: not broken
+        controls = controls_addr.to(tl.pointer_type(tl.int64))
+        blk = tl.program_id(0)
+        lo = blk.to(tl.int64) * per
+        hi = tl.maximum(tl.minimum(lo + per, n), lo)
+        mine = tl.load(controls + rank) + slot_off
+        _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
+        tl.debug_barrier()  # every thread's copy is done before the release
+        state = _block_sync(controls, rank, blk, epoch, fprint, host, op_id, timeout_ns, max_spins, W, WP,
+                            INTERPRET)
+        tl.debug_barrier()
+        if state == 0:
+            _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
+                          HINT_WS, False)
+
+
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
+def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host_addr, op_id, fprint, epoch,
+                    timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
+                    RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
+                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Two-shot all_reduce of elements [0, n) in one launch, two barriers (epochs
+    ``epoch`` and ``epoch + 1``).  Slice s = elements [s * piece, (s + 1) * piece); block
+    b owns elements [b * per, (b + 1) * per) of every slice::
+
+        copy:           my slot[every slice, my range] <- inp
+        barrier 1
+        reduce-scatter: my slot[slice rank] = out[slice rank] = op over r of slot_r[slice rank]
+        barrier 2
+        all-gather:     out[slice s] <- slot_s[slice s] for every s != rank
+
+    Every slice is reduced once (by its owner) and copied: the same bits everywhere."""
+    host = host_addr.to(tl.pointer_type(tl.int64))
+    if tl.load(host + 1, volatile=True) == 0:
+        controls = controls_addr.to(tl.pointer_type(tl.int64))
+        blk = tl.program_id(0)
+        start = blk.to(tl.int64) * per
+        mine = tl.load(controls + rank) + slot_off
+        for s in tl.static_range(W):
+            lo = s * piece + start
+            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
+            _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
+        tl.debug_barrier()
+        state = _block_sync(controls, rank, blk, epoch, fprint, host, op_id, timeout_ns, max_spins, W, WP,
+                            INTERPRET)
+        tl.debug_barrier()
+        if state == 0:
+            lo = rank * piece + start
+            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (rank + 1) * piece), n), lo)
+            _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
+                          HINT_WS, True)
+            tl.debug_barrier()
+            state = _block_sync(controls, rank, blk, epoch + 1, fprint, host, op_id, timeout_ns, max_spins, W,
+                                WP, INTERPRET)
+            tl.debug_barrier()
+            if state == 0:
+                for s in tl.static_range(W):
+                    if s != rank:
+                        lo = s * piece + start
+                        hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
+                        _copy(tl.load(controls + s) + slot_off, out, lo, hi, RAW, BLOCK, HINT_WS, HINT_IO, True)
+
+
 # -- launchers (on torch's current stream of the current device) ---------------------------
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
 def barrier(controls, rank: int, world: int, host_addr: int, op_id: int, timeout_ns: int,
-            max_spins: int = NEVER, fprint: int = 0) -> None:
+            max_spins: int = NEVER, fprint: int = 0, epoch: int = 0, stream: int | None = None) -> None:
     """``fprint``: this rank's op's fingerprint (any 64-bit value; the same on every rank
-    that calls the same op)."""
-    barrier_kernel[(1,)](controls, rank, host_addr, op_id, signed64(fprint), timeout_ns, max_spins, W=world,
-                         WP=max(2, _pow2(world)), INTERPRET=INTERPRET, num_warps=1)
+    that calls the same op); ``epoch``: the barrier's epoch (0: the EPOCH word + 1)."""
+    fprint = signed64(fprint)
+    key = ("barrier", controls.data_ptr(), rank, world, host_addr, timeout_ns, max_spins, _fits(op_id),
+           _fits(fprint), _fits(epoch))
+    launch(barrier_kernel, key, 1, (controls, rank, host_addr, op_id, fprint, timeout_ns, max_spins, epoch,
+                                    world, max(2, _pow2(world)), INTERPRET), 1, stream)
 
 
 def signed64(value: int) -> int:
@@ -303,19 +541,142 @@ REDUCIBLE = frozenset(_TYPES)
 BLOCK = 2048
 
 
-def reduce(rows, offset: int, out_addr: int, n: int, world: int, op: str, dtype: str) -> None:
-    """Launch reduce_kernel over ``n`` elements of dtype (a torch dtype name)."""
-    if n == 0:
-        return
+def _ops(op: str, dtype: str) -> tuple:
+    """(DT, RAW, ACC, BOOL, OP) of the reduce kernels for reduce op ``op`` on ``dtype``."""
     dt, raw, acc, is_bool = _TYPES[dtype]
     op = {"AVG": "SUM", "PREMUL_SUM": "SUM"}.get(op, op)
     if is_bool:
         op = {"SUM": "BOR", "MAX": "BOR", "PRODUCT": "BAND", "MIN": "BAND"}.get(op, op)
-    reduce_kernel[(triton.cdiv(n, BLOCK),)](rows, offset, out_addr, n, W=world, OP=op, DT=dt, RAW=raw,
-                                           ACC=acc, BOOL=is_bool, BLOCK=BLOCK, num_warps=8)
+    return dt, raw, acc, is_bool, op
+
+
+def reduce(rows, offset: int, out_addr: int, n: int, world: int, op: str, dtype: str,
+           stream: int | None = None) -> None:
+    """Launch reduce_kernel over ``n`` elements of dtype (a torch dtype name)."""
+    if n == 0:
+        return
+    dt, raw, acc, is_bool, op = _ops(op, dtype)
+    args = (rows, offset, out_addr, n, world, op, dt, raw, acc, is_bool, BLOCK)
+    key = ("reduce", rows.data_ptr(), _spec(offset), _spec(out_addr), _spec(n), world, op, dtype)
+    launch(reduce_kernel, key, triton.cdiv(n, BLOCK), args, 8, stream)
+
+
+#: the fused kernels' warps (BLOCK elements per step: 8 per thread)
+FUSED_WARPS = 4
+#: vectorisation hints in the fused kernels (CHORUS_CUDA_HINTS=0: none, for a compiler that
+#: refuses them; a compile failure with hints also retries without)
+HINTS = os.environ.get("CHORUS_CUDA_HINTS", "1") != "0"
+
+
+_PLANS: dict = {}  # all_reduce_fused's per-shape launch plans
+_SMALL = (1 << 31) - 2
+
+
+def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, slot_off: int, rank: int,
+                     world: int, host_addr: int, op_id: int, fprint: int, epoch: int, timeout_ns: int, op: str,
+                     dtype: str, max_spins: int = NEVER, stream: int | None = None) -> int:
+    """Launch the one-shot (``kind`` "one_shot") or two-shot ("two_shot") all_reduce
+    kernel of ``n`` elements from ``inp`` into ``out`` (addresses on this device) through
+    this rank's slot at ``slot_off``; its barriers are epochs ``epoch`` (and ``epoch`` +
+    1: two-shot).  Returns the number of barriers it uses (1 or 2).  What depends only on
+    the shape is planned once (geometry, types, the launch key's fixed part)."""
+    aligned = not (inp | out) & 15
+    pkey = (kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS)
+    plan = _PLANS.get(pkey)
+    if plan is None:
+        plan = _fused_plan(pkey)
+    kernel, grid, head, tail, barriers = plan
+    fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
+    args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, *tail)
+    key = (pkey, slot_off <= _SMALL and op_id <= _SMALL and epoch <= _SMALL, _fits(fprint))
+    try:
+        launch(kernel, key, grid, args, FUSED_WARPS, stream)
+    except Exception as exc:  # noqa: BLE001 - a compiler that refuses the hints: once more without
+        if not HINTS or key in _COMPILED:
+            raise
+        _no_hints(exc)
+        return all_reduce_fused(kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
+                                epoch, timeout_ns, op, dtype, max_spins, stream)
+    return barriers
+
+
+def _fused_plan(pkey: tuple) -> tuple:
+    kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, hints = pkey
+    if len(_PLANS) >= 4096:
+        _PLANS.clear()
+    dt, raw, acc, is_bool, red = _ops(op, dtype)
+    wp = max(2, _pow2(world))
+    tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, L.FUSED_BLOCK, hints and aligned, hints,
+            INTERPRET)
+    if kind == "one_shot":
+        grid, per = L.one_shot_geometry(n)
+        plan = (one_shot_kernel, grid, (n, per, rank, host_addr), tail, 1)
+    else:
+        grid, per, piece = L.two_shot_geometry(n, world)
+        plan = (two_shot_kernel, grid, (n, per, piece, rank, host_addr), tail, 2)
+    _PLANS[pkey] = plan
+    return plan
+
+
+def _no_hints(exc: BaseException) -> None:
+    global HINTS
+    HINTS = False
+    _PLANS.clear()
+    log.warning("chorus.cuda: compiling the fused all_reduce with vectorisation hints failed (%s: %s); "
+                "compiling without them", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+
+
+# -- the cached launch path ----------------------------------------------------------------------
+# JITFunction.__call__ binds and specializes every argument on every launch (tens of
+# microseconds of Python).  The first launch of each key goes through it and keeps the
+# compiled kernel; later ones call its launcher directly with the same arguments.  The key
+# holds every input of Triton's specialization that can change between calls (an int's
+# 32/64-bit type, its divisibility by 16 and equality to 1, the constexprs), so the kept
+# kernel is the one the JIT would pick.  CHORUS_CUDA_FAST_LAUNCH=0 turns it off.
+FAST = os.environ.get("CHORUS_CUDA_FAST_LAUNCH", "1") != "0" and not INTERPRET
+_COMPILED: dict = {}
+_I32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _fits(v: int) -> bool:
+    return _I32[0] <= v <= _I32[1]
+
+
+def _spec(v: int) -> tuple:
+    return v == 1, v % 16 == 0, _fits(v)
+
+
+def _raw_stream() -> int:
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+
+
+def launch(kernel, key, grid: int, args: tuple, num_warps: int, stream: int | None = None) -> None:
+    """``kernel[(grid,)](*args, num_warps=num_warps)`` on ``stream`` (a raw
+    cudaStream_t; None: torch's current stream, which must be that stream anyway for
+    the first launch of a key).  ``args``: every parameter in order, constexprs too."""
+    entry = _COMPILED.get(key) if FAST else None
+    if entry:
+        run, function, packed = entry
+        try:
+            run(grid, 1, 1, _raw_stream() if stream is None else stream, function, packed, None, None, None, *args)
+            return
+        except (TypeError, ValueError, OverflowError, AttributeError) as exc:  # raised before launching
+            log.warning("chorus.cuda: the cached launch of %s failed (%s: %s); launching through Triton",
+                        key[0], type(exc).__name__, exc)
+            _COMPILED[key] = False
+            entry = False
+    compiled = kernel[(grid,)](*args, num_warps=num_warps)
+    if FAST and entry is None:
+        try:
+            _COMPILED[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+        except AttributeError:  # another Triton: always through the JIT
+            _COMPILED[key] = False
 
 
 assert (L.BARRIER, L.STATUS, L.FAIL_OP, L.FAIL_WHAT, L.FAIL_PEERS, L.ABORT) == (512, 1, 2, 3, 4, 0), \
     "the kernels hard-code these offsets"
 assert (L.FAIL_EXPECT, L.FAIL_GOT, L.TAG_OP, L.TAG_PEER, L.TAG_EXPECT, L.TAG_GOT) == (5, 6, 8, 9, 10, 11)
 assert (L.FPRINT, L.FPRINT_PARITY, L.FAIL_FP, L.MISMATCH) == (2560, 512, 7, 4)
+assert (L.BLOCKS, L.BLOCK_STRIDE) == (4096, 1536), "the fused kernels hard-code these offsets"

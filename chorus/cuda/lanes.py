@@ -39,10 +39,14 @@ class Lanes:
         self.host = workspace.host_addr
         dev = workspace.device
         self.controls = torch.tensor(self.bases, dtype=torch.int64, device=dev)
+        self.controls_addr = self.controls.data_ptr()
         self.rows = [torch.tensor([b + self.layout.slot_at(p) for b in self.bases], dtype=torch.int64,
                                   device=dev) for p in (0, 1)]
         self.timeout_ns = int(timeout_s * 1e9)
         self.rounds = 0
+        # barriers enqueued so far (every rank enqueues the same ones: the epochs agree);
+        # the workspace's check made the first ones
+        self.epoch = getattr(workspace, "barriers", 0)
         self.sent = [0] * self.world  # chunks posted to each peer's channel, ever
         self.received = [0] * self.world  # chunks taken from each peer's channel, ever
         # the op being enqueued (begin())
@@ -68,8 +72,9 @@ class Lanes:
 
     def barrier(self) -> None:
         t = time.perf_counter()
+        self.epoch += 1
         self.k.barrier(self.controls, self.rank, self.world, self.host, self.op_id, self.timeout_ns,
-                       fprint=self.fprint)
+                       fprint=self.fprint, epoch=self.epoch, stream=self.stream)
         if recorder.current is not None:
             recorder.transfer("sync", self.ctx, "cuda", t, algorithm="barrier")
 
@@ -85,9 +90,24 @@ class Lanes:
         if n <= 0:
             return
         t = time.perf_counter()
-        self.k.reduce(self.rows[self.rounds & 1], offset, out, n, self.world, self.reduce_op, self.dtype)
+        self.k.reduce(self.rows[self.rounds & 1], offset, out, n, self.world, self.reduce_op, self.dtype,
+                      stream=self.stream)
         if recorder.current is not None:
             recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype))
+
+    def all_reduce_fused(self, kind: str, inp: int, out: int, n: int) -> None:
+        """One launch: ``out[:n]`` = op over ranks of ``inp[:n]`` through this round's
+        slots (``kind`` "one_shot" or "two_shot": chorus.cuda.kernels), with its own
+        barrier(s) at the group's next epoch(s)."""
+        if n <= 0:
+            return
+        t = time.perf_counter()
+        self.epoch += self.k.all_reduce_fused(
+            kind, inp, out, n, self.controls_addr, self.layout.slot_at(self.rounds & 1), self.rank, self.world,
+            self.host, self.op_id, self.fprint, self.epoch + 1, self.timeout_ns, self.reduce_op, self.dtype,
+            stream=self.stream)
+        if recorder.current is not None:
+            recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype), algorithm=kind)
 
     def send_chunk(self, peer: int, src: int, nbytes: int, tag: int, total: int) -> None:
         """Chunk s of my channel to ``peer`` (parity s % 2): wait until ``peer`` took

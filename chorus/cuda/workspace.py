@@ -16,9 +16,10 @@ there the legacy default stream (torch's default stream) orders a copy between t
 devices after *everything* queued on either device (CUDA programming guide, peer-to-peer
 memory copy): a rank's copy into or out of a peer's workspace would wait for the peer's
 barrier kernel, which spins until this rank arrives, so neither moves until the spin
-times out.  That is one reason every workspace has its own stream (``stream``, on this
-rank's device), on which the check and every op run; the other is that ops issued from
-several caller streams must still run in issue order (chorus.cuda.component).
+times out.  Such a workspace therefore has its own stream (``stream``, non-blocking, on
+this rank's device), on which the check and every op run (chorus.cuda.component joins
+it to the caller's stream both ways).  Ranks in separate processes share no context and
+use the caller's stream directly.
 
 The members' hosts come from the boot id and host name, or from ``CHORUS_HOST_ID`` (as
 chorus.host.identity reads it): members on several hosts never map each other.
@@ -80,7 +81,8 @@ class Workspace:
 
     ``bases[r]``: the address (in this process) of group rank r's workspace;
     ``host_addr``/``words``: the control page (chorus.cuda.layout's words);
-    ``stream``: the stream the group's ops run on (see the module docstring)."""
+    ``stream``: the stream the group's ops run on when some member is a thread of this
+    process, else None (the caller's stream)."""
 
     def __init__(self, pg, total: int):
         import torch
@@ -95,6 +97,7 @@ class Workspace:
         self.words = runtime.host_words(self.host_addr, L.CONTROL_WORDS)
         self.words[:] = 0
         self.bases: list[int] = []
+        self.barriers = 0  # barriers the check made (chorus.cuda.lanes counts on from there)
         self.stream = None
         self._opened: list[int] = []
         self._held: list[int] = []  # workspaces of threads of this process (own included) it uses
@@ -164,8 +167,8 @@ class Workspace:
                     ptr = runtime.ipc_open(info["handle"])
                     self._opened.append(ptr)
                     self.bases.append(ptr)
-            # the group's own stream, which every op runs on (chorus.cuda.component._launch)
-            self.stream = self._torch.cuda.Stream(self.device)
+            if len(threads) > 1:
+                self.stream = self._torch.cuda.Stream(self.device)  # see the module docstring
 
     def _check(self, timeout_s: float) -> str:
         """Write a pattern into my slot and into every peer's CHECK word for me, barrier,
@@ -199,6 +202,7 @@ class Workspace:
         kernels.reduce(rows, 0, summed.data_ptr(), w, w, "SUM", "int64")
         runtime.memcpy_async(checks.data_ptr(), self.bases[me] + L.CHECK, w * 8, raw)
         kernels.barrier(controls, me, w, self.host_addr, 0, timeout_ns)
+        self.barriers = 2
         stream.synchronize()
         if self.words[L.STATUS]:
             return (f"the check's barrier gave up (status {int(self.words[L.STATUS])}, ranks missing: "
