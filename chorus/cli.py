@@ -1,5 +1,6 @@
 """The ``chorus`` command: ``chorus bench ...``, ``chorus config`` (every ``CHORUS_*``
-setting's effective value, as ``python -m chorus.config``) and ``chorus run`` (= chorusrun)."""
+setting's effective value, as ``python -m chorus.config``), ``chorus run`` (= chorusrun) and
+``chorus analyze DIR`` (flight recorder dumps)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ def main(argv: list[str] | None = None) -> int:
         from chorus.config import main as config_main
 
         return config_main(argv[1:])
+    if argv[:1] == ["analyze"]:
+        from chorus.debug.analyze import main as analyze_main
+
+        return analyze_main(argv[1:])
     if argv[:1] == ["bench-ddp"] or argv[:2] == ["bench", "--ddp"]:
         from chorus.bench.ddp import main as ddp_main
 
@@ -31,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("run", help="launch ranks (same as chorusrun)")
     sub.add_parser("config", help="print every CHORUS_* setting: its value, whether it is set, its meaning")
     sub.add_parser("bench-ddp", help="time a DDP training step on chorus against gloo (also: bench --ddp)")
+    sub.add_parser("analyze", help="read the flight recorder dumps of a failed or hung job: who was "
+                                   "behind on which op, mismatched calls, ranks without a dump")
     args = p.parse_args(argv)
     return bench.run(args)
 

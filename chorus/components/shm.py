@@ -24,6 +24,8 @@ from chorus import recorder
 from chorus.buffers import as_buffer
 from chorus.call import Call
 from chorus.components.base import Component, run_in_order
+from chorus.debug import flight
+from chorus.debug.flight import clock
 from chorus.errors import InvalidArgumentError, InvalidTensorError
 from chorus.reductions import ReduceOp, check_op, divide, row_reducer, rows_into
 from chorus.selection import without_hierarchy
@@ -46,6 +48,7 @@ class ShmComponent(Component):
         self.plans: dict = {}
         self.last_one_shot = None  # (dtype, op, shape, plan): the last all_reduce plan used
         self.last_exchange = None  # (dtype, shape, plan): the last all_to_all plan used
+        self.flight = flight.attach(pg)  # the group's flight recorder, or None (turned off)
 
     def supports(self, call: Call) -> str | None:
         if call.name in self.tcp_only:
@@ -85,11 +88,25 @@ class ShmComponent(Component):
                 plan = self._one_shot_plan(arr, op)
             if not plan:
                 return False
-            self.last_one_shot = (arr.dtype, op, arr.shape, plan)
+            last = self.last_one_shot = (arr.dtype, op, arr.shape, plan)
         pg = self.pg
         if pg.queue or recorder.current is not None or not arr.flags.carray:
             return False
-        self.shm.all_reduce_one_shot(pg, pg.take_seq(), plan, arr)
+        seq = pg.take_seq()
+        ring = self.flight
+        if ring is None:
+            self.shm.all_reduce_one_shot(pg, seq, plan, arr)
+        else:  # the flight recorder: the plan's key, the sequence number and the time
+            i = seq % ring.size
+            ring.ops[i] = last
+            ring.seqs[i] = seq
+            ring.times[i] = clock()
+            try:
+                self.shm.all_reduce_one_shot(pg, seq, plan, arr)
+            except BaseException as exc:
+                flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
+                raise
+            ring.done = seq
         if plan.average:
             divide(arr, arr.dtype.name, pg.size())
         return True
@@ -131,11 +148,25 @@ class ShmComponent(Component):
                 plan = self._exchange_plan(inp)
             if not plan:
                 return False
-            self.last_exchange = (inp.dtype, inp.shape, plan)
+            last = self.last_exchange = (inp.dtype, inp.shape, plan)
         pg = self.pg
         if pg.queue or recorder.current is not None:
             return False
-        self.shm.all_to_all_fast(pg, pg.take_seq(), plan, inp, out)
+        seq = pg.take_seq()
+        ring = self.flight
+        if ring is None:
+            self.shm.all_to_all_fast(pg, seq, plan, inp, out)
+        else:  # as in all_reduce_now
+            i = seq % ring.size
+            ring.ops[i] = last
+            ring.seqs[i] = seq
+            ring.times[i] = clock()
+            try:
+                self.shm.all_to_all_fast(pg, seq, plan, inp, out)
+            except BaseException as exc:
+                flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
+                raise
+            ring.done = seq
         return True
 
     def _exchange_plan(self, inp: np.ndarray):
