@@ -1,6 +1,6 @@
 """The ``chorus`` command: ``chorus bench ...``, ``chorus config`` (every ``CHORUS_*``
-setting's effective value, as ``python -m chorus.config``), ``chorus run`` (= chorusrun) and
-``chorus analyze DIR`` (flight recorder dumps)."""
+setting's effective value, as ``python -m chorus.config``), ``chorus run`` (= chorusrun),
+``chorus analyze DIR`` (flight recorder dumps) and ``chorus trace merge PREFIX``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         from chorus.debug.analyze import main as analyze_main
 
         return analyze_main(argv[1:])
+    if argv[:1] == ["trace"]:
+        from chorus.trace import main as trace_main
+
+        return trace_main(argv[1:])
     if argv[:1] == ["bench-ddp"] or argv[:2] == ["bench", "--ddp"]:
         from chorus.bench.ddp import main as ddp_main
 
@@ -38,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench-ddp", help="time a DDP training step on chorus against gloo (also: bench --ddp)")
     sub.add_parser("analyze", help="read the flight recorder dumps of a failed or hung job: who was "
                                    "behind on which op, mismatched calls, ranks without a dump")
+    sub.add_parser("trace", help="merge the ranks' CHORUS_TRACE files into one timeline (trace merge)")
     args = p.parse_args(argv)
     return bench.run(args)
 
