@@ -20,7 +20,7 @@ from proc_support import REPO, reserved_port, wait_until
 import chorus as dist
 from chorus import config
 from chorus.api.state import current
-from chorus.debug import dump_flight_recorder
+from chorus.debug import dump_flight_recorder, flight
 from chorus.debug.analyze import analyze
 from chorus.errors import CollectiveMismatchError
 from chorus.testing import run_threads
@@ -72,6 +72,29 @@ def test_the_ring_keeps_the_last_n_ops():
     with config.override(CHORUS_FLIGHT_RECORDER_SIZE=8):
         seqs = run_threads(body, 2)
     assert seqs == [list(range(9, 17))] * 2
+
+
+def test_a_long_run_is_cut_back_to_the_last_n_ops_with_their_plans():
+    """Past a lap (size + flight.MAX_STEP ops) the lanes' lists are trimmed; every op kept
+    still has its own plan (dtype) although the plans alternate."""
+    def body(rank, world):
+        arrays = [np.ones(1, np.float32), np.ones(1, np.float64), np.ones(3, np.int32)]
+        for i in range(2500):
+            dist.all_reduce(arrays[i % 3], op=dist.ReduceOp.MAX)
+            if i % 97 == 0:
+                dist.all_gather_into_tensor(np.zeros(world, np.float32), arrays[0])
+        ring = current().default_group.flight
+        return [(e["seq"], e["dtype"], e["lane"]) for e in ring.entries()], len(ring.lanes[0]), len(ring.keys[0])
+
+    with config.override(CHORUS_FLIGHT_RECORDER_SIZE=40):
+        entries, kept, keys = run_threads(body, 2)[0]
+    assert [e[0] for e in entries] == list(range(2526 - 40, 2526))  # 2500 all_reduces, 26 all_gathers
+    lane = [e for e in entries if e[2]]
+    dtypes = {"float32": 0, "float64": 1, "int32": 2}
+    # all_reduce i is op i + (all_gathers before it), one after every 97th all_reduce
+    index_of = {i + len(range(0, i, 97)): i for i in range(2500)}
+    assert lane and all(dtypes[dtype] == index_of[seq] % 3 for seq, dtype, _ in lane)
+    assert kept <= 40 + flight.MAX_STEP and keys <= kept + 1
 
 
 def test_size_0_turns_it_off():

@@ -55,7 +55,13 @@ def run_in_order(call: Call, component: str, algorithm: str, transfers: Callable
         ring = pg.flight
     except AttributeError:
         ring = flight.attach(pg)
-    entry = None if ring is None else ring.enter(call, component, algorithm)
+    entry = None
+    if ring is not None:  # the flight recorder: the op, queued (chorus.debug.flight)
+        entry = [call, component, algorithm, flight.QUEUED, flight.clock(), 0.0, 0.0, None, call.seq]
+        log = ring.log
+        log.append(entry)
+        if len(log) > ring.trim_at:
+            flight.trim(ring)
 
     def body() -> list | None:
         if entry is not None:
@@ -82,6 +88,7 @@ def run_in_order(call: Call, component: str, algorithm: str, transfers: Callable
                 flight.failed(entry, pg.members[ring.group_rank], exc)
             raise
         if entry is not None:
+            entry[flight.CALL] = flight.summary(call)  # (not the Call: its buffers would stay alive)
             entry[flight.STATE] = flight.DONE
             entry[flight.ENDED_AT] = flight.clock()
         return call.result

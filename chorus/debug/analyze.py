@@ -312,7 +312,7 @@ def _absent(group: _Group, present: list[int], rank: int, stuck: int | None, rep
         op = next((group.ops[r][stuck] for r in present if stuck in group.ops[r]), None)
         seen += f"; they were in op {_call(op)} without it" if op else ""
     lines.append(f"    {seen}")
-    for r, e in lost[:3]:
+    for r, e in [(r, e) for r, e in lost if e["seq"] != stuck][:3]:  # (the op stuck in is shown above)
         lines.append(f"    rank {r} (op #{e['seq']}): {_short(e.get('error'))}")
     for r, e in waiters[:3]:
         lines.append(f"    rank {r} waited for it in op {_call(e)}: {_short(e.get('error'))}")

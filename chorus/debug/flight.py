@@ -1,22 +1,32 @@
-"""The flight recorder: every group keeps its last N ops, always, for a few stores per op.
+"""The flight recorder: every group keeps its last N ops, always, for a few list appends per op.
 
 When a job hangs or fails, what each rank was doing — which op it had reached, which it
 was waiting in and for whom — is what tells the cause.  Each group holds a :class:`Ring`
-of N slots (``CHORUS_FLIGHT_RECORDER_SIZE``, default 2000; 0 turns it off), made at the
-group's first op; op ``seq`` goes to slot ``seq % N``::
+(``CHORUS_FLIGHT_RECORDER_SIZE`` ops, default 2000; 0 turns it off), made at the group's
+first op, cut back to its last N ops now and then (:func:`trim`):
 
-    seqs[i]    its sequence number
-    times[i]   when it was issued (time.perf_counter)
-    ops[i]     what it is:
-               - an Entry (a list, see ``NAME`` .. ``ERROR``) for an op of the general path,
-                 written by chorus.components.base.run_in_order: the call's fields, the
-                 component and algorithm, state (queued, started, done, failed), times and
-                 the error
-               - the plan key of the shared-memory latency lanes (chorus.components.shm:
-                 ``(dtype, op, shape, plan)`` for all_reduce, ``(dtype, shape, plan)`` for
-                 all_to_all): the lane stores that tuple, the time and the sequence number,
-                 and ``ring.done = seq`` when the op returns; a lane op that raises is noted
-                 in ``ring.errors``
+* ``log``: an Entry (a list, see ``CALL`` .. ``SEQ``) per op of the general path, appended
+  by chorus.components.base.run_in_order in issue order: the Call while the op is queued
+  or running (then, so as not to keep the caller's buffers alive, its fingerprint, bytes,
+  async flag and requested algorithm), the component and algorithm, the state (queued,
+  started, done, failed), the times (issued, started, ended), the error, the sequence
+  number;
+* ``lanes``: one list per latency lane of the shared-memory component (chorus.components.shm:
+  all_reduce, all_to_all), to which the lane appends each op's sequence number; and
+  ``keys``, one list per lane of ``(index, plan key)``: whenever the lane changes plans it
+  notes its plan key (``(dtype, op, shape, plan)`` or ``(dtype, shape, plan)``, which it
+  holds already) with the index in its list from which the ops ran with it.
+  ``ring.done = seq`` when an op returns; a lane op that raises is noted in ``ring.errors``.
+
+A lane's record has to cost a few percent of an op of a few microseconds, so it is one
+specialised list append and two attribute stores or tests: no modulo (an unspecialised
+int operation that allocates), no allocation, and no clock read per op — reading the
+clock costs 60-180 ns on a VM whose clock_gettime leaves the vDSO.  The lanes read it
+only when ``seq`` reaches ``ring.clock_at`` (:func:`tick`): about once per millisecond of
+ops while they come fast, at every op once they are a millisecond or more apart.  A lane
+op's time in the dump is then the latest reading at or before it (``"timed":
+"sampled"``): at most about a millisecond early while ops come fast — but after a pause
+it may be the time before the pause, until the next reading.
 
 It is not a recorder listener (chorus.recorder): the latency lanes step aside while one
 is attached, and the general path is several times slower than a lane on small ops.
@@ -40,13 +50,15 @@ The file::
                               "nbytes": 16, "reduce_op": "SUM", "root": -1, "async": false,
                               "component": "shm", "algorithm": "window", "lane": true,
                               "state": "failed", "issued": <unix s>, "started": <unix s>,
-                              "ended": null, "error": "CommTimeoutError: ...",
-                              "waiting_on": [2], "lost_rank": null, "call": "all_reduce(...)"},
+                              "ended": <unix s>, "timed": "sampled",
+                              "error": "CommTimeoutError: ...", "lost_rank": null,
+                              "waiting_on": [2], "fingerprint": ..., "call": "all_reduce(...)"},
                              ...]}]}
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -57,20 +69,19 @@ import time
 
 from chorus import config
 from chorus.errors import ChorusError, InvalidArgumentError, InvalidTensorError
-from chorus.wire.fingerprint import describe
+from chorus.wire.dtypes import dtype_name
+from chorus.wire.fingerprint import COLLECTIVES, REDUCE_OPS, describe
 
 __all__ = ["Ring", "attach", "dump", "dump_flight_recorder", "failed", "failed_lane", "forget",
-           "install_signal_dumps", "snapshot"]
+           "install_signal_dumps", "snapshot", "tick", "trim"]
 
 clock = time.perf_counter
+SAMPLE_S = 1e-3  # the lanes read the clock about this often while ops come fast
+MAX_STEP = 1024  # and at least every this many ops
 
 QUEUED, STARTED, DONE, FAILED = "queued", "started", "done", "failed"
 # An Entry's fields (a list: its state and times change as the op runs).
-NAME, FIELDS, COMPONENT, ALGORITHM, STATE, STARTED_AT, ENDED_AT, ERROR = range(8)
-# FIELDS is ``call[3:14]``: these fields of chorus.call.Call (never its buffers or hooks,
-# which would keep the caller's arrays alive).
-_DTYPE, _COUNT, _NBYTES, _ARGS, _REDUCE_OP, _ROOT, _ASYNC, _ASKED, _UNIFORM, _SEQ, _FP = range(11)
-CALL_FIELDS = slice(3, 14)
+CALL, COMPONENT, ALGORITHM, STATE, ISSUED, STARTED_AT, ENDED_AT, ERROR, SEQ = range(9)
 
 VERSION = 1
 
@@ -78,8 +89,8 @@ VERSION = 1
 class Ring:
     """The last ``size`` ops of one group on this rank (see the module docstring)."""
 
-    __slots__ = ("group", "name", "members", "group_rank", "size", "ops", "seqs", "times", "done",
-                 "errors")
+    __slots__ = ("group", "name", "members", "group_rank", "size", "log", "lanes", "keys", "trim_at",
+                 "done", "errors", "clock_at", "clock_seq", "clock_t", "samples")
 
     def __init__(self, group: int, name: str, members: tuple[int, ...], group_rank: int, size: int):
         self.group = group
@@ -87,32 +98,79 @@ class Ring:
         self.members = members
         self.group_rank = group_rank
         self.size = size
-        self.ops: list = [None] * size
-        self.seqs: list[int] = [-1] * size
-        self.times: list[float] = [0.0] * size
+        self.log: list[list] = []  # the general path's Entries, in issue order
+        self.lanes: tuple[list[int], list[int]] = ([], [])  # all_reduce's and all_to_all's seqs
+        self.keys: tuple[list, list] = ([], [])  # per lane: (index in it, plan key) at each change
+        self.trim_at = size + MAX_STEP  # a list this long is cut back (trim)
         self.done = -1  # the latest lane op that returned
         self.errors: dict[int, tuple[str, float, int | None]] = {}  # lane seq -> (error, time, lost rank)
+        self.clock_at = 0  # the lanes read the clock at this op (tick)
+        self.clock_seq, self.clock_t = -1, 0.0  # the last reading
+        self.samples: list[tuple[int, float]] = []  # (seq, time) of the readings, oldest first
 
-    def enter(self, call, component: str, algorithm: str) -> list:
-        """Note ``call`` (a chorus.call.Call) as queued; its Entry, which the runner updates."""
-        entry = [call.name, call[CALL_FIELDS], component, algorithm, QUEUED, 0.0, 0.0, None]
-        seq = call.seq
-        i = seq % self.size
-        self.ops[i] = entry
-        self.seqs[i] = seq
-        self.times[i] = clock()
-        return entry
+    def ops(self) -> list[tuple[int, object]]:
+        """The last ``size`` ops as (seq, item), oldest first: an item is an Entry, or the
+        plan key a lane op ran with."""
+        held = [(entry[SEQ], entry) for entry in list(self.log)]  # copies: ops may go on meanwhile
+        for lane, keys in zip(self.lanes, self.keys, strict=True):
+            keys = list(keys)
+            seqs = list(lane)
+            for n, (start, key) in enumerate(keys):
+                end = keys[n + 1][0] if n + 1 < len(keys) else len(seqs)
+                held.extend((seq, key) for seq in seqs[max(start, 0):end])
+        held.sort(key=lambda pair: pair[0])
+        return held[-self.size:]
 
     def entries(self) -> list[dict]:
         """Every op held, oldest first, as the dump writes them (times: perf_counter)."""
+        held = self.ops()
+        readings = sorted([*self.samples, *((seq, item[ISSUED]) for seq, item in held if type(item) is list)])
+        seqs = [seq for seq, _ in readings]
         out = []
-        for i in range(self.size):
-            seq, op = self.seqs[i], self.ops[i]
-            if seq < 0 or op is None:
-                continue
-            out.append(_entry(seq, op, self.times[i], self))
-        out.sort(key=lambda e: e["seq"])
+        for seq, item in held:
+            issued = None
+            if type(item) is not list:
+                k = bisect.bisect_right(seqs, seq) - 1
+                issued = readings[k][1] if k >= 0 else None
+            out.append(_entry(seq, item, issued, self))
         return out
+
+
+def _trim_lane(lane: list[int], keys: list, keep: int) -> None:
+    """Keep the last ``keep`` ops of a lane, and the plan keys they ran with."""
+    cut = len(lane) - keep
+    if cut <= 0:
+        return
+    del lane[:cut]
+    moved = [(index - cut, key) for index, key in keys]
+    first = max((n for n, (index, _) in enumerate(moved) if index <= 0), default=0)
+    keys[:] = [(max(index, 0), key) for index, key in moved[first:]]
+
+
+def trim(ring: Ring) -> None:
+    """Cut the lists back to their last ``size`` ops (and the clock readings to theirs)."""
+    if len(ring.log) > ring.size:
+        del ring.log[:len(ring.log) - ring.size]
+    for lane, keys in zip(ring.lanes, ring.keys, strict=True):
+        if len(lane) > ring.size:
+            _trim_lane(lane, keys, ring.size)
+    if len(ring.samples) > ring.size:
+        del ring.samples[:len(ring.samples) - ring.size]
+
+
+def tick(ring: Ring, seq: int) -> None:
+    """Read the clock for lane op ``seq`` and choose the op at which to read it next:
+    about ``SAMPLE_S`` of ops later at the pace since the last reading (every op when
+    they are that far apart; at most ``MAX_STEP`` ops later).  Trims the lists."""
+    now = clock()
+    ring.samples.append((seq, now))
+    step = 1
+    if ring.clock_seq >= 0 and seq > ring.clock_seq and now > ring.clock_t:
+        per_op = (now - ring.clock_t) / (seq - ring.clock_seq)
+        step = max(1, min(MAX_STEP, int(SAMPLE_S / per_op)))
+    ring.clock_seq, ring.clock_t, ring.clock_at = seq, now, seq + step
+    if max(len(ring.lanes[0]), len(ring.lanes[1]), len(ring.samples)) > ring.trim_at:
+        trim(ring)
 
 
 # rank (global) -> group id -> Ring; several ranks only when ranks are threads (chorus.testing)
@@ -160,12 +218,20 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def summary(call) -> tuple:
+    """What an Entry keeps of a Call once the op is over: its fingerprint, bytes, async flag
+    and requested algorithm (not its buffers, which would stay alive with it)."""
+    return (call.fingerprint, call.nbytes, call.async_op, call.algorithm)
+
+
 def failed(entry: list, rank: int, exc: BaseException) -> None:
     """Op ``entry`` of global rank ``rank`` raised ``exc``: note it, and dump the rank if
     ``CHORUS_FLIGHT_RECORDER_DIR`` is set and ``exc`` is a chorus error."""
     entry[ENDED_AT] = clock()
     entry[STATE] = FAILED
     entry[ERROR] = (_error_text(exc), getattr(exc, "lost_rank", None))
+    if type(entry[CALL]) is not tuple:
+        entry[CALL] = summary(entry[CALL])
     on_error(rank, exc)
 
 
@@ -206,33 +272,42 @@ def waiting_on(error: str) -> list[int]:
     return []
 
 
-def _entry(seq: int, op, issued: float, ring: Ring) -> dict:
-    if type(op) is list:  # the general path's Entry
-        f = op[FIELDS]
-        error = op[ERROR]
+def decode(fp: int) -> dict:
+    """The call a fingerprint encodes (chorus.wire.fingerprint): op, dtype, count, root,
+    reduce op."""
+    code, red, root = fp & 0x3F, (fp >> 11) & 0xF, (fp >> 15) & 0xFFFF
+    return {"op": COLLECTIVES[code - 1] if 1 <= code <= len(COLLECTIVES) else "?",
+            "dtype": dtype_name((fp >> 6) & 0x1F), "count": fp >> 31,
+            "reduce_op": REDUCE_OPS[red - 1] if 1 <= red <= len(REDUCE_OPS) else "",
+            "root": root - 1 if root else -1}
+
+
+def _entry(seq: int, item, issued: float | None, ring: Ring) -> dict:
+    if type(item) is list:  # the general path's Entry
+        call = item[CALL]
+        fp, nbytes, async_op, _ = call if type(call) is tuple else summary(call)
+        error = item[ERROR]
         return {
-            "seq": seq, "op": op[NAME], "dtype": f[_DTYPE], "count": f[_COUNT], "nbytes": f[_NBYTES],
-            "reduce_op": f[_REDUCE_OP], "root": f[_ROOT], "async": f[_ASYNC], "component": op[COMPONENT],
-            "algorithm": op[ALGORITHM], "lane": False, "state": op[STATE], "issued": issued,
-            "started": op[STARTED_AT] or None, "ended": op[ENDED_AT] or None,
+            "seq": seq, **decode(fp), "nbytes": nbytes, "async": async_op, "component": item[COMPONENT],
+            "algorithm": item[ALGORITHM], "lane": False, "state": item[STATE], "issued": item[ISSUED],
+            "started": item[STARTED_AT] or None, "ended": item[ENDED_AT] or None, "timed": "exact",
             "error": error[0] if error else None, "lost_rank": error[1] if error else None,
-            "waiting_on": waiting_on(error[0]) if error else [],
-            "fingerprint": f[_FP], "call": describe(f[_FP]),
+            "waiting_on": waiting_on(error[0]) if error else [], "fingerprint": fp, "call": describe(fp),
         }
-    plan = op[-1]  # a lane's plan key: (dtype, op, shape, plan) or (dtype, shape, plan)
-    dtype = op[0]
-    shape = op[2] if len(op) == 4 else op[1]
+    plan = item[-1]  # a lane's plan key: (dtype, op, shape, plan) or (dtype, shape, plan)
+    dtype = item[0]
+    shape = item[2] if len(item) == 4 else item[1]
     count = 1
     for n in shape:
         count *= n
     failure = ring.errors.get(seq)
     state = FAILED if failure else DONE if seq <= ring.done else STARTED
     return {
-        "seq": seq, "op": "all_reduce" if len(op) == 4 else "all_to_all", "dtype": dtype.name,
+        "seq": seq, "op": "all_reduce" if len(item) == 4 else "all_to_all", "dtype": dtype.name,
         "count": count, "nbytes": count * dtype.itemsize,
-        "reduce_op": op[1].name if len(op) == 4 else "", "root": -1, "async": False,
+        "reduce_op": item[1].name if len(item) == 4 else "", "root": -1, "async": False,
         "component": "shm", "algorithm": "window", "lane": True, "state": state, "issued": issued,
-        "started": issued, "ended": failure[1] if failure else None,
+        "started": issued, "ended": failure[1] if failure else None, "timed": "sampled",
         "error": failure[0] if failure else None, "lost_rank": failure[2] if failure else None,
         "waiting_on": waiting_on(failure[0]) if failure else [],
         "fingerprint": plan.fingerprint, "call": describe(plan.fingerprint),
