@@ -204,7 +204,8 @@ class Labeller:
             starts = self.origin_cells[r]
             if starts:
                 idx = sorted({bisect.bisect_right(starts, int(v) % STRIDE) - 1 for v in filled if int(v) // STRIDE == r})
-                labels.append(letter(r) + ",".join(str(i) for i in idx))
+                whole = len(idx) == len(starts)  # every block of the input: the rank's letter alone
+                labels.append(letter(r) + ("" if whole else ",".join(str(i) for i in idx)))
             else:
                 labels.append(letter(r))
         partial = filled.size < values.size
@@ -237,6 +238,8 @@ def region_text(region: Region, cells: dict[str, list[int]]) -> str:
         end = region.offset + region.count
         if region.offset in starts and end in ends:
             a, b = starts.index(region.offset), ends.index(end)
+            if a == 0 and b == len(sizes) - 1:
+                return region.buffer  # all of it
             return f"{region.buffer}[{a}]" if a == b else f"{region.buffer}[{a}-{b}]"
     if region.count == 0:
         return region.buffer
