@@ -115,15 +115,17 @@ DEVICE_ONLY_DTYPES = frozenset({"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz
 
 
 def _check_dtype(name: str, op: str, what: str, device: str = "cpu") -> None:
-    if device != "cpu" and name in DEVICE_ONLY_DTYPES:
-        return
+    if device == "cpu" and name in DEVICE_ONLY_DTYPES:
+        raise InvalidTensorError(f"{op}: {what} is a CPU tensor of {name}, which chorus moves only on "
+                                 "CUDA; pass it on a GPU or as another dtype")
     if name not in DTYPE_CODES or name == "bytes":
         supported = ", ".join(n for n in DTYPE_CODES if n != "bytes")
         raise InvalidTensorError(f"{op}: {what} has dtype {name}, which chorus cannot send; supported: {supported}")
 
 
 # numpy's dtype.name is slow (~9 us); a dict lookup on the dtype object is not.
-_NUMPY_NAMES = {np.dtype(name): name for name in DTYPE_CODES if name not in ("bytes", "bfloat16")}
+_NUMPY_NAMES = {np.dtype(name): name for name in DTYPE_CODES
+                if name not in ("bytes", "bfloat16") and not name.startswith("float8")}
 
 
 def _numpy_buffer(arr: np.ndarray, op: str, what: str) -> Buffer:

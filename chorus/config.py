@@ -216,6 +216,12 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("CHORUS_HOST_ID", "list",
             meaning="pretend host ids (tests): one for this process, or one per global rank, "
                     "e.g. a,a,b,b; unset: detected (boot id and /dev/shm)"),
+    Setting("CHORUS_CUDA_WORKSPACE_BYTES", "int", 64 * MIB, minimum=MIB, maximum=4 * GIB, unit="bytes",
+            meaning="GPU memory of each rank's CUDA workspace per group (chorus.cuda): half "
+                    "collective slots, half point-to-point channels"),
+    Setting("CHORUS_CUDA_STAGING", "bool", False,
+            meaning="never map peers' GPU memory: stage CUDA tensors through pinned host memory "
+                    "and the CPU components (what a failed CUDA IPC check falls back to)"),
     Setting("CHORUS_SHM_BYTES", "int", 64 * MIB, minimum=0, unit="bytes",
             meaning="shared memory a group's window may take (large groups get smaller slots); "
                     "point-to-point rings leave this much of /dev/shm free"),

@@ -181,10 +181,10 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
 
 
 def _check_device(device_type: str) -> None:
-    if device_type != "cpu":
+    if device_type not in ("cpu", "cuda"):
         raise InvalidArgumentError(
-            f"DeviceMesh: device_type {device_type!r}: chorus's groups carry CPU tensors; use \"cpu\" "
-            "(for GPU meshes use torch.distributed.device_mesh with the nccl backend)")
+            f"DeviceMesh: device_type {device_type!r}: chorus's groups carry CPU and CUDA tensors; "
+            "use \"cpu\" or \"cuda\"")
 
 
 def _check_names(names, ndim: int) -> tuple[str, ...] | None:

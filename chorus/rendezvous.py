@@ -22,6 +22,7 @@ is ``world_size`` (all ranks on one host).
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -30,7 +31,7 @@ from datetime import timedelta
 from urllib.parse import parse_qs, urlsplit
 
 from chorus import config
-from chorus.errors import InvalidArgumentError
+from chorus.errors import InvalidArgumentError, RendezvousError
 from chorus.net import get_token
 from chorus.store import FileStore, Store, TCPStore
 
@@ -271,6 +272,8 @@ def rendezvous(init_method: str | None, rank: int = -1, world_size: int = -1,
                 f"MASTER_PORT is not set: env:// needs the port rank 0 listens on ({ENV_EXAMPLE})"
             )
         port = _parse_port(env["master_port"], "MASTER_PORT", world_size)
+        if environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+            return _torchrun_rendezvous(host, port, rank, world_size, timeout, env, environ)
         return _tcp_rendezvous(host, port, rank, world_size, timeout, env, environ)
     if url.scheme == "tcp":
         rank, world_size = _check_rank(_pick(rank, q_rank), _pick(world_size, q_world),
@@ -294,6 +297,21 @@ def rendezvous(init_method: str | None, rank: int = -1, world_size: int = -1,
     raise InvalidArgumentError(
         f"unknown init_method {init_method!r}; supported: {SUPPORTED}"
     )
+
+
+def _torchrun_rendezvous(host: str, port: int, rank: int, world_size: int, timeout: timedelta,
+                         env: dict, environ: Mapping[str, str]) -> RendezvousInfo:
+    """Under torchrun, whose agent already serves a (torch) TCPStore on MASTER_PORT: use it,
+    through chorus.torch's adapter (torch is there: torchrun is torch's), with keys under
+    a prefix of their own per restart of the job."""
+    try:
+        stores = importlib.import_module("chorus.torch.stores")
+    except ImportError as exc:
+        raise RendezvousError(f"torchrun's agent serves the store on {host}:{port}, and reaching it needs "
+                              f"torch.distributed: {exc}") from None
+    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = stores.agent_store(host, port, world_size, timeout, f"chorus/{restart}/")
+    return _info(store, rank, world_size, env, host, port)
 
 
 def _tcp_rendezvous(host: str, port: int, rank: int, world_size: int, timeout: timedelta,

@@ -4,17 +4,13 @@ one real run (a tiny MLP, 2 ranks) that must show every variant and equal losses
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from proc_support import run_forked
 
 pytest.importorskip("torch", reason="chorus bench-ddp needs torch (pip install 'chorus[torch]')")
 
 from chorus.bench import ddp  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _rank(times: dict, cpu: float = 0.01, losses=(1.0, 0.5)) -> dict:
@@ -59,15 +55,22 @@ def test_bad_arguments_exit_2(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_tiny_real_run_shows_every_variant_and_equal_losses(tmp_path):
+def _spawned(rank, world, fn, args):
+    """chorus.spawn's call, ``fn(i, *args)``, in a rank of proc_support.run_forked."""
+    fn(rank, *args)
+
+
+def test_tiny_real_run_shows_every_variant_and_equal_losses(tmp_path, monkeypatch, capsys):
+    """The command's code in this process; its ranks are forks of the torch server instead
+    of fresh interpreters (chorus.spawn itself: tests/test_spawn.py)."""
+    monkeypatch.setattr("chorus.launch.spawn", lambda fn, args=(), nprocs=1: run_forked(_spawned, nprocs, fn, args))
+    monkeypatch.delenv("CHORUS_TRANSPORT", raising=False)
     out_json = tmp_path / "ddp.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "chorus.cli", "bench-ddp", "--world", "2", "--features", "16", "--hidden", "32",
-         "--batch", "4", "--steps", "3", "--bucket-cap-mb", "0.001", "--threads", "1", "--json", str(out_json)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=100)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
+    code = ddp.main(["--world", "2", "--features", "16", "--hidden", "32", "--batch", "4", "--steps", "3",
+                     "--bucket-cap-mb", "0.001", "--threads", "1", "--json", str(out_json)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    lines = captured.out.splitlines()
     assert lines[0].startswith("# chorus bench-ddp: 2 ranks") and "MLP 16-32-32-1" in lines[0]
     rows = {" ".join(ln.split()[:2]) if ln.split()[0] != "compute" else "compute": ln
             for ln in lines if ln and not ln.startswith(("#", "variant"))}

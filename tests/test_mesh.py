@@ -75,7 +75,7 @@ def _mesh_errors(rank, world):
                        "no_dim": lambda: mesh.get_group(), "bad_index": lambda: mesh.get_group(2),
                        "shape": lambda: chorus.init_device_mesh("cpu", (3,)),
                        "names": lambda: chorus.init_device_mesh("cpu", (2, 2), ("dp", "dp")),
-                       "device": lambda: chorus.init_device_mesh("cuda", (4,)),
+                       "device": lambda: chorus.init_device_mesh("tpu", (4,)),
                        "dup_ranks": lambda: DeviceMesh("cpu", [[0, 0], [1, 2]])}.items():
         try:
             call()
@@ -91,7 +91,7 @@ def test_mesh_errors_say_what_is_wrong():
     assert "mesh's order" in errors["order"][2] and "'pp'" in errors["unknown"][2]
     assert "pass mesh_dim" in errors["no_dim"][2]
     assert "world has 4" in errors["shape"][2]
-    assert "nccl" in errors["device"][2]
+    assert "use \"cpu\" or \"cuda\"" in errors["device"][2]
 
 
 @pytest.mark.parametrize("shape", SHAPES)

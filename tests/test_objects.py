@@ -364,6 +364,7 @@ def _over_tcp(rank, world):
     return objs, gathered
 
 
+@pytest.mark.slow
 def test_object_collectives_over_tcp():
     results = run_processes(_over_tcp, 2)
     for objs, gathered in results:

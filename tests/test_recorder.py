@@ -71,6 +71,16 @@ def test_tcp_schedules_report_ops_and_every_send_and_receive(monkeypatch, events
     assert all(e.algorithm for e in begins) and {e.seq for e in begins} == {0, 1, 2, 3}
 
 
+def test_shared_memory_reports_ops_and_every_sync_copy_and_reduction(events):
+    run_threads(program, 3)
+    check_ops(events, "shm", ["all_reduce", "all_gather", "all_to_all"], 3, ["sync"])
+    s = summary(events)
+    assert s[("all_reduce", "shm")]["reduce"] and s[("all_reduce", "shm")]["copy"]
+    assert s[("all_gather", "shm")]["copy"] and s[("all_to_all", "shm")]["copy"]
+    moved = sum(e.nbytes for e in events if e.what == "copy" and e.op == "all_gather")
+    assert moved >= 3 * 3 * 8 * 4  # every rank copies every block (in, then out) at least once
+
+
 def test_hierarchical_ops_report_their_phases_and_the_sub_groups_ops(monkeypatch, events):
     monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
     run_threads(program, 4)

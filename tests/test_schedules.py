@@ -17,7 +17,7 @@ OPS = ["sum", "prod", "min", "max", "band", "bor", "bxor"]
 SEGMENTED = ("all_reduce", "broadcast")
 PAIRS = [(c, a) for c, family in ALGORITHMS.items() for a in family]
 # Elements each rank holds, at most: keeps W = 64 with output buffers of W blocks fast.
-BUDGET = 6000
+BUDGET = 2000
 
 
 def _count(world: int, which: int, blocks: int) -> int:

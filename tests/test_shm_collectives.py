@@ -3,12 +3,15 @@ mapping of the window), against numpy references: every dtype family x reduce op
 world size, one-shot and reduce-scatter + all-gather, messages that cross the one-shot
 threshold and the slot size (chunking), uneven all_to_all, async ops, sub-groups."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import chorus as dist
 import chorus.shm.collectives as shm_algo
 import chorus.shm.phases as shm_phases
+from chorus import config
 from chorus.testing import run_threads
 
 torch = pytest.importorskip("torch")
@@ -156,10 +159,11 @@ def test_every_collective_dtype_and_op_through_shared_memory(world, monkeypatch)
         for dtype in DTYPES:
             wrong += movements(rank, w, dtype, 5)
             wrong += reductions(rank, w, dtype, 5)
-        monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)  # reduce-scatter + all-gather, same ops ...
+        win = dist.group.WORLD.shm.window
+        win.settings = dataclasses.replace(win.settings, oneshot_bytes=0)  # reduce-scatter + all-gather ...
         monkeypatch.setattr(shm_algo, "WHOLE_CHUNKS_WORLD", 0)  # ... in groups of 2 as well
         dist.barrier()  # every rank is past its one-shot reductions before the plans go
-        dist.group.WORLD.shm.plans.clear()  # the API's one-shot plans were made under the old sizes
+        dist.group.WORLD.lane.forget_plans()  # the API's one-shot plans were made under the old sizes
         for dtype in DTYPES:
             wrong += reductions(rank, w, dtype, 5)
         return wrong, counter.ran()
@@ -184,11 +188,8 @@ def _uneven_all_to_all(rank, world, scale):
 
 def test_results_do_not_depend_on_the_number_of_helper_threads(monkeypatch):
     """Rounding-sensitive float32 sums over 8 ranks, 2 full chunks and a tail whose slices
-    hold 2-3 elements: the split (chorus.shm.crew) must not change a single bit, also
+    hold 2-3 elements: the split (chorus.shm.phases.Crew) must not change a single bit, also
     where a slice is too short to split."""
-    monkeypatch.setenv("CHORUS_SHM_PART_BYTES", "1024")
-    monkeypatch.setattr(shm_phases, "PART_BYTES", 1024)
-    monkeypatch.setattr(shm_phases, "COPY_PATH_CREW_BYTES", 0)
     n = 2 * (1 << 18) + 20  # 1 MiB slots: 262144 float32 per chunk
 
     def body(rank, w):
@@ -202,8 +203,8 @@ def test_results_do_not_depend_on_the_number_of_helper_threads(monkeypatch):
 
     results = {}
     for threads in (1, 2, 4):
-        monkeypatch.setenv("CHORUS_SHM_THREADS", str(threads))
-        got = run_threads(body, 8)
+        with config.override(CHORUS_SHM_THREADS=threads, CHORUS_SHM_PART_BYTES=1024, CHORUS_SHM_COPY_CREW_BYTES=0):
+            got = run_threads(body, 8)
         assert all(h > 0 for _, h in got) == (threads > 1)
         results[threads] = [b for b, _ in got]
     assert results[1] == results[2] == results[4]
@@ -212,14 +213,13 @@ def test_results_do_not_depend_on_the_number_of_helper_threads(monkeypatch):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("world", [2, 3, 8])
 def test_uneven_all_to_all_small_and_chunked(world, threads, monkeypatch):
-    monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(64 << 10))  # 8192 int64 per slot
-    _crew(monkeypatch, threads)
-
     def body(rank, w):
         counter = ShmCounter()
         return [_uneven_all_to_all(rank, w, scale) for scale in (0, 1, 5, 3000)], counter.ran()
 
-    for ok, syncs in run_threads(body, world):
+    with _crew(monkeypatch, threads, CHORUS_SHM_SLOT_BYTES=64 << 10):  # 8192 int64 per slot
+        results = run_threads(body, world)
+    for ok, syncs in results:
         assert all(ok), ok
         assert syncs >= 4
 
@@ -248,7 +248,6 @@ def test_all_to_all_mixing_one_count_ranks_with_table_ranks_ignores_stale_table_
 
 
 def test_all_to_all_where_one_rank_is_uniform_and_others_need_more_rounds(monkeypatch):
-    monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(64 << 10))  # 2730 int64 per piece at W=3
     big = 10_000
 
     def counts(src, dst):
@@ -264,17 +263,17 @@ def test_all_to_all_where_one_rank_is_uniform_and_others_need_more_rounds(monkey
         want = np.concatenate([np.full(c, 10 * r + rank, np.int64) for r, c in enumerate(recv)])
         return np.array_equal(out, want), counter.ran()
 
-    results = run_threads(body, 3)
+    with config.override(CHORUS_SHM_SLOT_BYTES=64 << 10):  # 2730 int64 per piece at W=3
+        results = run_threads(body, 3)
     assert results == [(True, 4)] * 3  # ceil(10000 / 2730) = 4 rounds on every rank
 
 
-def _crew(monkeypatch, threads):
-    """``threads`` per rank (chorus.shm.crew), splitting phases from 1 KiB (rows of 256 B)
-    of messages of any size."""
-    monkeypatch.setenv("CHORUS_SHM_THREADS", str(threads))
-    monkeypatch.setattr(shm_phases, "PART_BYTES", 1024)
+def _crew(monkeypatch, threads, **settings):
+    """The settings (a ``config.override``) for ``threads`` per rank (chorus.shm.phases.Crew),
+    splitting phases from 1 KiB (rows of 256 B) of messages of any size, and ``settings``."""
     monkeypatch.setattr(shm_phases, "PART_ROW_BYTES", 256)
-    monkeypatch.setattr(shm_phases, "COPY_PATH_CREW_BYTES", 0)
+    return config.override(CHORUS_SHM_THREADS=threads, CHORUS_SHM_PART_BYTES=1024, CHORUS_SHM_COPY_CREW_BYTES=0,
+                           **settings)
 
 
 def _handed():
@@ -286,10 +285,7 @@ def _handed():
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("world", [2, 3, 8])
 def test_sizes_across_the_one_shot_threshold_and_the_slot(world, threads, monkeypatch):
-    monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(64 << 10))  # 16384 float32 per slot
-    monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 4096)
-    _crew(monkeypatch, threads)
-    cap = 16384
+    cap = 16384  # float32 per slot
 
     def body(rank, w):
         counter = ShmCounter()
@@ -324,7 +320,9 @@ def test_sizes_across_the_one_shot_threshold_and_the_slot(world, threads, monkey
             bad += [("all_to_all", n)] * (not np.array_equal(out, want))
         return bad, counter.ran(), _handed()
 
-    for bad, syncs, handed in run_threads(body, world):
+    with _crew(monkeypatch, threads, CHORUS_SHM_SLOT_BYTES=cap * 4, CHORUS_SHM_ONESHOT_BYTES=4096):
+        results = run_threads(body, world)
+    for bad, syncs, handed in results:
         assert not bad, bad
         assert syncs > 60
         assert (handed > 100) == (threads > 1), handed

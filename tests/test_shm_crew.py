@@ -1,11 +1,13 @@
-"""chorus.shm.crew: helper threads that run parts of one rank's large copies at once."""
+"""chorus.shm.phases.Crew: helper threads that run parts of one rank's large copies at once."""
 
 import threading
 import time
 
 import pytest
 
-from chorus.shm.crew import MAX_THREADS, Crew, threads_for
+from chorus import config
+from chorus.shm.phases import Crew
+from chorus.shm.placement import MAX_THREADS, threads_for
 
 
 def test_tasks_run_on_distinct_threads_and_run_returns_after_all_of_them():
@@ -77,14 +79,15 @@ def test_more_tasks_than_threads_is_an_error():
 
 
 def test_threads_per_rank(monkeypatch, caplog):
-    monkeypatch.delenv("CHORUS_SHM_THREADS", raising=False)
-    assert threads_for(8, 16, False) == 2
-    assert threads_for(2, 2, False) == 1  # the 2-core CI machine: no helpers
-    assert threads_for(1, 64, False) == MAX_THREADS
-    assert threads_for(4, 16, True) == 1  # ranks that are threads share the GIL
-    monkeypatch.setenv("CHORUS_SHM_THREADS", "3")
-    assert threads_for(8, 2, False) == 3
-    monkeypatch.setenv("CHORUS_SHM_THREADS", "many")
-    with caplog.at_level("WARNING", logger="chorus"):
+    with config.override(CHORUS_SHM_THREADS=None):
         assert threads_for(8, 16, False) == 2
-    assert "CHORUS_SHM_THREADS='many'" in caplog.text
+        assert threads_for(2, 2, False) == 1  # 2 CPUs for 2 ranks: no helpers
+        assert threads_for(1, 64, False) == MAX_THREADS
+        assert threads_for(4, 16, True) == 1  # ranks that are threads share the GIL
+    with config.override(CHORUS_SHM_THREADS=3):
+        assert threads_for(8, 2, False) == 3
+    for wrong in ("many", "0"):  # reported, not raised: one rank failing alone would hang the others
+        monkeypatch.setenv("CHORUS_SHM_THREADS", wrong)
+        with caplog.at_level("WARNING", logger="chorus"):
+            assert threads_for(8, 16, False) == 2
+        assert f"CHORUS_SHM_THREADS={wrong!r}" in caplog.text

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import chorus as dist
-import chorus.shm.collectives as shm_algo
+from chorus.shm import direct
 from chorus.testing import run_threads
 
 
@@ -153,7 +153,8 @@ def test_all_to_all_single_latency_path_is_left_to_the_general_path_when_it_does
             dist.all_to_all_single(read_only, x)
         with pytest.raises(dist.InvalidArgumentError, match="not divisible by world_size"):
             dist.all_to_all_single(np.zeros(7, np.float32), x[:7])
-        big = np.zeros(shm_algo.direct.cma_bytes("all_to_all", w) // 4 * 2 // w * w, np.float32)
+        threshold = direct.cma_bytes(dist.group.WORLD.shm.window, "all_to_all")
+        big = np.zeros(threshold // 4 * 2 // w * w, np.float32)
         dist.all_to_all_single(big.copy(), big)  # too large for one round: general path
         return True
 
@@ -166,9 +167,9 @@ def test_all_to_all_single_latency_path_with_nd_arrays_goes_on_with_single_copy(
     single copy's threshold): the counts agree, the op continues with single copy, and
     rank 1's rows arrive where they belong."""
     calls = _spy_exchange(monkeypatch)
-    big = shm_algo.direct.cma_bytes("all_to_all", 2) // 8
 
     def body(rank, w):
+        big = direct.cma_bytes(dist.group.WORLD.shm.window, "all_to_all") // 8
         if rank == 0:
             inp = np.arange(big + 3, dtype=np.int64)
             out = np.full(big + 3, -1, np.int64)
@@ -177,9 +178,9 @@ def test_all_to_all_single_latency_path_with_nd_arrays_goes_on_with_single_copy(
         inp = np.arange(6, dtype=np.int64).reshape(2, 3) + 100
         out = np.full((2, 3), -1, np.int64)
         dist.all_to_all_single(out, inp)
-        return out.tolist()
+        return out.tolist(), big
 
-    first, second = run_threads(body, 2)
+    first, (second, big) = run_threads(body, 2)
     assert first == ([100, 101, 102], True)
     assert second == [[big, big + 1, big + 2], [103, 104, 105]]
     assert len(calls) == 1

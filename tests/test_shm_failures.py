@@ -1,13 +1,13 @@
 """Failures on the shared-memory path, ranks as threads: mismatched calls, a rank that
 took the TCP path, a dead rank, a hung rank (timeout), a rank that gave up half-way."""
 
+import dataclasses
 import time
 
 import numpy as np
 import pytest
 
 import chorus as dist
-import chorus.shm.mapped as shm_mapped
 from chorus.testing import run_threads
 from chorus.transport.loopback import LoopbackFabric
 
@@ -171,9 +171,8 @@ def test_members_with_other_algorithm_settings_fail_at_init_naming_them(monkeypa
 
     plain = handshake._settings
     with monkeypatch.context() as patch:
-        patch.setattr(handshake, "_settings", lambda: handshake._SETTINGS.pack(4096, 0, shm_mapped.MAPPED_BYTES,
-                                                                                  shm_mapped.ALL_TO_ALL_BYTES)
-                      if current().rank == 2 else plain())
+        patch.setattr(handshake, "_settings", lambda s: plain(dataclasses.replace(s, oneshot_bytes=4096))
+                      if current().rank == 2 else plain(s))
         errors = run_threads(lambda rank, w: None, 3, return_exceptions=True)
     assert all(isinstance(e, dist.InvalidArgumentError) for e in errors), errors
     assert "rank 2" in str(errors[0]) and "CHORUS_SHM_ONESHOT_BYTES=4096" in str(errors[0])

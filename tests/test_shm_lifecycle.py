@@ -16,8 +16,9 @@ import pytest
 from proc_support import check_survivors, is_alive, leftovers, run_ranks, wait_until
 
 import chorus as dist
-from chorus.shm import hostid, sweep
-from chorus.shm.segment import Segment
+from chorus.host import identity
+from chorus.host.segment import Segment
+from chorus.shm import sweep
 from chorus.testing import run_processes, run_threads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,14 +31,14 @@ def test_host_id_is_this_machine_and_its_dev_shm(monkeypatch):
     with open("/proc/sys/kernel/random/boot_id") as f:
         boot = f.read().strip()
     st = os.stat("/dev/shm")
-    assert hostid.host_id(0) == hostid.host_id(5) == f"{boot}/{st.st_dev}:{st.st_ino}"
+    assert identity.host_id(0) == identity.host_id(5) == f"{boot}/{st.st_dev}:{st.st_ino}"
     monkeypatch.setenv("CHORUS_HOST_ID", "nodeA")
-    assert hostid.host_id(3) == "nodeA"
+    assert identity.host_id(3) == "nodeA"
     monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b")
-    assert [hostid.host_id(r) for r in range(3)] == ["a", "a", "b"]
+    assert [identity.host_id(r) for r in range(3)] == ["a", "a", "b"]
     with pytest.raises(ValueError, match="one entry per rank"):
-        hostid.host_id(3)
-    assert hostid.host_digest(0) != hostid.host_digest(2) and hostid.host_digest(0) == hostid.host_digest(1)
+        identity.host_id(3)
+    assert identity.host_digest(0) != identity.host_digest(2) and identity.host_digest(0) == identity.host_digest(1)
 
 
 def test_segment_create_attach_unlink_and_sweep(job):
@@ -139,7 +140,7 @@ def test_every_collective_across_processes_and_nothing_left_after_exit():
 
 _KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time, numpy as np, chorus as dist
-    from chorus.shm.segment import Segment
+    from chorus.host.segment import Segment
     victim, outdir = int(sys.argv[1]), sys.argv[2]
     # chorusrun SIGTERMs the survivors once it sees the victim die: carry on, so that what
     # the survivors raise is checked whatever the launcher's timing (its SIGKILL follows in 3 s)
@@ -262,8 +263,8 @@ def test_oversubscribed_host_8_ranks_2000_all_reduces_in_bounded_time():
 
 @pytest.mark.timeout(600)  # a hang still fails in 60 s: run_processes' op timeout
 def test_100000_small_all_reduces_grow_neither_memory_nor_descriptors_nor_segments():
-    """4 ranks on the 2-core machine (oversubscribed).  The loop takes ~10 s on an idle
-    machine, 1-2 min while others' tests run, ~5 min next to a CPU-bound process: waiters
+    """4 ranks, oversubscribed on 2 cores.  The loop takes ~10 s on an idle 2-core host,
+    1-2 min while others' tests run, ~5 min next to a CPU-bound process: waiters
     sched_yield() for 1 ms, and each yield to a busy loop costs milliseconds."""
     for _seconds, before, after, used in run_processes(_many_small_all_reduces, 4, 100_000):
         (rss0, fds0, files0, mapped0), (rss1, fds1, files1, mapped1) = before, after

@@ -12,7 +12,6 @@ import pytest
 from proc_support import check_survivors, run_ranks
 
 import chorus as dist
-import chorus.shm.collectives as shm_algo
 import chorus.shm.mapped as shm_mapped
 from chorus.shm import registered
 from chorus.testing import run_processes, run_threads
@@ -24,15 +23,12 @@ N = 50_000  # elements: above the threshold below, not a multiple of any piece
 @pytest.fixture
 def mapped_from_16k(monkeypatch):
     """Registered buffers from 16 KiB, 64 KiB slots, no one-shot and no single copy, in the
-    environment (spawned ranks) and this process's modules (thread ranks); counts the
-    ops that took the mapped path."""
+    environment (spawned ranks and thread ranks read it when their group is created);
+    counts the ops that took the mapped path."""
     monkeypatch.setenv("CHORUS_SHM_MAPPED_BYTES", str(16 << 10))
     monkeypatch.setenv("CHORUS_SHM_SLOT_BYTES", str(SLOT))
     monkeypatch.setenv("CHORUS_SHM_ONESHOT_BYTES", "0")
     monkeypatch.setenv("CHORUS_SHM_CMA_BYTES", str(1 << 62))
-    monkeypatch.setattr(shm_mapped, "MAPPED_BYTES", 16 << 10)
-    monkeypatch.setattr(shm_mapped, "ALL_TO_ALL_BYTES", 16 << 10)
-    monkeypatch.setattr(shm_algo, "ONESHOT_BYTES", 0)
     taken = []  # ranks that ran mapped.all_reduce
     real_reduce, real_a2a = shm_mapped.all_reduce, shm_mapped.all_to_all
     monkeypatch.setattr(shm_mapped, "all_reduce", lambda win, *args: taken.append(win.rank) or real_reduce(win, *args))
@@ -151,11 +147,9 @@ def test_all_to_all_reads_registered_inputs_of_every_rank(mapped_from_16k, uneve
 def test_peers_files_stay_mapped_while_open_and_go_once_closed(mapped_from_16k, monkeypatch):
     """Ten buffers in turn: each stays mapped while its owner holds it (no remapping per op);
     once the owners drop them, the next new file lets them go."""
-    from chorus.shm import peer_maps
-
     opened = []
-    real_map = peer_maps.PeerMaps._map
-    monkeypatch.setattr(peer_maps.PeerMaps, "_map", lambda self, *a: opened.append(a[0]) or real_map(self, *a))
+    real_map = shm_mapped.PeerMaps._map
+    monkeypatch.setattr(shm_mapped.PeerMaps, "_map", lambda self, *a: opened.append(a[0]) or real_map(self, *a))
 
     def body(rank, world):
         arrays = [registered.empty_shared(N, "float32") for _ in range(10)]
@@ -259,15 +253,13 @@ def test_a_killed_process_not_yet_reaped_counts_as_gone():
     import sys
     import time
 
-    from chorus.shm import peer_maps
-
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 10
-    while peer_maps._running(child.pid) and time.monotonic() < deadline:
+    while shm_mapped._running(child.pid) and time.monotonic() < deadline:
         time.sleep(0.01)  # exits, stays a zombie: nobody waits for it yet
-    assert os.path.exists(f"/proc/{child.pid}") and not peer_maps._running(child.pid)
+    assert os.path.exists(f"/proc/{child.pid}") and not shm_mapped._running(child.pid)
     child.wait()
-    assert peer_maps._running(os.getpid())
+    assert shm_mapped._running(os.getpid())
 
 
 def test_the_registry_drops_dead_buffers_as_it_grows(monkeypatch):

@@ -1,5 +1,5 @@
 """Point-to-point between processes of one host through shared-memory rings
-(chorus.transport.shm_link, chorus.shm.ring): every P2P API, any-source, tags,
+(chorus.transport.shm_link, chorus.transport.ring): every P2P API, any-source, tags,
 out-of-order posting, mismatches, big messages, a TCP-schedule collective, the off
 switches, nothing left in /dev/shm, and a killed writer or reader -> PeerLostError
 within 5 s.  The rings' byte counters prove the payloads really went through them."""
@@ -21,8 +21,8 @@ import pytest
 from proc_support import leftovers
 
 import chorus as dist
-from chorus.shm.ring import ALIGN, ALIGN_AT, RingReader, RingWriter, ring_size
 from chorus.testing import run_processes
+from chorus.transport.ring import ALIGN, ALIGN_AT, RingReader, RingWriter, ring_size
 
 MIB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""Copies at slow offsets (chorus.shm.skew, and chorus.shm.cma's use of it): the rule, the
+"""Copies at slow offsets (chorus.shm.cma): the rule, the
 kernel copies that bounce through a buffer half a page away, whole and after partial
 transfers, user-space copies that bounce only where glibc's copy is slow, and single
 copy's scratch placed at its source's offset."""
@@ -13,15 +13,14 @@ from cma_support import Ctx
 from chorus.shm import cma
 
 
-def test_slow_skew_is_a_destination_just_past_its_source_within_a_page():
+def test_slow_is_a_destination_just_past_its_source_within_a_page():
     base = 1 << 20
-    assert not cma.slow_skew(base, base, "read")
+    assert not cma.slow(base, base)
     for dst_past in (8, 16, 24, 56, 4096 + 16):
-        assert cma.slow_skew(base + dst_past, base, "read")  # read: the local buffer is written
-        assert cma.slow_skew(base, base + dst_past, "write")  # write: the remote one is
-        assert not cma.slow_skew(base, base + dst_past, "read")
+        assert cma.slow(base + dst_past, base)
+        assert not cma.slow(base, base + dst_past)
     for fine in (64, 80, 256, 2048, 4096 - 16):
-        assert not cma.slow_skew(base + fine, base, "read")
+        assert not cma.slow(base + fine, base)
 
 
 def _skewed_pair(nbytes: int, dst_past: int) -> tuple[np.ndarray, np.ndarray]:
@@ -39,10 +38,10 @@ def test_pieces_at_a_slow_skew_go_through_the_bounce_buffer_whole(what, monkeypa
     src, dst = _skewed_pair(nbytes, 16)
     peers = cma.Peers([os.getpid()] * 2)
     if what == "read":
-        assert cma.slow_skew(cma.address(dst), cma.address(src), "read")
+        assert cma.slow(cma.address(dst), cma.address(src))  # read: the local buffer is written
         peers.read_one(Ctx, 1, cma.address(dst), cma.address(src), nbytes)
     else:
-        assert cma.slow_skew(cma.address(src), cma.address(dst), "write")
+        assert cma.slow(cma.address(dst), cma.address(src))  # write: the remote one is
         peers.write_one(Ctx, 1, cma.address(src), cma.address(dst), nbytes)
     assert np.array_equal(dst, src) and (peers.calls, peers.nbytes) == (3, nbytes)  # 3 bounced pieces
     # the kernel's copies were made at a fast skew: from or into the bounce buffer at the remote's offset
@@ -50,13 +49,13 @@ def test_pieces_at_a_slow_skew_go_through_the_bounce_buffer_whole(what, monkeypa
     real = peers.readv if what == "read" else peers.writev
 
     def spy(pid, local, n, remote, m, flags):
-        seen.append(cma.slow_skew(local.base, remote.base, what))
+        seen.append(cma.slow(local.base, remote.base) if what == "read" else cma.slow(remote.base, local.base))
         return real(pid, local, n, remote, m, flags)
 
     real_move, moves = cma.ctypes.memmove, []
 
     def move_spy(to, frm, size):  # the copy in user space is as slow at those skews
-        moves.append(cma.slow_skew(to, frm, "read"))
+        moves.append(cma.slow(to, frm))
         return real_move(to, frm, size)
 
     monkeypatch.setattr(peers, "readv" if what == "read" else "writev", spy)
@@ -88,23 +87,21 @@ def test_a_bounced_piece_goes_on_after_a_partial_transfer():
 @pytest.mark.parametrize("nbytes", [1000, 64 << 10, (100 << 10) + 3, 300 << 10, 1 << 20])
 @pytest.mark.parametrize("dst_past", [0, 16, 40, 2048])
 def test_skew_copy_copies_whole_and_bounces_only_slow_copies_in_its_range(nbytes, dst_past):
-    from chorus.shm import skew
-
     src, dst = _skewed_pair(nbytes, dst_past)
     bounced = []
 
     def run():
-        skew.copy(dst, src)
-        bounced.append("bounce" in skew._local.__dict__)  # a fresh thread: its own buffer
+        cma.copy(dst, src)
+        bounced.append("bounce" in cma._local.__dict__)  # a fresh thread: its own buffer
 
     t = threading.Thread(target=run)
     t.start()
     t.join()
     assert np.array_equal(dst, src)
-    assert bounced == [dst_past in (16, 40) and skew.MIN_BYTES <= nbytes < skew.MAX_BYTES]
+    assert bounced == [dst_past in (16, 40) and cma.MIN_BYTES <= nbytes < cma.MAX_BYTES]
     wide = src[: nbytes // 4 * 4].view(np.float32)  # other dtypes: copied as bytes
     out = np.zeros_like(wide)
-    skew.copy(out, wide)
+    cma.copy(out, wide)
     assert out.tobytes() == wide.tobytes()
 
 
@@ -129,8 +126,6 @@ def _read_only(arr: np.ndarray) -> np.ndarray:
     lambda: _read_only(np.arange(10, dtype=np.int64)[1:]),  # read-only: numpy's interface
 ], ids=["whole", "view", "strided", "empty", "read-only"])
 def test_address_is_where_numpy_says_the_data_starts(make):
-    from chorus.shm import skew
-
     arr = make()
-    assert skew.address(arr) == arr.__array_interface__["data"][0]
-    assert skew.address(None) == 0
+    assert cma.address(arr) == arr.__array_interface__["data"][0]
+    assert cma.address(None) == 0

@@ -10,8 +10,11 @@ import time
 import numpy as np
 import pytest
 
+from chorus import config
 from chorus.engine import OpContext
 from chorus.errors import CollectiveMismatchError, CommTimeoutError
+from chorus.shm import placement
+from chorus.shm import sync as shm_sync
 from chorus.shm.sync import ARRIVED, OP, WORDS, Backoff, Sync, token
 from chorus.wire.fingerprint import fingerprint
 
@@ -179,10 +182,8 @@ def _woken_syncs(world: int, packed: bool = False):
     the test is skipped where futexes are unavailable."""
     import mmap
 
-    from chorus.shm import wake
-
-    header = mmap.mmap(-1, wake.HEADER_PAGE)
-    wakers = [wake.Waker.make(header, world, r) for r in range(world)]
+    header = mmap.mmap(-1, shm_sync.HEADER_PAGE)
+    wakers = [shm_sync.Waker.make(header, world, r) for r in range(world)]
     if wakers[0] is None:
         pytest.skip("no futex system call here")
     control = memoryview(np.zeros(world * WORDS, np.uint64)).cast("B").cast("Q")
@@ -197,9 +198,7 @@ def _wait_until_in_futex(task_dir: str) -> None:
     """Wait until the thread whose /proc ``task_dir`` is given sits in the futex system
     call (so that a wake-up, not a changed word, is what ends its sleep); where /proc
     does not say, wait a moment."""
-    from chorus.shm import wake
-
-    number = wake._futex_call()[1]
+    number = shm_sync._futex_call()[1]
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         try:
@@ -219,14 +218,12 @@ def _wait_until_in_futex(task_dir: str) -> None:
 def test_a_napping_waiter_is_woken_by_the_last_arrival_not_by_its_nap(monkeypatch, world, sleeper, how, packed):
     """Rank ``sleeper`` waits long enough to nap (naps of 3 s); every other rank has
     arrived but the last, which completes the sync through ``how`` (a later sync, or an
-    op's first sync).  Only the wake-up (chorus.shm.wake) lets the sleeper leave within
+    op's first sync).  Only the wake-up (chorus.shm.sync.Waker) lets the sleeper leave within
     a fraction of its nap; with 10 ranks the sleep marks span two words."""
     import threading
 
-    from chorus.shm import sync as sync_module
-
-    monkeypatch.setattr(sync_module, "NAP_MIN", 3.0)
-    monkeypatch.setattr(sync_module, "NAP_MAX", 3.0)
+    monkeypatch.setattr(shm_sync, "NAP_MIN", 3.0)
+    monkeypatch.setattr(shm_sync, "NAP_MAX", 3.0)
     syncs, wakers = _woken_syncs(world, packed)
     last = world - 1 if sleeper != world - 1 else 0
     left, first = [], how == "first"
@@ -259,22 +256,20 @@ def test_a_sleeping_process_is_woken_by_another_process():
     import mmap
     import os
 
-    from chorus.shm import wake
-
-    header = mmap.mmap(-1, wake.HEADER_PAGE)  # shared with the child across fork
-    if wake.Waker.make(header, 2, 0) is None:
+    header = mmap.mmap(-1, shm_sync.HEADER_PAGE)  # shared with the child across fork
+    if shm_sync.Waker.make(header, 2, 0) is None:
         pytest.skip("no futex system call here")
     pid = os.fork()
     if pid == 0:  # the child: sleep 3 s unless woken; exit 0 if woken within 1 s
         code = 1
         try:
             start = time.monotonic()
-            wake.Waker.make(header, 2, 1).sleep(3.0, lambda: False)
+            shm_sync.Waker.make(header, 2, 1).sleep(3.0, lambda: False)
             code = 0 if time.monotonic() - start < 1.0 else 3
         finally:
             os._exit(code)
     deadline = time.monotonic() + 5
-    parent = wake.Waker.make(header, 2, 0)
+    parent = shm_sync.Waker.make(header, 2, 0)
     while not parent.marks[1] and time.monotonic() < deadline:
         time.sleep(0.001)
     _wait_until_in_futex(f"/proc/{pid}/task/{pid}")
@@ -301,16 +296,13 @@ def test_backoff_settings(monkeypatch):
     """Ranks with a core each poll, then yield 5 ms; oversubscribed hosts and thread ranks
     yield 1 ms and never poll; CHORUS_SHM_SPIN_US spins; CHORUS_SHM_YIELD_US sets the
     yield phase of any of them."""
-    from chorus.shm import group
-
-    monkeypatch.setattr(group, "usable_cpus", lambda: 8)
-    for name in ("CHORUS_SHM_SPIN_US", "CHORUS_SHM_YIELD_US"):
-        monkeypatch.delenv(name, raising=False)
-    assert group.backoff_for(8, False) == Backoff(polls=group.POLLS)
-    assert group.backoff_for(9, False) == group.backoff_for(2, True) == Backoff(spin_s=0.0, yield_s=1e-3)
-    monkeypatch.setenv("CHORUS_SHM_YIELD_US", "20000")
-    assert group.backoff_for(8, False) == Backoff(yield_s=0.02, polls=group.POLLS)
-    assert group.backoff_for(2, True).yield_s == 0.02
-    monkeypatch.setenv("CHORUS_SHM_SPIN_US", "50")
-    spinning = group.backoff_for(8, False)
-    assert spinning.spin_s == pytest.approx(50e-6) and (spinning.yield_s, spinning.polls) == (0.02, group.POLLS)
+    monkeypatch.setattr(placement, "usable", lambda: 8)
+    with config.override(CHORUS_SHM_SPIN_US=None, CHORUS_SHM_YIELD_US=None, CHORUS_SHM_POLLS=7):
+        assert placement.backoff_for(8, False) == Backoff(polls=7)
+        assert placement.backoff_for(9, False) == placement.backoff_for(2, True) == Backoff(spin_s=0.0, yield_s=1e-3)
+        with config.override(CHORUS_SHM_YIELD_US=20000):
+            assert placement.backoff_for(8, False) == Backoff(yield_s=0.02, polls=7)
+            assert placement.backoff_for(2, True).yield_s == 0.02
+            with config.override(CHORUS_SHM_SPIN_US=50):
+                spinning = placement.backoff_for(8, False)
+    assert spinning.spin_s == pytest.approx(50e-6) and (spinning.yield_s, spinning.polls) == (0.02, 7)

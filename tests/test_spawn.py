@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from proc_support import is_alive
+from proc_support import REPO, is_alive
 
 from chorus.launch import (
     ProcessExitedException,
@@ -109,3 +111,39 @@ def test_join_false_returns_a_context():
         assert time.monotonic() < deadline
     assert all(p.exitcode == 0 for p in ctx.processes)
     assert ctx.join() is True
+
+
+_SCRIPT = """
+import os
+import sys
+
+import numpy as np
+
+import chorus as mp  # the seeds' spelling of torch.multiprocessing
+
+
+def run(rank, world, workdir):
+    import chorus as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/rdzv", rank=rank, world_size=world)
+    t = np.array([rank + 1])
+    dist.all_reduce(t)
+    os.write(1, f"rank {rank} of {world}: {int(t[0])}\\n".encode())  # one write: lines never interleave
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(3, sys.argv[1]), nprocs=3)
+"""
+
+
+def test_a_script_that_spawns_a_function_of_its_own_as_users_run_it(tmp_path):
+    """``python script.py`` whose ``run`` lives in ``__main__``: the spawned interpreters
+    import the script again (as ``__mp_main__``) to find it, as the seeds' examples do."""
+    script = tmp_path / "spawning.py"
+    script.write_text(_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                         timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.splitlines()) == [f"rank {r} of 3: 6" for r in range(3)]

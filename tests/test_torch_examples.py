@@ -4,7 +4,6 @@ DeviceMesh examples under chorusrun and torchrun."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import re
 import signal
@@ -16,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="chorus.torch needs torch (pip install 'chorus[torch]')")
 
 import torch.distributed as tdist  # noqa: E402
+from proc_support import torch_forkserver  # noqa: E402
 from torch_training import MLP  # noqa: E402 - the model the DDP tests train
 
 import chorus.torch  # noqa: E402, F401 - registers the backend
@@ -53,7 +53,7 @@ def _report(workdir, rank, what):
 def test_killed_rank_in_ddp_fails_every_rank_within_5s():
     world = 3
     with tempfile.TemporaryDirectory(prefix="chorus-torch-kill-") as workdir:
-        ctx = multiprocessing.get_context("spawn")  # not chorus.spawn: it would stop the survivors
+        ctx = torch_forkserver()  # not chorus.spawn (it would stop the survivors) nor run_forked
         procs = [ctx.Process(target=_ddp_killed_worker, args=(r, world, workdir)) for r in range(world)]
         for p in procs:
             p.start()

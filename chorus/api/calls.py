@@ -68,3 +68,13 @@ def lane(group: Any):
         return None
     pg = world.default_group if group is None else group if type(group) is ProcessGroup else None
     return None if pg is None else pg.lane
+
+
+def device_lane(group: Any, device: str):
+    """The component of ``group`` (None: the default group) for ``device`` when it exists
+    already (a synchronous call may try its latency lane first), else None."""
+    world = current()
+    if world.default_group is None:
+        return None
+    pg = world.default_group if group is None else group if type(group) is ProcessGroup else None
+    return None if pg is None else pg.device_components.get(device)

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from chorus.api.calls import collective, lane, member_group, not_member, root_rank, writable
+from chorus.api.calls import (
+    collective,
+    device_lane,
+    lane,
+    member_group,
+    not_member,
+    root_rank,
+    writable,
+)
 from chorus.buffers import clone
 from chorus.errors import CommTimeoutError
 from chorus.reductions import ReduceOp, check_op, combiner, divide, scale
@@ -51,10 +59,15 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     rank 0: [1, 2]   rank 1: [3, 4]   --all_reduce(SUM)-->   both: [4, 6]
     Results are bit-identical on every rank.
     """
-    if type(tensor) is np.ndarray and not async_op and algorithm is None:
-        window = lane(group)
-        if window is not None and window.all_reduce_now(tensor, op):
-            return None
+    if not async_op and algorithm is None:
+        if type(tensor) is np.ndarray:
+            window = lane(group)
+            if window is not None and window.all_reduce_now(tensor, op):
+                return None
+        elif getattr(tensor, "is_cuda", False):
+            gpu = device_lane(group, "cuda")
+            if gpu is not None and gpu.all_reduce_now(tensor, op):
+                return None
     pg = member_group(group, "all_reduce")
     if pg is None:
         return not_member(async_op)

@@ -171,7 +171,12 @@ def is_gloo_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    return False
+    """Whether backend "nccl" moves CUDA tensors here: chorus serves that name with its own
+    CUDA component wherever torch sees a GPU (and, as everywhere, CPU tensors), so this
+    answers what torch's does on a machine with GPUs, and False without them.  Decided
+    without importing torch (torch not imported yet: False)."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available())
 
 
 def is_mpi_available() -> bool:

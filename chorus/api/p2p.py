@@ -53,7 +53,7 @@ def _check_tag(tag: Any, op: str) -> int:
 
 def _recv_buffer(tensor: Any, op: str) -> Buffer:
     buf = as_buffer(tensor, op=op, what="receive buffer")
-    if not buf.array.flags.writeable:
+    if not buf.writable:
         raise InvalidArgumentError(f"{op}: the receive buffer is read-only; pass a writable array")
     return buf
 
@@ -86,14 +86,17 @@ class _OnDevice:
         return (self.kind, self.buf.array, self.peer, self.tag)
 
 
-def _enqueue(ops: list[_OnDevice], async_op: bool, result: list) -> Work | None:
+def _enqueue(ops: list[_OnDevice], async_op: bool) -> Work | None:
     """Enqueue CUDA sends/receives of one group as one grouped launch on its CUDA component."""
     pg = ops[0].pg
     if any(o.pg is not pg for o in ops):
         raise InvalidArgumentError("batch_isend_irecv: CUDA ops of one batch must use one group")
     component = device_component(pg, ops[0].buf.device)
-    finish = [o.buf.finish for o in ops if o.kind == "recv" and o.buf.copied]
-    return component.p2p([o.entry() for o in ops], async_op, finish, result)
+    work = component.p2p_batch([o.entry() for o in ops], async_op)
+    for o in ops:  # copies back into non-contiguous receive buffers, queued after the op
+        if o.kind == "recv":
+            o.buf.finish()
+    return work
 
 
 def _post_send(tensor, dst, group, tag, group_dst, op: str, sync: bool) -> _Posted | _OnDevice | None:
@@ -141,7 +144,7 @@ def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: in
     if posted is None:
         return
     if type(posted) is _OnDevice:
-        _enqueue([posted], False, [tensor])
+        _enqueue([posted], False)
         return
     h = posted.handle
     if not h.done() or h.error is not None:  # the data is not out yet, or it failed: wait, report
@@ -155,7 +158,7 @@ def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: in
     if posted is None:
         return -1
     if type(posted) is _OnDevice:
-        _enqueue([posted], False, [tensor])
+        _enqueue([posted], False)
         return posted.pg.members[posted.peer]
     pg, h = posted.pg, posted.handle  # what HandleWork.wait does, without building one
     pg.transport.wait_all([h], pg.deadline(), _describer("recv", "from", pg, posted.peer, posted.tag))
@@ -168,7 +171,7 @@ def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: i
     ``wait()`` returns).  None if this rank is not in ``group``."""
     posted = _post_send(tensor, dst, group, tag, group_dst, "isend", sync=False)
     if type(posted) is _OnDevice:
-        return _enqueue([posted], True, [tensor])
+        return _enqueue([posted], True)
     return None if posted is None else posted.work("isend", "to", tensor)
 
 
@@ -176,7 +179,7 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: i
     """Start receiving into ``tensor``; returns a Work (``wait()``, then read ``tensor``)."""
     posted = _post_recv(tensor, src, group, tag, group_src, "irecv")
     if type(posted) is _OnDevice:
-        return _enqueue([posted], True, [tensor])
+        return _enqueue([posted], True)
     return None if posted is None else posted.work("irecv", "from", tensor, posted.buf.finish)
 
 
@@ -233,5 +236,5 @@ def _batch_on_device(p2p_op_list: list[P2POp]) -> list[Work]:
     mine = [o for o in posted if o is not None]
     if not mine:
         return [CompletedWork() for _ in p2p_op_list]
-    work = _enqueue(mine, True, [p.tensor for p in p2p_op_list])
+    work = _enqueue(mine, True)
     return [work if o is not None else CompletedWork() for o in posted]

@@ -34,6 +34,7 @@ from chorus.bench.sizes import human, parse_size, sweep
 
 TRANSPORTS = config.SETTINGS["CHORUS_TRANSPORT"].choices
 BASELINES = ("auto", "gloo", "mpi", "all", "none")
+CUDA_BASELINES = ("nccl", "symm")  # --device cuda only
 
 
 def _positive(text: str) -> int:
@@ -60,21 +61,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="above 1 MiB, run -n x 1 MiB / size iterations (at least 5) and -w likewise "
                         "(at least 1): long sweeps to 256 MiB in seconds")
     p.add_argument("--collective", default="all_reduce", choices=COLLECTIVES)
-    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--dtype", default=None, choices=DTYPES + ("bfloat16",),
+                   help="element type (default float32; --device cuda: bfloat16)")
     p.add_argument("--op", default="sum", choices=list(OPS),
                    help="reduction of all_reduce, reduce and reduce_scatter (default sum)")
-    p.add_argument("--world", type=_positive, default=2, help="number of ranks to launch on this host")
+    p.add_argument("--world", type=_positive, default=None,
+                   help="number of ranks to launch on this host (default 2; --device cuda: one per GPU)")
     p.add_argument("--transport", choices=TRANSPORTS, default=None,
                    help="chorus's transport between its ranks, passed as CHORUS_TRANSPORT "
                         "(default: $CHORUS_TRANSPORT, else auto; tcp = no shared memory)")
-    p.add_argument("--baseline", default="auto", choices=BASELINES,
-                   help="also time torch gloo and/or MPI (auto: those installed; all: both, required)")
+    p.add_argument("--baseline", default="auto", choices=BASELINES + CUDA_BASELINES,
+                   help="also time torch gloo and/or MPI (auto: those installed; all: both, required); "
+                        "--device cuda: nccl, symm (nccl and torch's symmetric-memory all_reduce), none")
     p.add_argument("--mpiexec", metavar="PATH",
                    help="MPI launcher (default: mpiexec next to this Python, then on PATH)")
     p.add_argument("--registered", action="store_true",
                    help="chorus's buffers from chorus.empty_shared (registered shared memory, which the "
                         "ranks of a host map: nccl-tests' -R); the baselines keep ordinary memory")
     p.add_argument("--json", metavar="FILE", help="also write the settings and rows as JSON")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: chorus's CUDA collectives against NCCL (and torch's symmetric memory), one "
+                        "process per GPU, CUDA-event GPU time and CPU time per call (chorus.bench.cuda)")
+    p.add_argument("--algorithm", default=None,
+                   help="--device cuda: chorus's algorithm= (all_reduce: one_shot, two_shot, copy_reduce); "
+                        "several, comma-separated: one column each")
+    p.add_argument("--lane", action="store_true",
+                   help="--device cuda, all_reduce: also time the component's cached-plan lane (all_reduce_now)")
+    p.add_argument("--time-limit", type=float, default=600.0,
+                   help="--device cuda: stop (and kill the ranks) after this many seconds, reporting what ran")
+    p.add_argument("--cuda-timeout", type=float, default=60.0,
+                   help="--device cuda: chorus's group timeout (bounds every GPU spin)")
+    p.add_argument("--symm-max", default="64M", help="--device cuda: largest size for the symmetric-memory baseline")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw busbw and chorus's speed-up against size (needs matplotlib)")
 
@@ -198,7 +215,18 @@ def chosen_transport(flag: str | None) -> tuple[str, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "device", "cpu") == "cuda":
+        from chorus.bench import cuda
 
+        return cuda.run(args)
+    if args.dtype is None:
+        args.dtype = "float32"
+    if args.world is None:
+        args.world = 2
+    if args.dtype == "bfloat16":
+        return _fail("--dtype bfloat16 is for --device cuda")
+    if args.baseline in CUDA_BASELINES:
+        return _fail(f"--baseline {args.baseline} is for --device cuda")
     transport, problem = chosen_transport(args.transport)
     if problem:
         return _fail(problem)

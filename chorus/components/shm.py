@@ -67,9 +67,14 @@ class ShmComponent(Component):
                             lambda ctx: shm.run(call.name, ctx, call.buffers, reduce, call.root, call.args))
 
     def close(self) -> None:
-        self.plans.clear()  # their views of the window would keep it mapped
-        self.last_one_shot = self.last_exchange = None
+        self.forget_plans()  # their views of the window would keep it mapped
         self.shm.close()
+
+    def forget_plans(self) -> None:
+        """Drop the latency lanes' plans (made again at the next call): for a window whose
+        settings changed under them."""
+        self.plans.clear()
+        self.last_one_shot = self.last_exchange = None
 
     # -- latency lanes ---------------------------------------------------------------------
     def all_reduce_now(self, arr: np.ndarray, op) -> bool:

@@ -308,7 +308,7 @@ def _sweep_shared_memory(job_id: str | None) -> None:
     as soon as every rank has mapped them, so normally there is nothing to remove)."""
     if not job_id:
         return
-    from chorus.shm.segment import sweep  # imported here: chorusrun --help stays fast
+    from chorus.host.segment import sweep  # imported here: chorusrun --help stays fast
 
     removed = sweep(job_id)
     if removed:

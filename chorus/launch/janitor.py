@@ -8,7 +8,7 @@ Theory of operation::
 
 chorus unlinks a segment as soon as every member mapped it, so a job normally leaves
 nothing; only a rank 0 killed between creating a segment and unlinking it leaves a file
-(``chorus.shm.segment``).  chorusrun sweeps such files when the job ends — which it cannot
+(``chorus.host.segment``).  chorusrun sweeps such files when the job ends — which it cannot
 do when it is SIGKILLed itself: its ranks die with it (PDEATHSIG), possibly inside that
 window.  The janitor covers that case.  It reads its stdin until end of file; an end
 without ``done`` means chorusrun died without sweeping, so it waits until the ranks it was
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from chorus.shm.segment import sweep
+from chorus.host.segment import sweep
 
 #: Seconds the janitor waits for the ranks of a dead launcher to disappear before sweeping.
 RANKS_GONE_S = 10.0

@@ -1,23 +1,20 @@
 """Shared memory inside one host: a per-group window, written once and read many.
 
-    segment.py     the /dev/shm file: create, attach, unlink, sweep(job_id)
-    hostid.py      which ranks share a host (and a /dev/shm)
-    handshake.py   creating a group's window; unlinking it once every member mapped it
-    window.py      the window's layout and numpy views into it
-    sync.py        generation counters, back-off, deadlines, failure checks
-    phases.py      how an op divides its work: phases, parities, chunks, parts
-    collectives.py the algorithms (one-shot, reduce-scatter + all-gather, ...)
-    crew.py        helper threads that split a rank's large copies
-    settings.py    CHORUS_SHM_* numbers from the environment
-    group.py       ShmGroup: what chorus.api.launch.run hands a group's collectives to
-    cma.py         Cross Memory Attach: reading and writing peers' buffers directly (single copy)
-    direct.py      the single-copy collectives
-    registered.py  buffers in shared files (chorus.empty_shared, torch storages moved there)
-    peer_maps.py   the peers' registered buffers, mapped here
-    mapped.py      collectives on registered buffers: plain loads and stores, no copy through the window
-    ring.py        single-producer/single-consumer byte rings for point-to-point payloads
+    segment.py      the /dev/shm file: create, attach, unlink, sweep(job_id)
+    handshake.py    the members' census: who shares a host, and whether to share memory
+    window.py       a group's window: its layout, creation and numpy views into it
+    placement.py    where work runs: CPUs, how waits back off, threads per rank
+    sync.py         waiting: generation counters, back-off, wake-ups, deadlines, failure checks
+    phases.py       how an op divides its work: phases, parities, chunks, parts (and the crew)
+    collectives.py  the algorithms over the window (one-shot, reduce-scatter + all-gather, ...)
+    cma.py          copies between buffers: Cross Memory Attach, and copies at slow offsets
+    direct.py       single copy: the collectives that read peers' buffers directly
+    registered.py   buffers in shared files (chorus.empty_shared, torch storages moved there)
+    mapped.py       the peers' registered buffers, mapped here, and the collectives on them
+    group.py        ShmGroup: what chorus.api.launch.run hands a group's collectives to
+    ring.py         single-producer/single-consumer byte rings for point-to-point payloads
 """
 
-from chorus.shm.segment import sweep
+from chorus.host.segment import sweep
 
 __all__ = ["sweep"]

@@ -1,4 +1,7 @@
-"""Cross Memory Attach (CMA): copy straight between this rank's memory and a peer's.
+"""Copies between buffers: Cross Memory Attach between processes, and copies that avoid
+the slow offsets of some CPUs' string copy.
+
+Cross Memory Attach (CMA) copies straight between this rank's memory and a peer's.
 
 ``process_vm_readv(2)`` copies bytes of another process's address space into this one
 (``process_vm_writev(2)`` the other way) in one kernel call, without shared mappings:
@@ -32,8 +35,21 @@ op) AbortedError; anything else (EPERM after a successful probe, ENOMEM, ...)
 :class:`CmaError`, whose message says to set ``CHORUS_SHM_CMA=0``.
 
 ``CHORUS_SHM_CMA=0`` turns single copy off (on any member: for the whole group).
-"""
 
+*Slow offsets.*  On some x86 CPUs (AMD EPYC, glibc 2.36, Linux 6.18) a copy whose
+destination sits a few bytes past its source, modulo a 4 KiB page, runs 4-10x slower
+than at any other offset: glibc's ``memmove`` and numpy's copy (256 KiB in 93-96 us
+against 8-12 us) as well as the kernel's copy behind ``process_vm_readv``
+(``bench/skew_probe.py``; Intel hosts showed no such step).  Two numpy buffers from the
+heap sit at random 16-byte offsets, so single copy between them was slow in one run and
+not the next.  Where chorus chooses an address (the window's data area:
+chorus.shm.window.SKEW; single copy's scratch) it keeps away from them; where two user
+buffers meet, ``copy`` and ``Peers`` go through a small private buffer placed half a page
+from the source when their offsets are slow (two fast copies instead of one slow one).
+
+With a recorder attached (chorus.recorder), every read or write of a peer's memory
+reports a ``copy`` event naming the peer.
+"""
 from __future__ import annotations
 
 import ctypes
@@ -41,17 +57,33 @@ import errno
 import os
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from chorus import recorder
 from chorus.errors import AbortedError, ChorusError, PeerLostError
-from chorus.shm import skew
 
-IOV_MAX = 1024  # iovec entries per call (Linux's UIO_MAXIOV)
 _YAMA = "/proc/sys/kernel/yama/ptrace_scope"
 _PR_SET_PTRACER = 0x59616D61
 _PR_SET_PTRACER_ANY = ctypes.c_ulong(-1).value
+
+PAGE = 4096
+#: A destination 1 to this many bytes - 1 past its source, within a page, is slow (8-24
+#: bytes measured slow, 32 and up fast: a margin).
+SLOW_BYTES = 64
+#: ``copy`` bounces copies from this size up to ``MAX_BYTES``: glibc's ``memmove`` takes
+#: the slow string copy only in between (at skew 16: 64 KiB 35 us against 3, 256 KiB 126
+#: against 10; 1 MiB 54 against 45, 4 MiB 170 against 177: no step), and below, the
+#: bounce's Python costs more than it saves (32 KiB: 22 us against 16; 64 KiB 28 against
+#: 41, 256 KiB 45 against 146).  (bench/skew_probe.py)
+MIN_BYTES = 64 << 10
+MAX_BYTES = 512 << 10
+#: A bounced user-space copy moves in pieces of this size (they stay in the first-level caches).
+PIECE_BYTES = 64 << 10
+#: The per-thread bounce buffer's size (``beside``); kernel copies bounce in pieces of this size.
+BOUNCE_BYTES = 256 << 10
 
 
 class CmaError(ChorusError):
@@ -64,11 +96,6 @@ class PeerGone(PeerLostError):
 
 class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-def enabled() -> bool:
-    """False when ``CHORUS_SHM_CMA=0`` (every collective copies through the window)."""
-    return os.environ.get("CHORUS_SHM_CMA", "").strip().lower() not in ("0", "off", "false", "no")
 
 
 _libc = None
@@ -106,25 +133,57 @@ def _prctl(option: int, arg: int) -> int:
     return ctypes.CDLL(None, use_errno=True).prctl(option, ctypes.c_ulong(arg), 0, 0, 0)
 
 
-#: Where the destination of the kernel's copy sits a few bytes past the source, modulo a
-#: page (``slow_skew``), the copy is 4-5x slower on the 2-core machine (AMD EPYC, Linux
-#: 6.18, ``bench/skew_probe.py``: 256 KiB in 116-121 us at skews of 8-24 bytes, 26-36 us
-#: at 0 and from 32), at every size, as user-space copies are below 512 KiB (chorus.shm.skew).  The 16-core
-#: Intel host showed no such step (18-22 us at every skew).  Two numpy buffers from the
-#: heap sit at random 16-byte offsets, so single copy between them was slow in one run
-#: and not the next (an 8 MiB all_reduce of two ranks: 2.3-3.3 ms, or 5.1-5.5 ms).
-PAGE = skew.PAGE
-#: A piece whose copy would be slow goes through a private buffer in pieces of this size.
-BOUNCE_BYTES = skew.BOUNCE_BYTES
+def slow(dst: int, src: int) -> bool:
+    """Whether a copy from address ``src`` to address ``dst`` sits at a slow offset."""
+    return 0 < (dst - src) % PAGE < SLOW_BYTES
 
 
-def slow_skew(local: int, remote: int, what: str) -> bool:
-    """Whether the kernel's copy for a ``what`` ("read" or "write") between these addresses
-    would be slow (chorus.shm.skew.slow)."""
-    return skew.slow(local, remote) if what == "read" else skew.slow(remote, local)
+_from_buffer, _addressof = ctypes.c_char.from_buffer, ctypes.addressof
 
 
-address = skew.address
+def address(array) -> int:
+    """Where a contiguous numpy array's data starts (0 for None).  Through ctypes' view of
+    its buffer where numpy lends one (writable, C-contiguous, not empty): 0.45 us with the
+    check, against 1.7 us for ``__array_interface__``, which builds a dict; every
+    single-copy op asks this once or twice."""
+    if array is None:
+        return 0
+    if array.flags.carray and array.size:  # C-contiguous, aligned and writable, not empty
+        try:
+            return _addressof(_from_buffer(array))
+        except (TypeError, ValueError, BufferError):  # (a dtype without a buffer format)
+            pass
+    return array.__array_interface__["data"][0]
+
+
+_local = threading.local()
+
+
+def beside(where: int, nbytes: int) -> np.ndarray:
+    """``nbytes`` (at most ``BOUNCE_BYTES``) of this thread's bounce buffer, starting half a
+    page from ``where``'s offset in its page: a copy between it and ``where``, or between
+    it and an address at a slow offset from ``where``, is far from a slow offset."""
+    bounce = _local.__dict__.get("bounce")
+    if bounce is None:
+        bounce = _local.bounce = np.empty(BOUNCE_BYTES + PAGE, np.uint8)
+    start = (where + PAGE // 2 - address(bounce)) % PAGE
+    return bounce[start: start + nbytes]
+
+
+def copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for C-contiguous arrays of one dtype and size; through this
+    thread's bounce buffer, piece by piece, where their offsets are slow (two fast copies:
+    the buffer sits half a page from the source, and so from the destination)."""
+    if not MIN_BYTES <= dst.nbytes < MAX_BYTES or not slow(address(dst), address(src)):
+        dst[...] = src
+        return
+    to, frm = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
+    middle, size = beside(address(frm), PIECE_BYTES), to.size  # (pieces start whole pages apart)
+    for lo in range(0, size, PIECE_BYTES):
+        hi = min(lo + PIECE_BYTES, size)
+        part = middle[: hi - lo]
+        part[...] = frm[lo:hi]
+        to[lo:hi] = part
 
 
 class Probe:
@@ -149,7 +208,7 @@ def probe(me: int, pids: Sequence[int], addresses: Sequence[int], values: Sequen
         if value == 0:
             return f"group rank {q} runs with CHORUS_SHM_CMA=0"
         for fn, what in ((fns[0], "read"), (fns[1], "write")):
-            n, err = _call(fn, pid, [(ctypes.addressof(got), addr, 8)])
+            n, err = _call(fn, pid, ctypes.addressof(got), addr, 8)
             if n != 8:
                 return f"cannot {what} group rank {q}'s memory (pid {pid}): {_strerror(err)}"
             if got.value != value:
@@ -164,15 +223,10 @@ def _strerror(err: int) -> str:
     return f"{errno.errorcode.get(err, err)} {os.strerror(err)}{hint}"
 
 
-def _call(fn, pid: int, pieces: Sequence[tuple[int, int, int]]) -> tuple[int, int]:
-    """One call for up to IOV_MAX ``(local address, remote address, bytes)`` pieces:
-    (bytes moved, errno)."""
-    n = len(pieces)
-    local, remote = (_Iovec * n)(), (_Iovec * n)()
-    for i, (mine, theirs, size) in enumerate(pieces):
-        local[i].base, local[i].len = mine, size
-        remote[i].base, remote[i].len = theirs, size
-    moved = fn(pid, local, n, remote, n, 0)
+def _call(fn, pid: int, local: int, remote: int, nbytes: int) -> tuple[int, int]:
+    """One call for ``nbytes`` between ``local`` and ``remote``: (bytes moved, errno)."""
+    mine, theirs = _Iovec(local, nbytes), _Iovec(remote, nbytes)
+    moved = fn(pid, mine, 1, theirs, 1, 0)
     return moved, (ctypes.get_errno() if moved < 0 else 0)
 
 
@@ -188,32 +242,30 @@ class Peers:
         self.readv, self.writev = _calls()
         self.calls = 0
         self.nbytes = 0
-        self._counting = threading.Lock()  # helper threads (chorus.shm.crew) read at once
-        self._iov = threading.local()  # _one's iovecs, one pair per thread
+        self._counting = threading.Lock()  # helper threads (chorus.shm.phases.Crew) read at once
+        self._iov = threading.local()  # _call_one's iovecs, one pair per thread
         self._scratch = None
 
-    def read(self, ctx, q: int, pieces: Sequence[tuple[int, int, int]]) -> None:
-        """Copy rank ``q``'s memory into ours: ``(local address, remote address, bytes)`` each."""
-        self._move(self.readv, "read", ctx, q, pieces)
-
     def read_one(self, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
-        """``read`` of one piece (the inner loop of ops that move many large pieces)."""
+        """Copy ``nbytes`` of rank ``q``'s memory at ``remote`` to ``local`` here."""
         self._one(self.readv, "read", ctx, q, local, remote, nbytes)
 
     def write_one(self, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
-        """``write`` of one piece."""
+        """Copy ``nbytes`` at ``local`` here into rank ``q``'s memory at ``remote``."""
         self._one(self.writev, "write", ctx, q, local, remote, nbytes)
 
     def _one(self, fn, what: str, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
-        """One piece through this thread's own iovecs (built once, not per call); an error
-        or a partial transfer goes on in ``_move``.  Where the kernel's copy would be slow
-        (``slow_skew``), the piece goes through this thread's bounce buffer (``_bounced``)."""
+        """One piece through this thread's own iovecs (built once, not per call); where the
+        kernel's copy would be slow (``slow``), through this thread's bounce buffer."""
         if nbytes <= 0:
             return  # (an empty part of an uneven op: no call, nothing counted)
-        if slow_skew(local, remote, what):
+        start = time.perf_counter() if recorder.current is not None else 0.0
+        if slow(local, remote) if what == "read" else slow(remote, local):
             self._bounced(fn, what, ctx, q, local, remote, nbytes)
-            return
-        self._call_one(fn, what, ctx, q, local, remote, nbytes)
+        else:
+            self._call_one(fn, what, ctx, q, local, remote, nbytes)
+        if start:
+            recorder.transfer("copy", ctx, "shm", start, nbytes, ctx.members[q], direction=what)
 
     def _call_one(self, fn, what: str, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
         iov = self._iov.__dict__.get("pair")
@@ -227,17 +279,27 @@ class Peers:
                 self.calls += 1
                 self.nbytes += moved
         if moved != nbytes:
-            done = max(moved, 0)
-            self._move(fn, what, ctx, q, [(local + done, remote + done, nbytes - done)])
+            self._rest(fn, what, ctx, q, local, remote, nbytes, max(moved, 0))
+
+    def _rest(self, fn, what: str, ctx, q: int, local: int, remote: int, nbytes: int, done: int) -> None:
+        """The rest of a piece of which the kernel moved only ``done`` bytes; raise if it
+        moves nothing."""
+        while done < nbytes:
+            moved, err = _call(fn, self.pids[q], local + done, remote + done, nbytes - done)
+            with self._counting:
+                self.calls += 1
+                self.nbytes += max(moved, 0)
+            if moved <= 0:
+                raise self._error(what, ctx, q, err or errno.EFAULT)
+            done += moved
 
     def _bounced(self, fn, what: str, ctx, q: int, local: int, remote: int, nbytes: int) -> None:
         """``_call_one`` in pieces of ``BOUNCE_BYTES`` through this thread's bounce buffer,
-        half a page from the remote address (``skew.beside``), and ``memmove`` between it
-        and ``local``: both copies are then far from a slow skew (user-space copies have
-        the same slow skews)."""
+        half a page from the remote address (``beside``), and ``memmove`` between it and
+        ``local``: both copies are then far from a slow offset."""
         for done in range(0, nbytes, BOUNCE_BYTES):
             size = min(BOUNCE_BYTES, nbytes - done)
-            there = address(skew.beside(remote + done, size))
+            there = address(beside(remote + done, size))
             if what == "read":
                 self._call_one(fn, what, ctx, q, there, remote + done, size)
                 ctypes.memmove(local + done, there, size)
@@ -245,32 +307,14 @@ class Peers:
                 ctypes.memmove(there, local + done, size)
                 self._call_one(fn, what, ctx, q, there, remote + done, size)
 
-    def write(self, ctx, q: int, pieces: Sequence[tuple[int, int, int]]) -> None:
-        """Copy our memory into rank ``q``'s: ``(local address, remote address, bytes)`` each."""
-        self._move(self.writev, "write", ctx, q, pieces)
-
     def scratch(self, nbytes: int, like: int = 0) -> np.ndarray:
         """A reusable private buffer of ``nbytes`` bytes (a numpy uint8 array) that starts at
         the same offset in its page as address ``like`` (then reads from ``like`` into it
-        are never slowed by ``slow_skew``)."""
+        are never at a slow offset)."""
         if self._scratch is None or self._scratch.size < nbytes + PAGE:
             self._scratch = np.empty(nbytes + PAGE, np.uint8)
         start = (like - address(self._scratch)) % PAGE
         return self._scratch[start: start + nbytes]
-
-    def _move(self, fn, what: str, ctx, q: int, pieces: Sequence[tuple[int, int, int]]) -> None:
-        todo = [p for p in pieces if p[2] > 0]
-        while todo:
-            batch, todo = todo[:IOV_MAX], todo[IOV_MAX:]
-            want = sum(p[2] for p in batch)
-            moved, err = _call(fn, self.pids[q], batch)
-            with self._counting:
-                self.calls += 1
-                self.nbytes += max(moved, 0)
-            if moved < 0 or (moved == 0 and want):
-                raise self._error(what, ctx, q, err or errno.EFAULT)
-            if moved < want:  # a partial transfer: go on after the last byte moved
-                todo = _advance(batch, moved) + todo
 
     def _error(self, what: str, ctx, q: int, err: int) -> Exception:
         who, pid = ctx.members[q], self.pids[q]
@@ -285,14 +329,3 @@ class Peers:
             f"{ctx.describe()}: cannot {what} rank {who}'s memory (pid {pid}) with process_vm_"
             f"{what}v: {_strerror(err)}. It worked when the group was created; set CHORUS_SHM_CMA=0 "
             "to copy through the shared window instead.")
-
-
-def _advance(pieces: list[tuple[int, int, int]], done: int) -> list[tuple[int, int, int]]:
-    """``pieces`` without their first ``done`` bytes."""
-    rest = []
-    for mine, theirs, size in pieces:
-        skip = min(done, size)
-        done -= skip
-        if size > skip:
-            rest.append((mine + skip, theirs + skip, size - skip))
-    return rest

@@ -12,10 +12,12 @@ buffer ``x``, read or written with chorus.shm.cma.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from chorus import recorder
 from chorus.errors import BufferMismatchError
 from chorus.shm import cma, direct, mapped, registered
 from chorus.shm.phases import (
@@ -26,21 +28,15 @@ from chorus.shm.phases import (
     part_of,
     parts_for,
     pipeline,
+    recorded,
     rows_part,
     span,
     sub,
     to_my_slot,
 )
-from chorus.shm.settings import env_int
 from chorus.shm.sync import Sync
 from chorus.shm.window import Window
 
-#: all_reduce / reduce are one-shot (every rank reduces everything) while each rank reads
-#: at most this many bytes of the others' data (nbytes x (W - 1)) and the message fits a
-#: slot; above, reduce-scatter + all-gather over slices (each rank reduces 1/W of each
-#: chunk).  Measured on a 16-core host: one-shot wins up to 64 KiB at W = 4 and 16 KiB at
-#: W = 8; at W = 2 it wins below 1 MiB and loses above.
-ONESHOT_BYTES = env_int("CHORUS_SHM_ONESHOT_BYTES", 256 << 10)
 #: In groups of at most this many ranks, larger all_reduces run one-shot chunk by chunk
 #: (each rank reduces every chunk whole) instead of reduce-scatter + all-gather.  Not a
 #: setting: above 2 the whole chunks' rows could take another numpy method than single
@@ -51,15 +47,18 @@ WHOLE_CHUNKS_WORLD = 2
 
 def one_shot(win: Window, dtype: np.dtype, count: int, op: str = "all_reduce") -> bool:
     """Whether all_reduce (``op``: or reduce) of ``count`` elements of ``dtype`` runs
-    one-shot: it fits a slot, and it is small (``ONESHOT_BYTES``), or the group has at most
+    one-shot (every rank reduces everything): it fits a slot, and each rank reads at most
+    ``CHORUS_SHM_ONESHOT_BYTES`` of the others' data (nbytes x (W - 1); one-shot won up to
+    64 KiB at W = 4 and 16 KiB at W = 8, at W = 2 below 1 MiB: ``chorus bench --world W``
+    with CHORUS_SHM_ONESHOT_BYTES=0 against a large one), or the group has at most
     ``WHOLE_CHUNKS_WORLD`` ranks and the op does not copy once (``direct.use``): then
     one-shot is the whole-chunk algorithm with one chunk (and takes the latency path of
-    chorus.api.collectives: at 1 MiB, W = 2, on the 2-core machine, 210-235 us against
-    265-375 us through the general path, which offers registered buffers)."""
+    chorus.api.collectives: at 1 MiB, W = 2, 210-235 us against 265-375 us through the
+    general path, which offers registered buffers)."""
     if count > win.capacity(dtype):
         return False
     nbytes = count * dtype.itemsize
-    return nbytes * (win.world - 1) <= ONESHOT_BYTES or (
+    return nbytes * (win.world - 1) <= win.settings.oneshot_bytes or (
         win.world <= WHOLE_CHUNKS_WORLD and not direct.use(win, op, nbytes))
 
 
@@ -90,9 +89,10 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
 
     Every rank computes the same numpy reduction of the same rows, so results are
     bit-identical on every rank.  From ``direct.cma_bytes``: single copy
-    (``direct.all_reduce``).  From ``mapped.MAPPED_BYTES``, phase 0 also offers this rank's
-    registered buffer, if it has one, and when every rank did, the op continues on the
-    mapped buffers (``mapped.all_reduce``); else on the path it would have taken.
+    (``direct.all_reduce``).  From ``CHORUS_SHM_MAPPED_BYTES`` (``mapped.use``), phase 0
+    also offers this rank's registered buffer, if it has one, and when every rank did, the
+    op continues on the mapped buffers (``mapped.all_reduce``); else on the path it would
+    have taken.
     """
     me, dt, count = win.rank, data.dtype, data.size
     readers = root < 0 or me == root
@@ -101,6 +101,9 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
     if one_shot(win, dt, count, name):
         mine, stacks = win.small(dt, count)  # the fast path: cached views
         p = sync.parity
+        if recorder.current is not None:
+            _one_shot_recorded(sync, ctx, mine[p], stacks[p], data, reduce, readers)
+            return
         mine[p][...] = data
         sync.sync(ctx, first=True)
         if readers:
@@ -119,7 +122,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         mine = registered.find(data)
         win.publish_mapped(p, mine)
         if not single and mine is None:  # (a rank that offers a buffer copies nothing yet)
-            copy_in(0, p, 0, 1)
+            (copy_in if recorder.current is None else recorded(copy_in, ctx))(0, p, 0, 1)
         sources = direct.open_op(win, sync, ctx, data if single else None)
         where = win.mapped(p)
         if where is not None or single:
@@ -130,25 +133,30 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
     parts = parts_for(win, min(count, size) * dt.itemsize, data.nbytes)
     if win.world <= WHOLE_CHUNKS_WORLD:
 
-        def reduce_chunk(j: int, p: int, part: int, parts: int) -> None:
+        def reduce_chunk(j: int, p: int, part: int, parts: int) -> int:
             lo, hi = span(j, size, count)
             a, b = rows_part(0, hi - lo, dt.itemsize, part, parts)
-            if readers:
-                reduce(win.stack(p ^ 1, dt, a, b - a), data[lo + a: lo + b])
+            if not readers:
+                return 0
+            reduce(win.stack(p ^ 1, dt, a, b - a), data[lo + a: lo + b])
+            return win.world * (b - a) * dt.itemsize
 
         pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_chunk), start, win, parts, began=offer)
         return
 
-    def reduce_slice(j: int, p: int, part: int, parts: int) -> None:
+    def reduce_slice(j: int, p: int, part: int, parts: int) -> int:
         lo, hi = span(j, size, count)
         a, b = rows_part(*part_of(hi - lo, me, win.world), dt.itemsize, part, parts)
         reduce(win.stack(p ^ 1, dt, a, b - a), win.result(p, dt, a, b - a))
+        return win.world * (b - a) * dt.itemsize
 
-    def copy_out(j: int, p: int, part: int, parts: int) -> None:
+    def copy_out(j: int, p: int, part: int, parts: int) -> int:
         lo, hi = span(j, size, count)
         a, b = sub(0, hi - lo, part, parts)
-        if readers:
-            data[lo + a: lo + b] = win.result(p ^ 1, dt, a, b - a)
+        if not readers:
+            return 0
+        data[lo + a: lo + b] = win.result(p ^ 1, dt, a, b - a)
+        return (b - a) * dt.itemsize
 
     pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_slice, copy_out), start, win, parts, began=offer)
 
@@ -159,31 +167,27 @@ def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None
         phase k     root:        area <- data[chunk k]
         phase k+1   other ranks: data[chunk k] <- area
 
-    Single copy (from ``direct.cma_bytes``)::
-
-        phase 1     other ranks: data <- rank root's data       (one read each)
-        sync        the root returns only when every rank has read its data
+    (No single copy: W - 1 readers pinning the root's pages at once never beat the
+    window, whose pages stay in cache; chorus.shm.direct.MEASURED.)
     """
     me, dt, count = win.rank, data.dtype, data.size
-    if direct.use(win, "broadcast", data.nbytes):
-        sources = direct.open_op(win, sync, ctx, data)
-        with direct.closing(sync, ctx):
-            if me != root:
-                direct.read_from(win, ctx, root, data, sources[root])
-        return
     size = win.world * win.capacity(dt)
 
-    def copy_in(j: int, p: int, part: int, parts: int) -> None:
-        lo, hi = span(j, size, count)
-        a, b = sub(lo, hi, part, parts)
-        if me == root:
-            win.region(p, dt, a - lo, b - a)[...] = data[a:b]
-
-    def copy_out(j: int, p: int, part: int, parts: int) -> None:
-        lo, hi = span(j, size, count)
-        a, b = sub(lo, hi, part, parts)
+    def copy_in(j: int, p: int, part: int, parts: int) -> int:
         if me != root:
-            data[a:b] = win.region(p ^ 1, dt, a - lo, b - a)
+            return 0
+        lo, hi = span(j, size, count)
+        a, b = sub(lo, hi, part, parts)
+        win.region(p, dt, a - lo, b - a)[...] = data[a:b]
+        return (b - a) * dt.itemsize
+
+    def copy_out(j: int, p: int, part: int, parts: int) -> int:
+        if me == root:
+            return 0
+        lo, hi = span(j, size, count)
+        a, b = sub(lo, hi, part, parts)
+        data[a:b] = win.region(p ^ 1, dt, a - lo, b - a)
+        return (b - a) * dt.itemsize
 
     pipeline(sync, ctx, chunks(count, size), (copy_in, copy_out), win=win,
              parts=parts_for(win, min(count, size) * dt.itemsize, message=data.nbytes))
@@ -218,11 +222,13 @@ def all_gather(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray | 
 
     copy_in = to_my_slot(win, inp, size)
 
-    def copy_out(j: int, p: int, part: int, parts: int) -> None:
+    def copy_out(j: int, p: int, part: int, parts: int) -> int:
+        if blocks is None:
+            return 0
         lo, hi = span(j, size, count)
         a, b = sub(0, hi - lo, part, parts)
-        if blocks is not None:
-            blocks[:, lo + a: lo + b] = win.stack(p ^ 1, dt, a, b - a)
+        blocks[:, lo + a: lo + b] = win.stack(p ^ 1, dt, a, b - a)
+        return win.world * (b - a) * dt.itemsize
 
     pipeline(sync, ctx, chunks(count, size), (copy_in, copy_out), win=win,
              parts=parts_for(win, win.world * min(count, size) * dt.itemsize,
@@ -251,16 +257,19 @@ def scatter(win: Window, sync: Sync, ctx, inp: np.ndarray | None, out: np.ndarra
                 direct.read_from(win, ctx, root, out, sources[root] + me * out.nbytes)
         return
 
-    def copy_in(j: int, p: int, part: int, parts: int) -> None:
+    def copy_in(j: int, p: int, part: int, parts: int) -> int:
+        if me != root:
+            return 0
         lo, hi = span(j, size, count)
         a, b = sub(0, hi - lo, part, parts)
-        if me == root:
-            win.stack(p, dt, a, b - a)[...] = inp.reshape(win.world, count)[:, lo + a: lo + b]
+        win.stack(p, dt, a, b - a)[...] = inp.reshape(win.world, count)[:, lo + a: lo + b]
+        return win.world * (b - a) * dt.itemsize
 
-    def copy_out(j: int, p: int, part: int, parts: int) -> None:
+    def copy_out(j: int, p: int, part: int, parts: int) -> int:
         lo, hi = span(j, size, count)
         a, b = sub(0, hi - lo, part, parts)
         out[lo + a: lo + b] = win.slot_of(p ^ 1, me, dt, a, b - a)
+        return (b - a) * dt.itemsize
 
     pipeline(sync, ctx, chunks(count, size), (copy_in, copy_out), win=win,
              parts=parts_for(win, min(count, size) * dt.itemsize, message=win.world * out.nbytes))
@@ -276,25 +285,18 @@ def reduce_scatter(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarra
         phase k     rank r:  slot[r].piece[q] <- inp[block q][round k]   for every q
         phase k+1   rank r:  out[round k] <- reduce(slot[0..W-1].piece[r])
 
-    Single copy (from ``direct.cma_bytes`` of input), the same rounds, through private
-    scratch instead of the window::
-
-        phase 1     rank r, round k:  rows[q] <- rank q's inp[block r][round k]   for every q
-                                      out[round k] <- reduce(rows)
-        sync        nobody returns while others read its inp
+    (No single copy: it was within 10% of this either way; chorus.shm.direct.MEASURED.)
     """
     me, w, dt = win.rank, win.world, out.dtype
     piece = win.capacity(dt) // w
-    if direct.use(win, "reduce_scatter", inp.nbytes):
-        direct.reduce_scatter(win, sync, ctx, inp, out, counts, reduce, piece)
-        return
     copy_in = _to_my_pieces(win, inp, counts, len(set(counts)) <= 1)
     mine = counts[me]
 
-    def reduce_mine(j: int, p: int, part: int, parts: int) -> None:
+    def reduce_mine(j: int, p: int, part: int, parts: int) -> int:
         lo, hi = span(j, piece, mine)
         a, b = rows_part(0, hi - lo, dt.itemsize, part, parts)
         reduce(win.stack(p ^ 1, dt, me * piece + a, b - a), out[lo + a: lo + b])
+        return w * (b - a) * dt.itemsize
 
     rows = min(piece, max(counts, default=0))
     pipeline(sync, ctx, chunks(max(counts, default=0), piece), (copy_in, reduce_mine), win=win,
@@ -313,7 +315,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
         phase k+1   rank q:  out[block r][round k] <- slot[r].piece[q]    for every r
 
     Registered inputs (chorus.shm.mapped), when every rank offered one in phase 0 (a rank
-    offers its input when it sends ``mapped.ALL_TO_ALL_BYTES`` or more): as single copy below,
+    offers its input when it sends enough, ``mapped.use``): as single copy below,
     with the peers' inputs mapped (``mapped.all_to_all``).
 
     Single copy, when some rank sends ``direct.cma_bytes`` or more (known to all after the
@@ -342,7 +344,7 @@ def all_to_all(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
     if win.maps is not None:
         win.publish_mapped(p, mine)
     if mine is None and not direct.use(win, "all_to_all", my_bytes):
-        copy_in(0, p, 0, 1)
+        (copy_in if recorder.current is None else recorded(copy_in, ctx))(0, p, 0, 1)
     sync.sync(ctx, first=True)
     all_to_all_rest(win, sync, ctx, inp, out, send_counts, recv_counts, p)
 
@@ -379,7 +381,7 @@ def all_to_all_rest(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarr
     where = win.mapped(p) if mapped.use(win, largest * dt.itemsize, "all_to_all") else None
     if where is not None or direct.use(win, "all_to_all", largest * dt.itemsize):
         table = send_table if common is None else np.full((w, w), common, np.uint64)
-        _in_place(sync, ctx, where, lambda: mapped.all_to_all(win, inp, out, table, recv_counts, where),
+        _in_place(sync, ctx, where, lambda: mapped.all_to_all(win, ctx, inp, out, table, recv_counts, where),
                   lambda: direct.all_to_all(win, ctx, inp, out, table, recv_counts))
         return
     uniform = len(set(send_counts) | set(recv_counts)) == 1
@@ -398,16 +400,19 @@ def _all_to_all_stages(win: Window, inp: np.ndarray, out: np.ndarray, send_count
     recvs = None if uniform else offsets(recv_counts)
     c = send_counts[0]
 
-    def copy_out(j: int, p: int, part: int, parts: int) -> None:
+    def copy_out(j: int, p: int, part: int, parts: int) -> int:
         if uniform:
             lo, hi = span(j, piece, c)
             a, b = sub(0, hi - lo, part, parts)
             out.reshape(w, c)[:, lo + a: lo + b] = win.stack(p ^ 1, dt, me * piece + a, b - a)
-            return
+            return w * (b - a) * dt.itemsize
+        moved = 0
         for r in range(w):
             lo, hi = span(j, piece, recv_counts[r])
             a, b = sub(0, hi - lo, part, parts)
             out[recvs[r] + lo + a: recvs[r] + lo + b] = win.slot_of(p ^ 1, r, dt, me * piece + a, b - a)
+            moved += b - a
+        return moved * dt.itemsize
 
     return _to_my_pieces(win, inp, send_counts, uniform), copy_out
 
@@ -420,18 +425,35 @@ def _to_my_pieces(win: Window, inp: np.ndarray, counts: Sequence[int], uniform: 
     piece = win.capacity(dt) // w
     starts = None if uniform else offsets(counts)
 
-    def copy_in(j: int, p: int, part: int, parts: int) -> None:
+    def copy_in(j: int, p: int, part: int, parts: int) -> int:
         if uniform:
             lo, hi = span(j, piece, counts[0])
             a, b = sub(0, hi - lo, part, parts)
             win.pieces(p, me, dt, piece, hi - lo)[:, a:b] = inp.reshape(w, counts[0])[:, lo + a: lo + b]
-            return
+            return w * (b - a) * dt.itemsize
+        moved = 0
         for q in range(w):
             lo, hi = span(j, piece, counts[q])
             a, b = sub(0, hi - lo, part, parts)
             win.slot_of(p, me, dt, q * piece + a, b - a)[...] = inp[starts[q] + lo + a: starts[q] + lo + b]
+            moved += b - a
+        return moved * dt.itemsize
 
     return copy_in
+
+
+def _one_shot_recorded(sync: Sync, ctx, mine: np.ndarray, stack: np.ndarray, data: np.ndarray, reduce: Reduce,
+                       readers: bool) -> None:
+    """all_reduce's one-shot branch, reporting its copy and reduction to the recorder
+    (its sync reports itself)."""
+    start = time.perf_counter()
+    mine[...] = data
+    recorder.transfer("copy", ctx, "shm", start, data.nbytes, stage="copy_in")
+    sync.sync(ctx, first=True)
+    if readers:
+        start = time.perf_counter()
+        reduce(stack, data)
+        recorder.transfer("reduce", ctx, "shm", start, stack.nbytes, stage="reduce_all")
 
 
 def _in_place(sync: Sync, ctx, where, on_mapped, on_direct) -> None:

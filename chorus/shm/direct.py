@@ -16,7 +16,9 @@ an op has two syncs and the window carries only addresses::
 A rank writes SOURCE again only in the next op's phase 0, after the second sync, when
 every rank has read it.  The reads and writes of phase 1 never touch bytes that their
 owner or a third rank changes in the same phase (each op's docstring says why).
-chorus.shm.collectives decides per op (``use``) and calls these.
+chorus.shm.collectives decides per op (``use``) and calls these; only the collectives in
+``MEASURED`` (all_reduce, reduce, all_gather and gather, scatter, all_to_all) have such
+a path, the others always copy through the window.
 
 Names: ``W`` ranks, ``me`` this rank's group rank; ``rank q's x`` is rank q's own buffer
 ``x``, read or written with chorus.shm.cma.
@@ -26,15 +28,16 @@ from __future__ import annotations
 
 import functools
 import queue
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
 
+from chorus import recorder
 from chorus.errors import AbortedError, PeerLostError
-from chorus.shm import cma, skew
+from chorus.shm import cma
 from chorus.shm.phases import Reduce, chunks, offsets, part_of, parts_for, span
-from chorus.shm.settings import env_int
 from chorus.shm.sync import SOURCE, Sync
 from chorus.shm.window import Window
 
@@ -42,55 +45,42 @@ _NEVER = float("inf")
 #: Per collective, ``((largest W, bytes), ...)``: in a group of W ranks, the message size
 #: (nccl-tests' size: a rank's larger buffer) from which the collective copies once, peer
 #: to peer (chorus.shm.cma), instead of through the window (the first entry whose largest
-#: W is at least W applies).
+#: W is at least W applies).  Collectives not listed always take the copy path.
 #:
-#: Measured on the 16-core host (2026-11-26, W = 2, 4, 8; copy path, single copy and gloo
+#: From paired runs at W = 2, 4, 8 (bench/ab_probe.py: copy path and single copy
 #: alternating op by op in the same processes, medians of 5-7 ops from 1 to 256 MiB;
 #: docs/benchmarks.md):
 #:
 #: - all_reduce / reduce: single copy won from 4 MiB at W = 2 (1.2-1.5x) and W = 4
 #:   (1.05-1.1x) but lost at W = 8 (the copy path 1.15-1.25x faster): there every rank's
 #:   chunk is pinned by 7 readers at once, while the window's 18 MiB stay in cache.
-#: - broadcast: the copy path won or tied at every W and size (single copy: 7 readers pin
-#:   the root's pages at once).
 #: - all_gather: single copy won from 1 MiB at W = 2; at W = 4 and 8 only from 16 MiB.
-#: - all_to_all: single copy won from 4 MiB at every W (1.2-1.5x), lost at 1 MiB.  But in
-#:   ``chorus bench`` sweeps (which read every op's output; session 4, calls 11-12, two
-#:   alternating pairs each) the copy path won at 4 MiB with W = 4 (1.08-1.15 ms against
-#:   1.31-1.46 ms) and lost from 8 MiB (2.66-2.73 against 1.84-1.86 ms); at W = 2 the two
-#:   tied at 4 MiB (0.85-1.04 against 0.89-0.95 ms), at W = 8 single copy won at 4 MiB
-#:   (1.16-1.26 against 1.52-1.53 ms).  So W = 3-4: from 8 MiB.
-#: - reduce_scatter: within 10% either way: the copy path.
-#: - scatter (not measured there): from 1 MiB, as measured on a 2-core VM at W = 2.
+#: - all_to_all: single copy won from 4 MiB at every W (1.2-1.5x), lost at 1 MiB.  In
+#:   ``chorus bench --collective all_to_all`` sweeps, which read every op's output, the
+#:   copy path won at 4 MiB with W = 4 (1.08-1.15 ms against 1.31-1.46 ms) and lost from
+#:   8 MiB (2.66-2.73 against 1.84-1.86 ms); at W = 2 the two tied at 4 MiB (0.85-1.04
+#:   against 0.89-0.95 ms), at W = 8 single copy won at 4 MiB (1.16-1.26 against
+#:   1.52-1.53 ms).  So W = 3-4: from 8 MiB.
+#: - scatter: from 1 MiB (W = 2).
+#: - broadcast (7 readers pin the root's pages at once) and reduce_scatter (within 10%
+#:   either way) never won: they have no single-copy path.
 #:
-#: ``CHORUS_SHM_CMA_BYTES`` sets one size for every collective and W (1: always, when the
-#: group can; ``CHORUS_SHM_CMA=0``: never).
+#: ``CHORUS_SHM_CMA_BYTES`` sets one size for every collective listed and every W (1:
+#: always, when the group can; ``CHORUS_SHM_CMA=0``: never).
 MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
     "all_reduce": ((4, 4 << 20), (_NEVER, _NEVER)),
     "reduce": ((4, 4 << 20), (_NEVER, _NEVER)),
-    "broadcast": ((_NEVER, _NEVER),),
     "all_gather": ((2, 1 << 20), (_NEVER, 16 << 20)),
     "all_to_all": ((2, 4 << 20), (4, 8 << 20), (_NEVER, 4 << 20)),
     "scatter": ((_NEVER, 1 << 20),),
-    "reduce_scatter": ((_NEVER, _NEVER),),
 }
 
 
-def _cma_override() -> dict[str, float] | None:
-    """``CHORUS_SHM_CMA_BYTES`` for every collective, or None (``MEASURED`` applies)."""
-    env = env_int("CHORUS_SHM_CMA_BYTES", 0)
-    return dict.fromkeys(MEASURED, env) if env else None
+def cma_bytes(win: Window, op: str) -> float:
+    """The size from which collective ``op`` copies once in ``win``'s group."""
+    return win.settings.cma_bytes or next(nbytes for most, nbytes in MEASURED[op] if win.world <= most)
 
 
-#: Per collective, the size from which it copies once, whatever W (None: ``MEASURED``).
-CMA_BYTES = _cma_override()
-
-
-def cma_bytes(op: str, world: int) -> float:
-    """The size from which collective ``op`` copies once in a group of ``world`` ranks."""
-    if CMA_BYTES is not None:
-        return CMA_BYTES[op]
-    return next(nbytes for most, nbytes in MEASURED[op] if world <= most)
 #: How long a rank that fails in the middle of a single-copy op waits for its peers to
 #: stop using its buffers (``closing``).
 DRAIN_S = 2.0
@@ -99,7 +89,7 @@ DRAIN_S = 2.0
 def use(win: Window, op: str, nbytes: int) -> bool:
     """Whether collective ``op`` of ``nbytes`` (see ``cma_bytes``) reads the peers' buffers
     directly: the same answer on every rank (one verdict per window, the same sizes)."""
-    return win.cma is not None and nbytes >= cma_bytes(op, win.world)
+    return win.cma is not None and nbytes >= cma_bytes(win, op)
 
 
 def open_op(win: Window, sync: Sync, ctx, source: np.ndarray | None) -> list[int]:
@@ -161,9 +151,9 @@ def _others(me: int, world: int) -> list[int]:
 
 #: When the crew shares a rank's reads (``from_peers``), each peer's block is cut into
 #: pieces of at least this many bytes (one system call each), at least one per thread.
-#: Measured at W = 8 on the 16-core host (all_to_all, session 7): 256 KiB pieces were no
-#: faster than 1 MiB or one per thread at 4-64 MiB; what the shared queue gained (4 MiB:
-#: 0.73-0.81 ms against 1.03-1.14) came from helpers that wake late reading less.
+#: At W = 8 (all_to_all, bench/ab_probe.py): 256 KiB pieces were no faster than 1 MiB or
+#: one per thread at 4-64 MiB; what the shared queue gained (4 MiB: 0.73-0.81 ms against
+#: 1.03-1.14) came from helpers that wake late reading less.
 SHARE_PIECE_BYTES = 1 << 20
 
 
@@ -173,7 +163,7 @@ def from_peers(win: Window, read: Callable[[int, int, int], None], nbytes: int,
     of ``parts`` near-equal parts of what comes from q; and ``local()`` (this rank's own
     share, a copy in memory) once, if given.
 
-    With the crew's threads (chorus.shm.crew), when ``nbytes`` is worth it, the threads
+    With the crew's threads (chorus.shm.phases.Crew), when ``nbytes`` is worth it, the threads
     take the next task from one shared queue: ``local`` first (the caller's thread starts
     on it while the helpers wake up, tens of us on a busy host), then the parts, peer by
     peer.  A helper that wakes late thus does less instead of finishing last.  Parts are
@@ -226,11 +216,11 @@ def read_from(win: Window, ctx, q: int, dst: np.ndarray, src: int) -> None:
 def copy_unless_same(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` unless they are the same memory (in-place all_gather)."""
     if cma.address(dst) != cma.address(src):
-        skew.copy(dst, src)
+        cma.copy(dst, src)
 
 
 def _reduce_rows(win: Window, ctx, sources: list[int], offset: int, own: np.ndarray,
-                 out: np.ndarray | None, reduce: Reduce, writes: Sequence[int] = ()) -> None:
+                 out: np.ndarray | None, reduce: Reduce, writes: Sequence[int]) -> None:
     """``out`` <- reduce over ranks of the ``own.size`` elements at byte ``offset`` of every
     rank's source (``own``: this rank's, here), then the result -> the same place in ranks
     ``writes``' sources.  ``out`` None: private scratch.  The rows are read into private
@@ -246,11 +236,14 @@ def _reduce_rows(win: Window, ctx, sources: list[int], offset: int, own: np.ndar
     for q in _others(me, w):
         read_from(win, ctx, q, rows[q], sources[q] + offset)
     out = scratch[w] if out is None else out
+    start = time.perf_counter() if recorder.current is not None else 0.0
     if w == 2 and own.dtype.kind != "c":  # one elementwise call: this rank's row is read where it is
         reduce([own, rows[1]] if me == 0 else [rows[0], own], out)
     else:  # (numpy's complex multiply of short arrays differs in the last bit when done in place)
         rows[me] = own
         reduce(rows, out)
+    if start:
+        recorder.transfer("reduce", ctx, "shm", start, w * own.nbytes)
     for q in writes:
         if q != me and not win.gave_up(q, ctx.seq):  # its caller may own the memory again
             peers.write_one(ctx, q, cma.address(out), sources[q] + offset, out.nbytes)
@@ -288,22 +281,6 @@ def reduce_everywhere(win: Window, ctx, data: np.ndarray, reduce: Reduce, root: 
                      reduce, writes)
 
 
-def reduce_scatter(win: Window, sync: Sync, ctx, inp: np.ndarray, out: np.ndarray,
-                   counts: Sequence[int], reduce: Reduce, piece: int) -> None:
-    """reduce_scatter with single copy, in the copy path's rounds of ``piece`` elements
-    (see chorus.shm.collectives.reduce_scatter); ``out`` overlapping ``inp``: ``inp`` is copied first."""
-    me, dt = win.rank, out.dtype
-    if np.may_share_memory(inp, out):
-        inp = inp.copy()
-    sources = open_op(win, sync, ctx, inp)
-    start = offsets(counts)[me]
-    with closing(sync, ctx):
-        for j in range(chunks(counts[me], piece) if counts[me] else 0):
-            lo, hi = span(j, piece, counts[me])
-            own = inp[start + lo: start + hi]
-            _reduce_rows(win, ctx, sources, (start + lo) * dt.itemsize, own, out[lo:hi], reduce)
-
-
 def all_to_all(win: Window, ctx, inp: np.ndarray, out: np.ndarray, send_table: np.ndarray,
                recv_counts: Sequence[int]) -> None:
     """Phase 1 of all_to_all with single copy: block ``me`` of every rank's ``inp``, read
@@ -319,6 +296,6 @@ def all_to_all(win: Window, ctx, inp: np.ndarray, out: np.ndarray, send_table: n
         peers.read_one(ctx, q, base + (recvs[q] + a) * size, sources[q] + (starts[q] + a) * size, (b - a) * size)
 
     def copy_own() -> None:
-        skew.copy(out[recvs[me]: recvs[me] + recv_counts[me]], inp[starts[me]: starts[me] + recv_counts[me]])
+        cma.copy(out[recvs[me]: recvs[me] + recv_counts[me]], inp[starts[me]: starts[me] + recv_counts[me]])
 
     from_peers(win, read_block, out.nbytes, copy_own)

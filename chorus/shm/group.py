@@ -14,90 +14,15 @@ others then stop waiting and raise) and every later op of the group raises Abort
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import platform
 import threading
 
 from chorus.errors import AbortedError
+from chorus.host.segment import Segment
 from chorus.shm import collectives as algo
-from chorus.shm import cpus
 from chorus.shm.cma import address
-from chorus.shm.crew import Crew
-from chorus.shm.segment import Segment
-from chorus.shm.settings import env_int
-from chorus.shm.sync import TCP, Backoff, Sync
-from chorus.shm.wake import Waker
-from chorus.shm.window import Layout, Window
-
-DEFAULT_SLOT = 1 << 20
-#: Two ranks get 2 MiB slots (a window of 12 MiB): all_reduce up to 2 MiB is then one-shot
-#: in one chunk (chorus.shm.collectives.one_shot), one sync instead of three.  Measured on
-#: the 2-core machine (2026-11-26, session 8; 2 MiB all_reduce, chorus bench's medians of
-#: 3-4 runs, 2 MiB against 1 MiB slots in the same runs): 353-427 us against 520-746 us,
-#: in five series of runs; 1, 4, 8 and 16 MiB within the noise either way.  (Messages
-#: that are one-shot take no registered buffer: chorus.shm.mapped starts above a slot here.)
-PAIR_SLOT = 2 << 20
-MIN_SLOT = 64 << 10
-
-
-def transport_mode() -> str:
-    """``CHORUS_TRANSPORT``: ``auto`` (shared memory where every member shares a host, on
-    CPUs whose store order the sync relies on), ``shm`` (force it, fail if impossible),
-    ``tcp`` (never)."""
-    mode = os.environ.get("CHORUS_TRANSPORT", "auto").strip().lower() or "auto"
-    if mode not in ("auto", "shm", "tcp"):
-        raise ValueError(f"CHORUS_TRANSPORT={mode!r}: use auto, shm or tcp")
-    return mode
-
-
-def platform_ok() -> bool:
-    """x86-64 (and x86) keep stores in order, which the counters rely on (chorus.shm.sync)."""
-    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-
-
-def slot_bytes(world: int) -> int:
-    """Bytes per slot: ``CHORUS_SHM_SLOT_BYTES``, else 1 MiB (2 MiB for 2 ranks: ``PAIR_SLOT``),
-    shrunk so that the window stays within ``CHORUS_SHM_BYTES`` (default 64 MiB) for large
-    groups; at least 64 KiB, which a group of one rank (nothing to share, only copies) gets."""
-    explicit = env_int("CHORUS_SHM_SLOT_BYTES", 0)
-    if explicit:
-        slot = explicit
-    elif world == 1:
-        slot = MIN_SLOT
-    else:
-        budget = env_int("CHORUS_SHM_BYTES", 64 << 20)
-        slot = min(PAIR_SLOT if world == 2 else DEFAULT_SLOT, budget // (2 * (world + 1)))
-    return max(MIN_SLOT, slot // 4096 * 4096)
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (affinity, and a cgroup v2 quota if one is set)."""
-    return cpus.usable()
-
-
-#: A sync reads a missing rank's counter this many times (a few us) before it starts
-#: waiting (clock, yields, sleeps), where every rank has a core of its own (or where
-#: ``CHORUS_SHM_SPIN_US`` asks for spinning).
-POLLS = env_int("CHORUS_SHM_POLLS", 200)
-
-
-def backoff_for(ranks_here: int, threads: bool, cpus_here: int | None = None) -> Backoff:
-    """Spin only when every rank on the host has a core of its own: ``ranks_here`` ranks
-    on ``cpus_here`` CPUs (default: this process's, ``usable_cpus``; the handshake passes
-    the CPUs of members pinned apart, chorus.shm.cpus).  Ranks that are threads of one
-    process share the GIL: they never spin.  ``CHORUS_SHM_SPIN_US`` overrides;
-    ``CHORUS_SHM_YIELD_US`` sets how long a waiter yields before it naps (default 5 ms, 1
-    ms with more ranks than CPUs)."""
-    spin = os.environ.get("CHORUS_SHM_SPIN_US", "").strip()
-    yield_us = env_int("CHORUS_SHM_YIELD_US", 0)
-    if spin:
-        backoff = Backoff(spin_s=float(spin) * 1e-6, polls=POLLS)
-    elif threads or ranks_here > (usable_cpus() if cpus_here is None else cpus_here):
-        backoff = Backoff(spin_s=0.0, yield_s=1e-3)
-    else:
-        backoff = Backoff(polls=POLLS)
-    return dataclasses.replace(backoff, yield_s=yield_us * 1e-6) if yield_us > 0 else backoff
+from chorus.shm.phases import Crew
+from chorus.shm.sync import TCP, Backoff, Sync, Waker
+from chorus.shm.window import Layout, Settings, Window
 
 
 class OneShot:
@@ -116,14 +41,15 @@ class OneShot:
 
 
 class ShmGroup:
-    """The window of one group, mapped by this rank (group rank ``rank``)."""
+    """The window of one group, mapped by this rank (group rank ``rank``); ``settings``:
+    the group's (chorus.shm.window.Settings; default: this process's now)."""
 
     def __init__(self, segment: Segment, layout: Layout, rank: int, members: tuple[int, ...],
-                 transport, group: int, backoff: Backoff, threads: int = 1):
+                 transport, group: int, backoff: Backoff, threads: int = 1, settings: Settings | None = None):
         self.segment = segment
         self.transport = transport
         self.group = group
-        self.window = Window(segment.buf, layout, rank)
+        self.window = Window(segment.buf, layout, rank, settings)
         if threads > 1:
             self.window.crew = Crew(threads)
         self.sync = Sync(self.window.control, rank, members, transport, group, backoff,
@@ -131,12 +57,6 @@ class ShmGroup:
         self.broken: str | None = None
         self.closed = False
         self._lock = threading.Lock()
-        self.plans: dict = {}  # the API layer's cached one-shot plans (chorus.api.collectives)
-        # Collectives forced onto a TCP algorithm by CHORUS_ALGO_<NAME> (read once, here:
-        # a per-call environment lookup would cost more than the whole one-shot op).
-        # "hierarchical" is no TCP algorithm: inside one host it means shared memory.
-        self.tcp_only = frozenset(name for name in _OPS if os.environ.get(f"CHORUS_ALGO_{name.upper()}", "")
-                                  .strip() not in ("", "hierarchical"))
 
     def __repr__(self) -> str:
         return (f"ShmGroup(group={self.group}, world={self.window.world}, slot={self.window.slot}, "
@@ -188,9 +108,9 @@ class ShmGroup:
 
         Otherwise the general path's rest (``all_to_all_rest``) checks the counts and
         raises, or goes on, as it would have.  ``_run``'s frame is inlined, as in
-        ``all_reduce_one_shot``, so that the op's context is built only to wait or raise:
-        through ``_run`` a 4 KiB all_to_all of 2 ranks on the 2-core machine took 21.1-21.5
-        us instead of 16.9-17.1."""
+        ``all_reduce_one_shot``, so that the op's context is built only to wait or raise
+        (through ``_run`` a 4 KiB all_to_all of 2 ranks took 21.1-21.5 us instead of
+        16.9-17.1: ``chorus bench --collective all_to_all --world 2 -b 4K -e 4K``)."""
         t, win = self.transport, self.window
         if t.dead or t.mismatched or t.closed_reason is not None:
             self._check_transport(pg.context("all_to_all", seq, plan.fingerprint))
@@ -303,7 +223,6 @@ class ShmGroup:
         left (an op still running on another thread fails with AbortedError)."""
         self.closed = True
         self.broken = "the group was destroyed"
-        self.plans.clear()  # their views of the window would keep it mapped
         if self.window.crew is not None:
             self.window.crew.close()
         if self.window.maps is not None:

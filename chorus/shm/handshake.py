@@ -1,16 +1,16 @@
-"""Creating a group's window: who creates it, who attaches, and when its name disappears.
+"""The members' census: which members share a host, and whether they agree to share memory.
 
 Run by every member when a group is created (``init_process_group``, ``new_group``),
-over the group's transport::
+over the group's transport; the window itself is made by chorus.shm.window::
 
     member m > 0                               group rank 0
-    --- host digest (chorus.shm.hostid), ---->
+    --- host digest (below), --------------->
         algorithm settings, CPU affinity       all digests equal and usable, all settings
                                                equal? (settings differ: every member
                                                raises InvalidArgumentError naming them)
-                                                 create the file, write a random nonce
+                                                 create the window (a file with a random nonce)
     <-- offer: path, size, nonce (or none), -
-        the members' CPUs (chorus.shm.cpus)
+        the members' CPUs (chorus.shm.placement)
     map it, check the nonce
     --- attached / failed ----------------->
                                                UNLINK the file: every member has mapped
@@ -22,7 +22,8 @@ over the group's transport::
     --- could read and write them or not -->
     <-- single copy: yes / no --------------
 
-Every member publishes its pid and a probe (8 random bytes) in its control line before
+Each member reads its settings once, first (chorus.shm.window.Settings, through
+chorus.config): the group's window keeps them.  Every member publishes its pid and a probe (8 random bytes) in its control line before
 it acks; once the window is in use, each member reads and writes back every other
 member's probe with process_vm_readv/writev (chorus.shm.cma), and the group reads peers'
 buffers directly for large messages only if every member could (``CHORUS_SHM_CMA=0`` on
@@ -31,45 +32,48 @@ any member: no).
 From the unlink on, the window exists only as the members' mappings and vanishes with
 them, whatever way they end (``kill -9`` included).  Only a rank 0 killed between
 creating and unlinking (milliseconds) leaves a file, named after the job for
-``chorus.shm.segment.sweep``.  A group of one rank creates and unlinks at once.
+``chorus.host.segment.sweep``.  A group of one rank creates and unlinks at once.
 
 Shared memory is used only when *every* member is on this host; a group spanning hosts
 learns which member is on which host, so that it can run shared memory inside each host
 and TCP between them.  ``CHORUS_TRANSPORT=tcp`` turns it off (and with it the hierarchy),
 ``=shm`` makes its absence an error.
+
+*Host ids.*  Two ranks can share a window when they run on the same machine *and* see
+the same ``/dev/shm``.  LOCAL_RANK / LOCAL_WORLD_SIZE say neither (containers, odd
+launchers, several jobs per node): a Gloo shared-memory all-reduce was merged and
+reverted for trusting them.  So the id is built from what the kernel says:
+
+    boot_id               /proc/sys/kernel/random/boot_id: this machine, this boot
+    /dev/shm st_dev, ino  which tmpfs instance (a container with its own /dev/shm differs)
+
+and ranks with equal ids are then *verified* by the nonce above.  Containers that share
+``/dev/shm`` (``--ipc=host``) get one id and shared memory, whatever their hostnames.
+``CHORUS_HOST_ID`` overrides the detection, for tests: one value for this process, or a
+comma-separated list indexed by global rank (ranks as threads of one process can then
+pretend to live on different hosts): ``CHORUS_HOST_ID=a,a,b,b``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 import struct
 import time
 
 from chorus.errors import InvalidArgumentError
-from chorus.shm import cma, cpus, crew, direct, mapped
-from chorus.shm import collectives as algo
-from chorus.shm.group import (
-    ShmGroup,
-    backoff_for,
-    platform_ok,
-    slot_bytes,
-    transport_mode,
-    usable_cpus,
-)
-from chorus.shm.hostid import NO_HOST, host_digest
-from chorus.shm.peer_maps import PeerMaps
-from chorus.shm.segment import Segment
+from chorus.host.identity import NO_HOST, host_digest, platform_ok, transport_mode
+from chorus.shm import cma, placement, window
+from chorus.shm.group import ShmGroup
+from chorus.shm.mapped import PeerMaps
 from chorus.shm.sync import PID, PROBE, SOURCE
-from chorus.shm.window import Layout, check_header, write_header, write_probe
+from chorus.shm.window import Settings
 from chorus.wire.frames import Kind
 
 log = logging.getLogger("chorus")
 
 TAG = -0x43485348  # "CHSH": the handshake's point-to-point tag (users' tags are other numbers)
 #: window bytes (0: no window), slot bytes, nonce, path, and the CPUs of members whose
-#: affinities do not overlap (0: they overlap, or unknown; chorus.shm.cpus)
+#: affinities do not overlap (0: they overlap, or unknown; chorus.shm.placement)
 _OFFER = struct.Struct("<QQ16s256sQ")
 _NO_HOST_INDEX = 0xFFFFFFFF  # in the hosts table: a member without usable shared memory
 NO, YES, FORCED_BUT_IMPOSSIBLE, SETTINGS_DIFFER = 0, 1, 2, 3
@@ -89,21 +93,21 @@ def create(transport, group: int, members: tuple[int, ...], rank: int,
     host of every member): a, a, b, a -> (0, 0, 1, 0); None for a member that cannot use
     shared memory (no usable /dev/shm, ``CHORUS_TRANSPORT=tcp``)."""
     mode = transport_mode()
+    settings = Settings.read()
     wanted = mode == "shm" or (mode == "auto" and platform_ok())
     digest = host_digest(members[rank]) if wanted else NO_HOST
     talk = _Talk(transport, group, members, time.monotonic() + timeout)
     if rank == 0:
-        return _lead(talk, digest, mode, members)
-    return _follow(talk, digest, rank)
+        return _lead(talk, digest, mode, members, settings)
+    return _follow(talk, digest, rank, settings)
 
 
-def _settings() -> bytes:
-    """This process's ``CHORUS_SHM_ONESHOT_BYTES``, ``CHORUS_SHM_CMA_BYTES`` (0: not set) and
-    ``CHORUS_SHM_MAPPED_BYTES`` (0: off)."""
-    override = direct.CMA_BYTES
-    least = None if override is None else min(override.values(), default=_NO_OVERRIDE)
-    cma_bytes = _NO_OVERRIDE if least is None else 2**64 - 1 if least == float("inf") else int(least)
-    return _SETTINGS.pack(algo.ONESHOT_BYTES, cma_bytes, mapped.MAPPED_BYTES, mapped.ALL_TO_ALL_BYTES)
+def _settings(settings: Settings) -> bytes:
+    """The settings that choose algorithms, as the members compare them:
+    ``CHORUS_SHM_ONESHOT_BYTES``, ``CHORUS_SHM_CMA_BYTES`` (0: not set) and the sizes from
+    which registered buffers are used (0: off)."""
+    return _SETTINGS.pack(settings.oneshot_bytes, settings.cma_bytes, settings.mapped_bytes,
+                          settings.all_to_all_bytes)
 
 
 def _describe_settings(packed: bytes) -> str:
@@ -120,22 +124,22 @@ def _settings_error(group: int, who: str, theirs: bytes, mine: bytes) -> Invalid
         "with different ones would fall out of step: set them the same on every rank, or on none.")
 
 
-def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tuple[ShmGroup | None, Hosts]:
+def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...],
+          settings: Settings) -> tuple[ShmGroup | None, Hosts]:
     world = len(members)
-    mine = _settings()
-    first = talk.gather(32 + _SETTINGS.size + cpus.INFO_BYTES)
+    mine = _settings(settings)
+    first = talk.gather(32 + _SETTINGS.size + placement.INFO_BYTES)
     digests, theirs = [m[:32] for m in first], [m[32:32 + _SETTINGS.size] for m in first]
-    apart = cpus.combine([cpus.info(), *(m[32 + _SETTINGS.size:] for m in first)])
+    apart = placement.combine([placement.info(), *(m[32 + _SETTINGS.size:] for m in first)])
     why = _refusal([digest, *digests], members)
     odd = [i for i, t in enumerate(theirs) if t != mine] if why is None else []
     if odd:
         why = f"rank(s) {[members[i + 1] for i in odd]} have other shared-memory settings"
-    layout = Layout(world, slot_bytes(world))
     segment, trouble = None, False  # trouble: shared memory should have worked but did not
     probe = None  # this member's CMA probe: alive until the group agreed on single copy
     if why is None:
         try:
-            segment = Segment.create(layout.size, talk.group)
+            segment, layout, nonce = window.create(world, talk.group)
         except OSError as exc:
             why, trouble = str(exc), True
     try:
@@ -144,9 +148,7 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
             talk.gather(1)
             verdict = SETTINGS_DIFFER if odd else FORCED_BUT_IMPOSSIBLE if mode == "shm" else NO
         else:
-            nonce = secrets.token_bytes(16)
-            write_header(segment.buf, layout, nonce)
-            probe = _publish_probe(segment.buf, layout, 0)
+            probe = window.publish_probe(segment.buf, layout, 0, settings.cma)
             talk.scatter(_OFFER.pack(layout.size, layout.slot, nonce, segment.path.encode(), apart))
             acks = talk.gather(1)
             failed = [members[i + 1] for i, a in enumerate(acks) if a != b"\x01"]
@@ -164,7 +166,8 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
         raise _settings_error(talk.group, f"rank {members[odd[0] + 1]}", theirs[odd[0]], mine)
     if verdict == YES:
         shm = ShmGroup(segment, layout, 0, members, talk.transport, talk.group,
-                       _backoff(talk, world, apart), _threads(talk, world))
+                       placement.backoff(talk.transport, world, apart), placement.threads(talk.transport, world),
+                       settings)
         _single_copy(talk, shm, probe)
         return shm, (0,) * world
     hosts = _host_table([digest, *digests])
@@ -179,18 +182,16 @@ def _lead(talk: _Talk, digest: bytes, mode: str, members: tuple[int, ...]) -> tu
     return None, hosts
 
 
-def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hosts]:
-    mine = _settings()
-    talk.send_to_lead(digest + mine + cpus.info())
+def _follow(talk: _Talk, digest: bytes, rank: int, settings: Settings) -> tuple[ShmGroup | None, Hosts]:
+    mine = _settings(settings)
+    talk.send_to_lead(digest + mine + placement.info())
     size, slot, nonce, path, apart = _OFFER.unpack(talk.recv_from_lead(_OFFER.size))
-    segment, layout = None, Layout(len(talk.members), slot) if size else None
+    segment = None
     probe = None  # this member's CMA probe: alive until the group agreed on single copy
     if size:
         try:
-            segment = Segment.attach(path.rstrip(b"\0").decode(), size)
-            if layout.size != size or not check_header(segment.buf, layout, nonce):
-                raise OSError("the file holds another window (a different /dev/shm?)")
-            probe = _publish_probe(segment.buf, layout, rank)
+            segment, layout = window.attach(path.rstrip(b"\0").decode(), size, len(talk.members), slot, nonce)
+            probe = window.publish_probe(segment.buf, layout, rank, settings.cma)
         except (OSError, ValueError) as exc:
             log.warning("chorus: rank %d cannot map group %d's shared-memory window: %s",
                         talk.members[rank], talk.group, exc)
@@ -210,7 +211,8 @@ def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hos
             "Set them the same on every rank, or on none.")
     if verdict == YES:
         shm = ShmGroup(segment, layout, rank, talk.members, talk.transport, talk.group,
-                       _backoff(talk, world, apart), _threads(talk, world))
+                       placement.backoff(talk.transport, world, apart), placement.threads(talk.transport, world),
+                       settings)
         _single_copy(talk, shm, probe)
         return shm, (0,) * world
     if segment is not None:
@@ -218,17 +220,6 @@ def _follow(talk: _Talk, digest: bytes, rank: int) -> tuple[ShmGroup | None, Hos
     _raise_if_forced(verdict, talk.group, "see group rank 0's log")
     table = struct.unpack(f"<{world}I", talk.recv_from_lead(4 * world))
     return None, tuple(None if h == _NO_HOST_INDEX else h for h in table)
-
-
-def _publish_probe(buf, layout: Layout, rank: int) -> cma.Probe | None:
-    """Write this member's pid and CMA probe into its control line (None: CMA is off here)."""
-    if not cma.enabled() or layout.world == 1:
-        write_probe(buf, layout, rank, 0, 0, 0)
-        return None
-    cma.allow_peers()
-    probe = cma.Probe()
-    write_probe(buf, layout, rank, probe.pid, probe.address, probe.value)
-    return probe
 
 
 def _single_copy(talk: _Talk, shm: ShmGroup, probe: cma.Probe | None) -> None:
@@ -252,7 +243,7 @@ def _single_copy(talk: _Talk, shm: ShmGroup, probe: cma.Probe | None) -> None:
                  talk.group, why)
     if agreed:
         win.cma = cma.Peers(win.words(PID))
-        if mapped.MAPPED_BYTES:  # opening /proc/<pid>/fd/N needs what CMA needs
+        if win.settings.mapped_bytes:  # opening /proc/<pid>/fd/N needs what CMA needs
             win.maps = PeerMaps(win.words(PID), shm.sync.members)
 
 
@@ -271,26 +262,6 @@ def _refusal(digests: list[bytes], members: tuple[int, ...]) -> str | None:
         away = [members[i] for i, d in enumerate(digests) if d != digests[0]]
         return f"rank(s) {away} are on another host than rank {members[0]}"
     return None
-
-
-def _backoff(talk: _Talk, world: int, apart: int):
-    """How this member waits: the job's ranks against this process's usable CPUs, or,
-    when the group holds every rank of the job and no two members' affinities overlap,
-    against the ``apart`` CPUs they have (chorus.shm.cpus)."""
-    threads = talk.transport.name == "loopback"  # ranks are threads of this process
-    job = talk.transport.world_size
-    if apart and world >= job:
-        return backoff_for(world, threads, apart)
-    return backoff_for(max(world, job), threads)
-
-
-def _threads(talk: _Talk, world: int) -> int:
-    """Threads per rank for large copies (chorus.shm.crew): the CPUs shared among this
-    host's ranks, counted by the launcher's LOCAL_WORLD_SIZE (a hint only: it decides no
-    correctness, just how many helpers), else by the whole job."""
-    local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
-    here = int(local) if local.isdigit() and int(local) > 0 else talk.transport.world_size
-    return crew.threads_for(max(world, here), usable_cpus(), talk.transport.name == "loopback")
 
 
 def _raise_if_forced(verdict: int, group: int, why: str | None) -> None:

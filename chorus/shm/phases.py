@@ -17,56 +17,60 @@ The last phase has no sync of its own: it overlaps the next op's first phase (wh
 writes the other parity).  Every op has at least one sync, and its first sync checks
 that every rank began the same call (fingerprint and sequence number).
 
-*Parts*: when the rank has helper threads (chorus.shm.crew), each phase's stages can run
-in several element ranges at once; a stage is called with its part and the number of
-parts and works on that range only.
+*Parts*: a numpy copy or reduction releases the GIL (as ctypes does inside
+``process_vm_readv``), so when the host has more cores than ranks a rank can run each
+phase's stages in ``parts`` element ranges at once: the caller's thread takes part 0,
+the helper threads of its ``Crew`` the others (``CHORUS_SHM_THREADS``, chorus.shm.
+placement).  Results do not change: every element is computed by the same numpy call on
+the same rows, only by another thread (a reduction is split only into rows long enough
+that chorus.reductions reduces them element by element, ``rows_part``).
+
+With a recorder attached (chorus.recorder), each stage call that moved bytes reports an
+event: a stage named ``reduce*`` a ``reduce``, any other a ``copy``.
 """
 
 from __future__ import annotations
 
+import os
+import queue
+import threading
+import time
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
 import numpy as np
 
-from chorus.shm import crew
-from chorus.shm.settings import env_int
+from chorus import recorder
 from chorus.shm.sync import Sync
 from chorus.shm.window import Window
 
 Reduce = Callable[[np.ndarray, np.ndarray], None]  # reduce(rows, out): out = op over rows ((W, n) or a list of W)
-#: stage(chunk, parity written in this phase, part, parts): does part ``part`` of
-#: ``parts`` element ranges of its work on the chunk (chorus.shm.crew runs the parts at once)
-Stage = Callable[[int, int, int, int], None]
+#: stage(chunk, parity written in this phase, part, parts) -> bytes: does part ``part`` of
+#: ``parts`` element ranges of its work on the chunk and returns the bytes it copied (a
+#: reduction: the bytes of the rows it reduced)
+Stage = Callable[[int, int, int, int], int]
 
-#: A phase is split into parts (chorus.shm.crew) only if each part moves at least this
-#: many bytes: less work does not pay for waking a helper thread.
-PART_BYTES = env_int("CHORUS_SHM_PART_BYTES", 256 << 10)
 #: A reduction is split only into rows at least this long (fewer parts, or none), the
 #: length from which chorus.reductions' row reduction always reduces element by element
 #: (shorter rows may take ``ufunc.reduce(axis=0)``, whose bits depend on the row length),
 #: so that splitting never changes a result's bits (``rows_part``).
 PART_ROW_BYTES = 64 << 10
-
-
-#: The copy path splits phases only for messages of at least this many bytes per rank.
-#: Measured at W = 8 on the 16-core host (bench/ab_probe.py): with the splitting of
-#: 8527e0d (parts from 256 KiB, medians of 3) helpers made all_reduce 8% faster at 64 MiB
-#: but 8-13% slower at 4 and 16 MiB; with today's (rows of at least 64 KiB; two calls,
-#: 5 and 7 rounds, "copyc" vs "copy") 8% and 12% faster at 16 MiB, slower at 1 MiB, and
-#: either way at 4 MiB.  Single copy's shared reads (chorus.shm.direct.from_peers) are
-#: split from ``PART_BYTES`` on (all_to_all at 4 MiB: 0.62 ms; the copy path took
-#: 0.99-1.43 ms).
-COPY_PATH_CREW_BYTES = env_int("CHORUS_SHM_COPY_CREW_BYTES", 16 << 20)
+#: Whether phases are split at all, read per op (bench/ab_probe.py turns it off to compare).
+CREW_ENABLED = True
 
 
 def parts_for(win: Window, nbytes: int, message: int | None = None) -> int:
-    """Parts for phases that move ``nbytes`` per rank; ``message``: the op's size, on the
-    copy path (see ``COPY_PATH_CREW_BYTES``)."""
+    """Parts for phases that move ``nbytes`` per rank, each at least
+    ``CHORUS_SHM_PART_BYTES`` (less work does not pay for waking a helper thread).
+    ``message``: the op's size, on the copy path, which splits phases only from
+    ``CHORUS_SHM_COPY_CREW_BYTES`` (bench/ab_probe.py, W = 8, "copyc" against "copy":
+    helpers made all_reduce 8-12% faster at 16 MiB, slower at 1 MiB, either way at 4 MiB);
+    single copy's shared reads (chorus.shm.direct.from_peers) are split at any size
+    (all_to_all at 4 MiB: 0.62 ms, where the copy path took 0.99-1.43 ms)."""
     team = win.crew
-    if team is None or not crew.ENABLED or (message is not None and message < COPY_PATH_CREW_BYTES):
+    if team is None or not CREW_ENABLED or (message is not None and message < win.settings.copy_crew_bytes):
         return 1
-    return max(1, min(team.threads, nbytes // PART_BYTES))
+    return max(1, min(team.threads, nbytes // win.settings.part_bytes))
 
 
 def pipeline(sync: Sync, ctx, n: int, stages: Sequence[Stage], start: int = 0, win: Window | None = None,
@@ -76,6 +80,8 @@ def pipeline(sync: Sync, ctx, n: int, stages: Sequence[Stage], start: int = 0, w
     > 1: each phase's stages run in that many element ranges at once, on ``win``'s crew.
     ``began``: the op had its first sync already (phase 0's sync is then a plain one)."""
     last = n + len(stages) - 2
+    if recorder.current is not None:
+        stages = [recorded(stage, ctx) for stage in stages]
     for k in range(start, last + 1):
         p = sync.parity
         if parts > 1:
@@ -94,6 +100,21 @@ def _phase_part(due: list, p: int, part: int, parts: int) -> Callable[[], None]:
     def run() -> None:
         for stage, j in due:
             stage(j, p, part, parts)
+    return run
+
+
+def recorded(stage: Stage, ctx) -> Stage:
+    """``stage`` of op ``ctx``, reporting each call that moved bytes to the recorder."""
+    name = stage.__name__
+    what = "reduce" if name.startswith("reduce") else "copy"
+
+    def run(j: int, p: int, part: int, parts: int) -> int:
+        start = time.perf_counter()
+        nbytes = stage(j, p, part, parts)
+        if nbytes:
+            recorder.transfer(what, ctx, "shm", start, nbytes, stage=name, chunk=j)
+        return nbytes
+
     return run
 
 
@@ -118,10 +139,11 @@ def chunks(count: int, size: int) -> int:
 def to_my_slot(win: Window, src: np.ndarray, size: int) -> Stage:
     """The stage that copies chunk j (``size`` elements) of ``src`` into this rank's slot."""
 
-    def copy_in(j: int, p: int, part: int, parts: int) -> None:
+    def copy_in(j: int, p: int, part: int, parts: int) -> int:
         lo, hi = span(j, size, src.size)
         a, b = sub(0, hi - lo, part, parts)
         win.slot_of(p, win.rank, src.dtype, a, b - a)[...] = src[lo + a: lo + b]
+        return (b - a) * src.itemsize
 
     return copy_in
 
@@ -140,3 +162,84 @@ def part_of(n: int, r: int, world: int) -> tuple[int, int]:
 def offsets(counts: Sequence[int]) -> list[int]:
     """Where each block starts in a concatenation of blocks of ``counts`` elements."""
     return [0, *accumulate(counts)][:-1]
+
+
+class Crew:
+    """``threads - 1`` daemon helper threads that run the parts of a rank's phases, started
+    on first use (and again in a process forked after they started, which has none)."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._inboxes: list[queue.SimpleQueue] = []
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+        self.handed = 0  # tasks run on helpers so far (tests check the crew was used)
+
+    def __repr__(self) -> str:
+        return f"Crew(threads={self.threads})"
+
+    def run(self, tasks: Sequence[Callable[[], None]]) -> None:
+        """Run ``tasks[0]`` here and the others on helpers (at most ``threads`` tasks); wait
+        for all of them, even when interrupted, then raise the first error any of them
+        raised.  A closed crew runs every task here, one after the other."""
+        if len(tasks) > self.threads:
+            raise ValueError(f"{len(tasks)} tasks for a crew of {self.threads} threads")
+        with self._lock:  # close() cannot slip in between starting helpers and handing out
+            if self._closed:
+                handed: Sequence[Callable[[], None]] = ()
+            else:
+                self._start(len(tasks) - 1)
+                handed = tasks[1:]
+                for inbox, task in zip(self._inboxes, handed, strict=False):
+                    inbox.put(task)
+                self.handed += len(handed)
+        first: BaseException | None = None
+        for task in (tasks[0], *tasks[len(handed) + 1:]):
+            try:
+                task()
+            except BaseException as exc:  # the helpers use our buffers: collect them first
+                first = first or exc
+        pending = len(handed)
+        while pending:
+            try:
+                error = self._done.get()
+            except BaseException as exc:  # e.g. Ctrl-C: the helpers still write our buffers
+                first = first or exc
+                continue
+            pending -= 1
+            first = first or error
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        """Stop the helpers (each finishes the task at hand first); later runs use no helpers."""
+        with self._lock:
+            self._closed = True
+            for inbox in self._inboxes:
+                inbox.put(None)
+            self._inboxes = []
+
+    def _start(self, helpers: int) -> None:
+        """Have at least ``helpers`` helper threads.  Caller holds ``_lock``."""
+        if self._pid != os.getpid():  # forked: the helpers stayed in the parent
+            self._pid, self._inboxes, self._done = os.getpid(), [], queue.SimpleQueue()
+        while len(self._inboxes) < helpers:
+            inbox: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(inbox, self._done), daemon=True,
+                             name=f"chorus-shm-helper-{len(self._inboxes) + 1}").start()
+            self._inboxes.append(inbox)
+
+    @staticmethod
+    def _serve(inbox: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
+        while True:
+            task = inbox.get()
+            if task is None:
+                return
+            try:
+                task()
+            except BaseException as exc:
+                done.put(exc)
+            else:
+                done.put(None)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chorus.shm import skew
+from chorus.shm import cma
 
 #: Descriptor numbers and offsets are packed into one 64-bit word of the window
 #: (chorus.shm.window.Window.publish_mapped): ``fd << OFFSET_BITS | offset``.
@@ -95,7 +95,7 @@ def unregister(address: int) -> None:
 
 def find(array: np.ndarray) -> Descriptor | None:
     """The registered buffer holding all of ``array`` (C-contiguous), or None."""
-    start = skew.address(array)
+    start = cma.address(array)
     with _lock:
         i = bisect.bisect_right(_starts, start) - 1
         entry = _entries.get(_starts[i]) if i >= 0 else None

@@ -1,4 +1,4 @@
-"""Synchronisation through generation counters in the shared window.
+"""Waiting: generation counters in the shared window, and waking the ranks that sleep.
 
 Each rank owns one control line of the window (24 x uint64 = 192 bytes, so no two
 ranks' lines share a cache line) and is the only one that writes it::
@@ -42,43 +42,73 @@ so that the first sync's check that every rank arrived and began the same op is 
 read of 16 x W bytes compared with the bytes it must hold, instead of W - 1 counters and
 W - 1 tokens read one by one from W - 1 lines.  A rank one sync ahead writes the other
 parity's block, so the block only changes as ranks arrive.  Waiting, checks and error
-messages still read the control lines.  Measured on the 16-core host, alternating with
-the control lines alone (``bench/latency_phases.py W OUT 1 20000``): 8 ranks 9.07-9.77 ->
-8.37-8.81 us per op, 6 ranks 7.66-9.05 -> 7.65-7.88, but 5 ranks 7.46-7.94 -> 7.93-8.13
-and 4 ranks 6.64-8.08 -> 8.10-9.15: fewer lines to save than the block costs to build
-and to share (at 4 ranks arrivals and tokens fill one line).  Hence 6 to 8.
+messages still read the control lines.  Blocks against control lines alone
+(``bench/latency_phases.py W OUT 1 20000``, us per op): 8 ranks 9.07-9.77 -> 8.37-8.81,
+6 ranks 7.66-9.05 -> 7.65-7.88, but 5 ranks 7.46-7.94 -> 7.93-8.13 and 4 ranks
+6.64-8.08 -> 8.10-9.15: fewer lines to save than the block costs to build and to share
+(at 4 ranks arrivals and tokens fill one line).  Hence 6 to 8.
 
 A sync is: raise your counter to ``s``, wait until every other counter is >= ``s``.
 Writes are plain aligned 8-byte stores; a rank that sees a counter also sees everything
-its owner wrote before raising it (x86-64 keeps stores in order; ``chorus.shm.group``
-enables shared memory only there unless forced).
+its owner wrote before raising it (x86-64 keeps stores in order; shared memory is enabled
+only there unless forced, chorus.shm.handshake).
 
 A sync first reads a missing counter up to ``Backoff.polls`` times (a few µs, without
 the clock or a system call; only where every rank has a core of its own, judged on the
-members' CPUs together (chorus.shm.cpus), or where ``CHORUS_SHM_SPIN_US`` asks for spinning): most
-arrivals come within that.  Then waiting backs off so that an oversubscribed host (more
-ranks than cores) does not stall: spin for ``spin_s``, then ``os.sched_yield()`` until ``yield_s``, then sleep 50 µs,
-doubling up to 1 ms — on a futex that the rank completing the sync wakes
-(chorus.shm.wake), so that a napping rank does not find out up to a nap late.  Three yields in a row that take more than 50 µs each end yielding
-for one second (every wait polls for 20 µs, then sleeps): the CPU went to a busy task (a compute thread, another job)
-that keeps it until its time slice ends, milliseconds under Linux's EEVDF scheduler,
-whereas a sleeping waiter's timer wake-up preempts it.  Every wait has the op's deadline (CommTimeoutError naming the op,
-its sequence number and the ranks that did not arrive), and every 2 ms a waiter asks
-the group's transport whether a member died, left or called another op — so a dead
-peer becomes PeerLostError in milliseconds, well within 5 s — and reads the missing
-ranks' CURRENT and ABANDONED words, so that a rank that took another path (TCP) or gave
-up after an error is named instead of waited for.
+members' CPUs together (chorus.shm.placement), or where ``CHORUS_SHM_SPIN_US`` asks for
+spinning): most arrivals come within that.  Then waiting backs off so that an
+oversubscribed host (more ranks than cores) does not stall: spin for ``spin_s``, then
+``os.sched_yield()`` until ``yield_s``, then sleep 50 µs, doubling up to 1 ms — on a
+futex that the rank completing the sync wakes (below).  Three yields in a row that take
+more than 50 µs each end yielding for one second (every wait polls for 20 µs, then
+sleeps): the CPU went to a busy task (a compute thread, another job) that keeps it until
+its time slice ends, milliseconds under Linux's EEVDF scheduler, whereas a sleeping
+waiter's timer wake-up preempts it.  Every wait has the op's deadline (CommTimeoutError
+naming the op, its sequence number and the ranks that did not arrive), and every 2 ms a
+waiter asks the group's transport whether a member died, left or called another op — so
+a dead peer becomes PeerLostError in milliseconds, well within 5 s — and reads the
+missing ranks' CURRENT and ABANDONED words, so that a rank that took another path (TCP)
+or gave up after an error is named instead of waited for.
+
+*Waking.*  A rank that naps would find out that the last rank arrived only when its nap
+ends: up to a millisecond late, at every sync where ranks arrive far apart (a DDP bucket
+whose gradients are ready at different times on each rank), and the whole op waits for
+it.  So a napping rank sleeps on a futex in the window's header page, and the rank whose
+arrival completes the sync wakes it (``Waker``)::
+
+    header page, offset 64     WAKE    a 32-bit counter (futex word); any rank bumps it
+    header page, offset 128    ASLEEP  one byte per rank: 1 while that rank naps
+
+    waiter r (instead of sleeping ``nap``):   v <- WAKE;  ASLEEP[r] <- 1
+                                              if every rank arrived: ASLEEP[r] <- 0, done
+                                              futex_wait(WAKE, v, timeout nap);  ASLEEP[r] <- 0
+    a rank that finds every rank arrived:     if any ASLEEP: futex_wake_op(WAKE += 1, wake all)
+
+The kernel adds to the word and wakes in one call (``FUTEX_WAKE_OP``), so the word only
+ever moves forward: a waiter that read it before the bump finds it changed and does not
+sleep.  The nap stays the timeout, so nothing waits longer than a nap: a waiter whose
+mark and an arrival cross unseen (x86 may let a load pass an earlier store, and Python
+has no fence) sleeps its nap out.  Spurious wake-ups are harmless: the waiter looks at
+the counters again.  Where the futex system call is not available (not Linux, a 32-bit
+process, an architecture whose call number is not known here), ``Waker.make`` returns
+None and waiters nap.
+
+With a recorder attached (chorus.recorder), every ``Sync.sync`` reports a ``sync`` event.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
+from chorus import recorder
 from chorus.errors import AbortedError, CollectiveMismatchError, CommTimeoutError, PeerLostError
-from chorus.shm.wake import Waker
 from chorus.wire.fingerprint import describe
 
 WORDS = 24
@@ -124,6 +154,97 @@ class Backoff:
     polls: int = 0  # reads of a missing counter (no clock, no system call) before a sync starts waiting
 
 
+WAKE_OFFSET = 64  # in the window's header page (chorus.shm.window)
+ASLEEP_OFFSET = 128
+HEADER_PAGE = 4096
+MAX_RANKS = HEADER_PAGE - ASLEEP_OFFSET  # one byte per rank in the header page
+
+_FUTEX_WAIT, _FUTEX_WAKE_OP = 0, 5  # shared (not FUTEX_PRIVATE_FLAG): the ranks are processes
+#: FUTEX_WAKE_OP's operation: add 1 to the word (FUTEX_OP_ADD, oparg 1); its comparison
+#: (FUTEX_OP_CMP_EQ 0) only decides a second wake-up of no waiters (val2 = 0).
+_ADD_ONE = (1 << 28) | (0 << 24) | (1 << 12) | 0
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}
+_WAKE_ALL = 0x7FFFFFFF
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+_syscall = None
+
+
+def _futex_call():
+    """libc's ``syscall`` set up for futex, and the call's number; None where unknown."""
+    global _syscall
+    number = _SYS_FUTEX.get(platform.machine().lower())  # the kernel's architecture ...
+    if number is None or not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return None  # ... which a 32-bit process on a 64-bit kernel does not share
+    if _syscall is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).syscall
+        except (OSError, AttributeError):
+            return None
+        fn.restype = ctypes.c_long
+        fn.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                       ctypes.POINTER(_Timespec), ctypes.c_void_p, ctypes.c_int]
+        _syscall = fn
+    return _syscall, number
+
+
+class Waker:
+    """Rank ``rank``'s side of one window's wake word and sleep marks (see above)."""
+
+    def __init__(self, buf, world: int, rank: int, call):
+        self._fn, self._number = call
+        self.rank = rank
+        # The word's address, for the system call; the view that gave it is dropped at once,
+        # so that it does not keep the mapping exported (the address stays valid while the
+        # window is mapped, and the window is unmapped only after the group's last op).
+        self._address = np.frombuffer(buf, np.uint32, count=1, offset=WAKE_OFFSET).__array_interface__["data"][0]
+        self.word = memoryview(buf)[WAKE_OFFSET: WAKE_OFFSET + 4].cast("I")
+        self.marks = memoryview(buf)[ASLEEP_OFFSET: ASLEEP_OFFSET + world]
+        words = -(-world // 8)
+        # The marks read 8 at a time (bytes past the last rank stay 0; the page is zeroed).
+        self.asleep = memoryview(buf)[ASLEEP_OFFSET: ASLEEP_OFFSET + 8 * words].cast("Q")
+        self._timeout = _Timespec()
+        self.wakes = 0  # futex_wake calls made (tests check the path was taken)
+
+    @classmethod
+    def make(cls, buf, world: int, rank: int) -> Waker | None:
+        """A Waker for the window in ``buf``, or None where waiters must nap instead."""
+        call = _futex_call()
+        if call is None or world > MAX_RANKS:
+            return None
+        return cls(buf, world, rank, call)
+
+    def sleep(self, seconds: float, arrived) -> None:
+        """Sleep until woken or for ``seconds``, unless ``arrived()`` (every rank reached the
+        sync) is already true once this rank is marked asleep."""
+        value = self.word[0]
+        self.marks[self.rank] = 1
+        try:
+            if arrived():
+                return
+            t = self._timeout
+            t.sec, t.nsec = int(seconds), int((seconds % 1.0) * 1e9)
+            self._fn(self._number, self._address, _FUTEX_WAIT, value, t, None, 0)
+        finally:
+            self.marks[self.rank] = 0
+
+    def wake(self) -> None:
+        """Wake every rank that sleeps on the window, if any is marked asleep."""
+        for word in self.asleep:
+            if word:
+                self._fn(self._number, self._address, _FUTEX_WAKE_OP, _WAKE_ALL, None, self._address, _ADD_ONE)
+                self.wakes += 1
+                return
+
+    def release(self) -> None:
+        for view in (self.word, self.marks, self.asleep):
+            view.release()
+
+
 class Sync:
     """Rank ``rank``'s side of the counters of one window.
 
@@ -145,7 +266,7 @@ class Sync:
             self._tokens = self._arrivals = arrivals.cast("Q")
             self._token_word = (w + rank, half // 8 + w + rank)
             self._arrival_word = (rank, half // 8 + rank)
-        self.waker = waker  # chorus.shm.wake: napping waiters sleep until the last arrival (None: they nap)
+        self.waker = waker  # napping waiters sleep until the last arrival (None: they nap)
         # W <= 8: the one word of sleep marks, read here before calling the waker at all
         self._marks = waker.asleep if waker is not None and len(waker.asleep) == 1 else None
         self.rank = rank
@@ -213,15 +334,31 @@ class Sync:
 
         ``first``: this is the op's first sync; check every rank began the same call.
         """
+        if recorder.current is not None:
+            self._recorded(ctx, first)
+        elif first:
+            if not self.arrive_first(ctx.seq, ctx.fingerprint):
+                self.settle_first(ctx)
+        else:
+            target = self._arrive()
+            if not self._polled(target):
+                self._wait(target, ctx)
+            else:
+                self._wake_sleepers()
+
+    def _recorded(self, ctx, first: bool) -> None:
+        """``sync``, reported to the recorder."""
+        start = time.perf_counter()
         if first:
             if not self.arrive_first(ctx.seq, ctx.fingerprint):
                 self.settle_first(ctx)
-            return
-        target = self._arrive()
-        if not self._polled(target):
-            self._wait(target, ctx)
         else:
-            self._wake_sleepers()
+            target = self._arrive()
+            if not self._polled(target):
+                self._wait(target, ctx)
+            else:
+                self._wake_sleepers()
+        recorder.transfer("sync", ctx, "shm", start, first=first)
 
     def arrive_first(self, seq: int, fingerprint: int) -> bool:
         """Arrive at the first sync of op ``(seq, fingerprint)`` and poll the others a few
@@ -287,7 +424,7 @@ class Sync:
 
     def _wake_sleepers(self) -> None:
         """This rank saw every rank arrive: wake the ones that sleep in the sync, if any
-        (chorus.shm.wake; a waker checks the marks itself, this the one word of W <= 8)."""
+        (a waker checks the marks itself, this the one word of W <= 8)."""
         marks = self._marks
         if marks is not None:
             if marks[0]:

@@ -1,11 +1,13 @@
-"""The layout of a group's shared-memory window, and numpy views into it.
+"""A group's shared-memory window: its size and layout, its creation, and numpy views into it.
 
-One window per group, created once (chorus.shm.handshake) and reused by every op::
+One window per group, created once (``create`` by group rank 0, ``attach`` by the others,
+when chorus.shm.handshake has found that every member shares this host) and reused by
+every op::
 
     offset            size                 what
     0                 4 KiB                magic, world size, slot size, nonce (checked at attach);
                                            at 64 and 128 the wake word and sleep marks
-                                           (chorus.shm.wake)
+                                           (chorus.shm.sync.Waker)
     4 KiB             W x 192 B            control lines: rank r's counters (chorus.shm.sync)
     ...               2 x 128 B            6 <= W <= 8 only: per parity, every rank's first-sync
                                            arrival and op token side by side (chorus.shm.sync)
@@ -26,20 +28,29 @@ the file of its registered buffer (``publish_mapped``; chorus.shm.mapped).
 The data slots of one parity are contiguous: ``stack(p, dtype, lo, n)`` is a (W, n)
 view of elements ``lo .. lo+n`` of every rank's slot, which a single numpy call can
 reduce or copy.
+
+Slots are 1 MiB (``slot_bytes``; 2 MiB in groups of 2), shrunk for large groups to keep
+the window within ``CHORUS_SHM_BYTES`` (64 MiB); ``CHORUS_SHM_SLOT_BYTES`` sets them.
+The settings that choose a window's algorithms are read once, through chorus.config,
+when the group is created (``Settings``), and held by its window.
 """
 
 from __future__ import annotations
 
+import secrets
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
+from chorus import config
+from chorus.host.segment import Segment
+from chorus.shm import cma
 from chorus.shm.registered import OFFSET_BITS, Descriptor
 from chorus.shm.sync import ABANDONED, MAPPED, MAPPED_DEVICE, PID, PROBE, SOURCE, UNIFORM, WORDS
 
-MAGIC = b"CHSHM004"  # the layout's version: 002 moved the control words (chorus.shm.sync), 003 woke
-# sleepers, 004 added the arrival blocks
+MAGIC = b"CHSHM004"  # the layout's version, checked at attach
 _HEADER = struct.Struct("<8sQQ16s")  # magic, world, slot bytes, nonce
 PAGE = 4096
 CONTROL = PAGE
@@ -55,9 +66,49 @@ ARRIVAL_BLOCK = 128
 #: source modulo 4 KiB, which a page-aligned slot copied into a large numpy array (16
 #: bytes into its page) always is; half a page apart avoids it in both directions.
 #: A constant, not a setting: every member must compute the same layout (the header
-#: check at attach covers world and slot size only).  The 2026-11-26 comparison with 0
-#: used a temporary environment override.
+#: check at attach covers world and slot size only).
 SKEW = 2048
+DEFAULT_SLOT = 1 << 20
+#: Two ranks get 2 MiB slots (a window of 12 MiB): all_reduce up to 2 MiB is then one-shot
+#: in one chunk (chorus.shm.collectives.one_shot), one sync instead of three: 353-427 us
+#: against 520-746 us at 2 MiB, 1 to 16 MiB within the noise either way (``chorus bench
+#: --world 2`` with CHORUS_SHM_SLOT_BYTES=1048576 against the default, medians of 3-4 runs).
+#: (Messages that are one-shot take no registered buffer: chorus.shm.mapped starts above a
+#: slot here.)
+PAIR_SLOT = 2 << 20
+MIN_SLOT = 64 << 10
+#: all_to_all uses registered buffers from this size unless CHORUS_SHM_MAPPED_BYTES is set
+#: (chorus.shm.mapped gives the measurements).
+MAPPED_ALL_TO_ALL_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings a window's collectives choose their algorithms by, read through
+    chorus.config once, when the group is created (chorus.shm.handshake checks that every
+    member has the same ``oneshot_bytes``, ``cma_bytes``, ``mapped_bytes`` and
+    ``all_to_all_bytes``: they decide the number of syncs of an op).  A test or a bench
+    changes a group's with ``win.settings = dataclasses.replace(win.settings, ...)`` on
+    every rank."""
+
+    oneshot_bytes: int  # CHORUS_SHM_ONESHOT_BYTES (chorus.shm.collectives.one_shot)
+    cma: bool  # CHORUS_SHM_CMA: this member may read and be read directly (chorus.shm.cma)
+    cma_bytes: int  # CHORUS_SHM_CMA_BYTES (0: chorus.shm.direct.MEASURED)
+    mapped_bytes: int  # all_reduce/reduce on registered buffers from this size (0: never; chorus.shm.mapped)
+    all_to_all_bytes: int  # all_to_all on registered buffers from this size (0: never)
+    part_bytes: int  # CHORUS_SHM_PART_BYTES (chorus.shm.phases.parts_for)
+    copy_crew_bytes: int  # CHORUS_SHM_COPY_CREW_BYTES (chorus.shm.phases.parts_for)
+
+    @classmethod
+    def read(cls) -> Settings:
+        """This process's settings now (ConfigError names a value that is not valid)."""
+        mapped = config.get("CHORUS_SHM_MAPPED_BYTES") if config.get("CHORUS_SHM_MAPPED") else 0
+        explicit = config.is_set("CHORUS_SHM_MAPPED_BYTES") or not mapped
+        return cls(oneshot_bytes=config.get("CHORUS_SHM_ONESHOT_BYTES"), cma=config.get("CHORUS_SHM_CMA"),
+                   cma_bytes=config.get("CHORUS_SHM_CMA_BYTES") or 0, mapped_bytes=mapped,
+                   all_to_all_bytes=mapped if explicit else MAPPED_ALL_TO_ALL_BYTES,
+                   part_bytes=config.get("CHORUS_SHM_PART_BYTES"),
+                   copy_crew_bytes=config.get("CHORUS_SHM_COPY_CREW_BYTES"))
 
 
 def _up(n: int, to: int = PAGE) -> int:
@@ -78,29 +129,65 @@ class Layout:
         self.size = self.result + 2 * slot
 
 
-def write_header(buf, layout: Layout, nonce: bytes) -> None:
-    _HEADER.pack_into(buf, 0, MAGIC, layout.world, layout.slot, nonce)
+def slot_bytes(world: int) -> int:
+    """Bytes per slot: ``CHORUS_SHM_SLOT_BYTES``, else 1 MiB (2 MiB for 2 ranks: ``PAIR_SLOT``),
+    shrunk so that the window stays within ``CHORUS_SHM_BYTES`` (default 64 MiB) for large
+    groups; at least 64 KiB, which a group of one rank (nothing to share, only copies) gets."""
+    explicit = config.get("CHORUS_SHM_SLOT_BYTES")
+    if explicit:
+        slot = explicit
+    elif world == 1:
+        slot = MIN_SLOT
+    else:
+        budget = config.get("CHORUS_SHM_BYTES")
+        slot = min(PAIR_SLOT if world == 2 else DEFAULT_SLOT, budget // (2 * (world + 1)))
+    return max(MIN_SLOT, slot // 4096 * 4096)
 
 
-def write_probe(buf, layout: Layout, rank: int, pid: int, address: int, value: int) -> None:
-    """Publish ``rank``'s pid and CMA probe (where, and which 8 bytes) in its control line,
-    before the window is in use (chorus.shm.handshake)."""
+def create(world: int, group: int) -> tuple[Segment, Layout, bytes]:
+    """A new window for ``world`` ranks of group ``group`` (its creator's side): the mapped
+    file, its layout and the nonce written into its header, which ``attach`` checks."""
+    layout = Layout(world, slot_bytes(world))
+    segment = Segment.create(layout.size, group)
+    nonce = secrets.token_bytes(16)
+    _HEADER.pack_into(segment.buf, 0, MAGIC, layout.world, layout.slot, nonce)
+    return segment, layout, nonce
+
+
+def attach(path: str, size: int, world: int, slot: int, nonce: bytes) -> tuple[Segment, Layout]:
+    """The window another member created (``create``'s path, size, slot size and nonce);
+    OSError unless this rank reads the creator's header through its own mapping (the same
+    file on the same /dev/shm)."""
+    layout = Layout(world, slot)
+    segment = Segment.attach(path, size)
+    if layout.size != size or _HEADER.unpack_from(segment.buf, 0) != (MAGIC, world, slot, nonce):
+        segment.close()
+        raise OSError("the file holds another window (a different /dev/shm?)")
+    return segment, layout
+
+
+def publish_probe(buf, layout: Layout, rank: int, enabled: bool) -> cma.Probe | None:
+    """Write ``rank``'s pid and CMA probe (where, and which 8 bytes) into its control line,
+    before the window is in use; None (and zeros) unless CMA is ``enabled`` here."""
+    probe = None
+    if enabled and layout.world > 1:
+        cma.allow_peers()
+        probe = cma.Probe()
     line = CONTROL + rank * LINE
-    for word, v in ((PID, pid), (SOURCE, address), (PROBE, value)):
+    values = (0, 0, 0) if probe is None else (probe.pid, probe.address, probe.value)
+    for word, v in zip((PID, SOURCE, PROBE), values, strict=True):
         struct.pack_into("<Q", buf, line + 8 * word, v)
-
-
-def check_header(buf, layout: Layout, nonce: bytes) -> bool:
-    """True if ``buf`` is the window the creator announced (same file, same /dev/shm)."""
-    return _HEADER.unpack_from(buf, 0) == (MAGIC, layout.world, layout.slot, nonce)
+    return probe
 
 
 class Window:
-    """Typed views into one mapped window, for rank ``rank``; views are cached per shape."""
+    """Typed views into one mapped window, for rank ``rank``; views are cached per shape.
+    ``settings``: the group's (default: this process's now)."""
 
-    def __init__(self, buf, layout: Layout, rank: int):
+    def __init__(self, buf, layout: Layout, rank: int, settings: Settings | None = None):
         self.buf = buf
         self.layout = layout
+        self.settings = Settings.read() if settings is None else settings
         self.rank = rank
         self.world = layout.world
         self.slot = layout.slot
@@ -110,8 +197,8 @@ class Window:
         self.arrivals = memoryview(buf)[a: a + 2 * ARRIVAL_BLOCK] if layout.packed else None
         self._cache: dict[tuple, tuple] = {}
         self.cma = None  # chorus.shm.cma.Peers when the members read each other directly
-        self.crew = None  # chorus.shm.crew.Crew when this rank splits large copies among threads
-        self.maps = None  # chorus.shm.peer_maps.PeerMaps when the members map each other's registered buffers
+        self.crew = None  # chorus.shm.phases.Crew when this rank splits large copies among threads
+        self.maps = None  # chorus.shm.mapped.PeerMaps when the members map each other's registered buffers
 
     def words(self, word: int) -> list[int]:
         """Control word ``word`` of every rank (e.g. sync.PID, sync.SOURCE)."""

@@ -69,7 +69,9 @@ class Fabric:
         self.world = World()
         self.closed = False
         with entered(self.world):
-            install(self.world, transport, "chorus", timeout)
+            # the store: for what components agree on at a group's first use (chorus.cuda's
+            # workspace handles); a prefix view, which destroying the world leaves open
+            install(self.world, transport, "chorus", timeout, store=self.store)
         _live.add(self)
 
     @property

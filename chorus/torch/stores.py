@@ -111,3 +111,13 @@ class TorchView(dist.Store):
         # torch's Store.timeout is what init_process_group(timeout=) set (set_timeout).
         timeout = self.timeout
         return timeout if timeout.total_seconds() > 0 else self.chorus_store.timeout
+
+
+def agent_store(host: str, port: int, world_size: int, timeout: timedelta, prefix: str) -> Store:
+    """A chorus store over the torch TCPStore that torchrun's agent serves on HOST:PORT
+    (``TORCHELASTIC_USE_AGENT_STORE=True``), under ``prefix``: chorus scripts under torchrun
+    share its store instead of opening a second one on its port."""
+    from chorus.store.prefix_store import PrefixStore
+
+    client = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    return PrefixStore(prefix, ChorusView(client))

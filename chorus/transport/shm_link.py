@@ -1,7 +1,7 @@
 """The shared-memory side of a TCP connection between two ranks of one host.
 
 Two ranks on one host still get their TCP connection (control frames, failure
-detection, order), plus one segment holding two byte rings (chorus.shm.ring), one per
+detection, order), plus one segment holding two byte rings (chorus.transport.ring), one per
 direction.  A frame whose payload has at least ``min_bytes`` sends its header over the
 socket as always and its payload through the ring; smaller payloads ride the socket.
 The reader learns where a payload is from its header alone (both ends agreed on
@@ -57,11 +57,10 @@ import threading
 from collections.abc import Callable
 
 from chorus import config
+from chorus.host.identity import NO_HOST, host_digest, platform_ok, transport_mode
+from chorus.host.segment import SHM_DIR, Segment
 from chorus.net import recv_exact
-from chorus.shm.group import platform_ok, transport_mode
-from chorus.shm.hostid import NO_HOST, host_digest
-from chorus.shm.ring import RingReader, RingWriter, ring_size
-from chorus.shm.segment import SHM_DIR, Segment
+from chorus.transport.ring import RingReader, RingWriter, ring_size
 
 log = logging.getLogger("chorus")
 
@@ -201,7 +200,7 @@ def acceptor_side(sock: socket.socket, rank: int, peer: int, world_size: int) ->
 def ring_ends(pairing: Pairing, *, peer: int, bell: Callable[[], None],
               doze: Callable[[float], bool], gone: Callable[[], str | None]
               ) -> tuple[RingWriter, RingReader]:
-    """This end's writer and reader for a connection to ``peer`` (see chorus.shm.ring for
+    """This end's writer and reader for a connection to ``peer`` (see chorus.transport.ring for
     ``bell`` and ``doze``).  ``gone()`` says why the peer will read no more (it died or
     left; None while it may), which ends a writer's wait for space."""
 

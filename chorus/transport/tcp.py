@@ -44,10 +44,10 @@ import numpy as np
 
 from chorus import config, net
 from chorus.errors import ProtocolError, RendezvousError
-from chorus.shm.ring import RingReader, RingWriter
 from chorus.transport import shm_link
 from chorus.transport.base import Transport, control_header
 from chorus.transport.handles import Handle
+from chorus.transport.ring import RingReader, RingWriter
 from chorus.transport.tcp_reader import BELL, BufferedReader
 from chorus.wire.frames import (
     HEADER_SIZE,

@@ -5,7 +5,7 @@ reader pulls whatever the kernel has into a buffer and serves headers and small 
 from it.  A large payload is copied out of the buffer only for the part already there;
 the rest is received straight into its destination.
 
-A connection whose large payloads come through shared memory (chorus.shm.ring) also
+A connection whose large payloads come through shared memory (chorus.transport.ring) also
 sleeps here while such a payload is incomplete: :meth:`BufferedReader.doze` waits for the
 socket, where the writer rings its bell (a HEARTBEAT frame) or its death shows as EOF.
 """

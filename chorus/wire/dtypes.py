@@ -23,6 +23,12 @@ DTYPE_CODES: dict[str, int] = {
     "float64": 13,
     "complex64": 14,
     "complex128": 15,
+    # torch's 8-bit floats: CUDA tensors only (numpy has none; chorus.buffers refuses them
+    # on the CPU); codes for fingerprints and errors
+    "float8_e4m3fn": 16,
+    "float8_e5m2": 17,
+    "float8_e4m3fnuz": 18,
+    "float8_e5m2fnuz": 19,
 }
 DTYPE_NAMES: dict[int, str] = {code: name for name, code in DTYPE_CODES.items()}
 

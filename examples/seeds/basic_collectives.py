@@ -1,62 +1,48 @@
-"""The first collectives: broadcast from rank 0, then an all-reduce of the ranks.
-
-Seed: 001_5fc9b1909656c151.txt, "基本 API 使用" (init_process, example_broadcast,
-example_all_reduce), started with mp.spawn as in its "启动多进程训练" section.  The seed
-picks "nccl"; this CPU version uses "gloo", one of the backends it lists.
-Run:  python examples/seeds/basic_collectives.py
-
-Every rank prints tensor 1.0 after the broadcast and 6.0 after the all-reduce
-(0 + 1 + 2 + 3).
-"""
-
-import os
-
+import chorus as dist  # seed: import torch.distributed as dist
 import torch
-
-import chorus as dist  # torch: import torch.distributed as dist
-import chorus as mp  # torch: import torch.multiprocessing as mp
-
-MASTER_PORT = os.environ.get("MASTER_PORT", "29500")  # the seed's port, unless a test picks one
-
+import _cpu_fallback  # noqa: F401 -- not in the seed: where no GPU exists, runs it on the CPU
 
 def init_process(rank, world_size):
-    # this process's rank and the number of processes
+    # 设置进程的 rank 和 world_size
     dist.init_process_group(
-        backend="gloo",  # the seed: "nccl" (or "gloo", "mpi")
-        init_method="tcp://127.0.0.1:" + MASTER_PORT,  # rank 0's address
-        rank=rank,
-        world_size=world_size,
+        backend="nccl",  # 或者 "gloo"、"mpi"
+        init_method="tcp://127.0.0.1:29500",  # 分布式初始化方法，可以使用 TCP/IP 地址
+        rank=rank,  # 当前进程的 rank
+        world_size=world_size  # 总进程数
     )
-
 
 def example_broadcast(rank):
     tensor = torch.zeros(1)
-
+    
     if rank == 0:
-        tensor += 1  # only rank 0 changes its tensor
+        tensor += 1  # 进程 0 增加 tensor 值
 
-    # rank 0's tensor goes to everybody
+    # 进程 0 将 tensor 广播给所有进程
     dist.broadcast(tensor, src=0)
-
+    
     print(f"Rank {rank} has tensor: {tensor.item()}")
 
-
 def example_all_reduce(rank):
-    tensor = torch.ones(1) * rank  # every rank holds its rank
-
-    # sum over all ranks, the result on every rank
+    tensor = torch.ones(1) * rank  # 每个进程的 tensor 值为 rank
+    
+    # 所有进程的 tensor 求和，并将结果同步到所有进程
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-
+    
     print(f"Rank {rank} has tensor after all_reduce: {tensor.item()}")
 
 
+import torch.multiprocessing as mp
+
+# 训练主函数
 def main(rank, world_size):
+    # not in the seed: its main calls train_model (its DDP example); this main runs the module-level lines of the two blocks above, with the rank mp.spawn passes
+    # 示例：初始化包含 4 个进程的分布式环境
     init_process(rank, world_size)
+    # Rank 0 会发起广播，所有进程执行 all_reduce 操作
     example_broadcast(rank)
     example_all_reduce(rank)
-    dist.destroy_process_group()
 
-
+# 启动多个进程进行训练
 if __name__ == "__main__":
     world_size = 4
     mp.spawn(main, args=(world_size,), nprocs=world_size, join=True)

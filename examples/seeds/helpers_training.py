@@ -1,227 +1,257 @@
-"""Data-parallel training by hand with the seed's helpers: the same model on every
-rank, each rank a different shard of the data, gradients averaged with reduce_tensor.
-
-Seed: 003_c0b9def01b497aca.txt -- the scenes of sections 2.3 (gradient sync, loss
-monitoring, metrics), 3.3 (evaluation, gradient norms), 4.3 (parameter sync, random
-seed, learning rate, early stopping), 5.3 (checkpoint, training loop) and 6.1 (training
-step, evaluation), put together into one run on a toy problem.  The helpers are the
-seed's ``distributed.py``, shipped as ``chorus.utils``.  Left out: 6.2 (adaptive batch
-size), which reads CUDA memory statistics.
-Run:  python -m chorus.run --nproc-per-node=4 examples/seeds/helpers_training.py
-      python examples/seeds/helpers_training.py     (not distributed: the same code, one process)
-
-What to look for: every rank reports the same seed and the same evaluation; the
-parameters stay identical on all ranks; the accuracy from summed counts equals the one
-computed on rank 0; every rank reads back the checkpoint rank 0 saved.
-"""
-
+# ---- not in the seed: imports and a logger ----
 import logging
-import os
-import shutil
 import sys
-import tempfile
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
-
-import chorus as dist  # torch: import torch.distributed as dist
-from chorus.utils import (
+from distributed import (
     barrier,
     broadcast_tensor,
+    cleanup,
     gather_tensor,
     get_device,
     get_rank,
-    get_world_size,
-    is_distributed,
+    init_distributed,
     is_main_process,
     reduce_tensor,
 )
 
-logger = logging.getLogger("distributed")  # the seed's logger: messages to stdout
+logger = logging.getLogger("seed")  # the seed's logger: its messages, one a line, on stdout
 logger.addHandler(logging.StreamHandler(sys.stdout))
 logger.setLevel(logging.INFO)
 
-SAMPLES, FEATURES, BATCH, EPOCHS, EVAL_INTERVAL = 256, 8, 16, 6, 2
 
-
-# -- 4.3 keeping the ranks in step ------------------------------------------------------
-def sync_model_parameters(model):
-    """Scene 1: rank 0's parameters everywhere (each rank initialised its own)."""
+# ---- seed: 4.3 场景1: 模型参数同步 ----
+def sync_model_parameters():
+    # 确保所有GPU的模型参数完全一致
     for param in model.parameters():
+        # 将主进程的参数广播到所有进程
         broadcast_tensor(param.data, src=0)
 
 
+# ---- seed: 4.3 场景2: 随机种子同步 ----
 def sync_random_seed():
-    """Scene 2: rank 0 draws the seed, everybody uses it."""
     if is_main_process():
+        # 主进程生成随机种子
         seed = torch.randint(0, 1000000, (1,), device=get_device())
     else:
-        # the seed writes torch.zeros(1) here, a float tensor: a broadcast needs the same
-        # dtype on every rank, so receive into an integer tensor like randint's
-        seed = torch.zeros(1, dtype=torch.long, device=get_device())
+        # 其他进程准备接收
+        seed = torch.zeros(1, dtype=torch.long, device=get_device())  # changed: the seed's torch.zeros(1, device=get_device()) is float32 and rank 0's randint seed int64; a broadcast needs one dtype on every rank
+    
+    # 广播种子到所有进程
     seed = broadcast_tensor(seed, src=0)
+    
+    # 所有进程使用相同种子
     torch.manual_seed(seed.item())
     logger.info(f"All processes using seed: {seed.item()}")
 
 
-def update_learning_rate_dynamically(optimizer, epoch):
-    """Scene 3: rank 0 decides, everybody applies."""
-    current_lr = optimizer.param_groups[0]["lr"]
+# ---- seed: 4.3 场景3: 动态配置更新 ----
+def update_learning_rate_dynamically():
     if is_main_process():
-        new_lr = current_lr * 0.1 if epoch == EPOCHS // 2 else current_lr
-        lr_tensor = torch.tensor([new_lr], device=get_device())
+        # 主进程根据某些条件决定新的学习率
+        if should_decay_lr():
+            new_lr = current_lr * 0.1
+        else:
+            new_lr = current_lr
+        
+        lr_tensor = torch.tensor(new_lr, device=get_device())
     else:
+        # 其他进程准备接收
         lr_tensor = torch.zeros(1, device=get_device())
+    
+    # 广播新学习率
     lr_tensor = broadcast_tensor(lr_tensor, src=0)
+    
+    # 所有进程更新优化器
     for param_group in optimizer.param_groups:
-        param_group["lr"] = lr_tensor.item()
+        param_group['lr'] = lr_tensor.item()
 
 
-def check_early_stopping(eval_loss):
-    """Scene 4: rank 0 decides whether to stop, everybody follows."""
+# ---- seed: 4.3 场景4: 早停信号广播 ----
+def check_early_stopping():
     if is_main_process():
-        should_stop = eval_loss < 0.05
-        stop_signal = torch.tensor([1.0 if should_stop else 0.0], device=get_device())
+        # 主进程检查是否应该早停
+        should_stop = check_convergence() or check_time_limit()
+        stop_signal = torch.tensor(1.0 if should_stop else 0.0, device=get_device())
     else:
         stop_signal = torch.zeros(1, device=get_device())
+    
+    # 广播停止信号
     stop_signal = broadcast_tensor(stop_signal, src=0)
+    
     return stop_signal.item() > 0.5
 
 
-# -- 3.3 / 6.1 training and evaluation ---------------------------------------------------
-def debug_gradient_norms(model):
-    """3.3 scene 3: every rank's local gradient norm, logged by rank 0."""
-    local_grad_norm = torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters()))
-    all_grad_norms = gather_tensor(local_grad_norm, dst=0)
+# ---- seed: 5.3 场景1: 确保检查点保存完成 ----
+def save_checkpoint_safely():
     if is_main_process():
-        for rank, norm in enumerate(all_grad_norms):
-            logger.info(f"GPU {rank} gradient norm: {norm.item():.4f}")
+        # 主进程保存模型
+        torch.save(model.state_dict(), "checkpoint.pt")
+        logger.info("Checkpoint saved")
+    
+    # 等待主进程完成保存
+    barrier()
+    
+    # 现在所有进程都知道检查点已保存完成
+    logger.info("All processes: checkpoint save confirmed")
 
 
-def distributed_training_step(model, batch, optimizer, debug=False):
-    """6.1: forward and backward on the local batch, average the gradients, step."""
-    inputs, labels = batch
-    loss = F.cross_entropy(model(inputs), labels)
+# ---- seed: 5.3 场景3: 验证阶段同步 ----
+def training_loop():
+    for epoch in range(num_epochs):
+        # 训练阶段
+        model.train()
+        for batch in train_dataloader:
+            train_step(batch)
+        
+        # 确保所有进程完成训练
+        barrier()
+        
+        # 验证阶段
+        if epoch % eval_interval == 0:
+            model.eval()
+            eval_loss = evaluate()
+            
+            if is_main_process():
+                logger.info(f"Epoch {epoch}, Eval loss: {eval_loss}")
+        
+        # 确保验证完成后再开始下一个epoch
+        barrier()
+
+
+# ---- seed: 6.1 完整的训练循环示例 ----
+def distributed_training_step(model, batch, optimizer):
+    # 1. 前向传播（每个GPU处理不同数据）
+    outputs = model(batch)
+    loss = outputs.loss
+    
+    # 2. 反向传播
     loss.backward()
-    if debug:
-        debug_gradient_norms(model)  # before the averaging: they differ per rank
-    for param in model.parameters():  # what DDP would do for us
-        if param.grad is not None:
-            param.grad = reduce_tensor(param.grad, op="mean")
+    
+    # 3. 梯度同步（如果不使用DDP）
+    if not using_ddp:
+        for param in model.parameters():
+            if param.grad is not None:
+                param.grad = reduce_tensor(param.grad, op="mean")
+    
+    # 4. 参数更新
     optimizer.step()
     optimizer.zero_grad()
-    return reduce_tensor(loss.detach(), op="mean")  # 2.3 scene 2: the global loss
+    
+    # 5. 损失值同步用于监控
+    avg_loss = reduce_tensor(loss.detach(), op="mean")
+    
+    return avg_loss
 
-
-def distributed_evaluation(model, batches):
-    """6.1: gather losses, predictions and labels on rank 0, which computes the
-    metrics and broadcasts them."""
-    all_losses, all_predictions, all_labels = [], [], []
+def distributed_evaluation(model, dataloader):
+    model.eval()
+    all_losses = []
+    all_predictions = []
+    all_labels = []
+    
     with torch.no_grad():
-        for inputs, labels in batches:
-            logits = model(inputs)
-            loss = F.cross_entropy(logits, labels)
-            predictions = logits.argmax(dim=-1)
+        for batch in dataloader:
+            outputs = model(batch)
+            loss = outputs.loss
+            predictions = outputs.logits.argmax(dim=-1)
+            labels = batch['labels']
+            
+            # 收集所有GPU的结果到主进程
             gathered_losses = gather_tensor(loss, dst=0)
             gathered_preds = gather_tensor(predictions, dst=0)
             gathered_labels = gather_tensor(labels, dst=0)
+            
             if is_main_process():
-                all_losses.extend([lo.item() for lo in gathered_losses])
-                for preds, labs in zip(gathered_preds, gathered_labels, strict=True):
-                    all_predictions.extend(preds.tolist())
-                    all_labels.extend(labs.tolist())
-
+                all_losses.extend([l.item() for l in gathered_losses])
+                for preds, labs in zip(gathered_preds, gathered_labels):
+                    all_predictions.extend(preds.cpu().numpy())
+                    all_labels.extend(labs.cpu().numpy())
+    
     if is_main_process():
         avg_loss = sum(all_losses) / len(all_losses)
-        accuracy = sum(p == t for p, t in zip(all_predictions, all_labels, strict=True)) / len(all_labels)
+        accuracy = compute_accuracy(all_predictions, all_labels)
+        
+        # 将结果广播给所有进程
         result_tensor = torch.tensor([avg_loss, accuracy], device=get_device())
     else:
         result_tensor = torch.zeros(2, device=get_device())
+    
     result_tensor = broadcast_tensor(result_tensor, src=0)
-    return result_tensor[0].item(), result_tensor[1].item()
+    avg_loss, accuracy = result_tensor[0].item(), result_tensor[1].item()
+    
+    return avg_loss, accuracy
 
 
-def global_accuracy(model, batches):
-    """2.3 scene 3: sum the correct and total counts of all ranks."""
-    correct, total = 0, 0
-    with torch.no_grad():
-        for inputs, labels in batches:
-            correct += (model(inputs).argmax(dim=-1) == labels).sum().item()
-            total += len(labels)
-    global_correct = reduce_tensor(torch.tensor(correct, device=get_device()), op="sum")
-    global_total = reduce_tensor(torch.tensor(total, device=get_device()), op="sum")
-    return (global_correct / global_total).item()
+# ---- not in the seed: the names its functions use, and a run ----
+using_ddp = False
+num_epochs = 3
+eval_interval = 1
+current_lr = 0.5
 
 
-# -- 5.3 checkpoint ------------------------------------------------------------------------
-def save_checkpoint_safely(model):
-    """Rank 0 saves; the barrier tells everybody the file is complete."""
-    folder = [tempfile.mkdtemp(prefix="seed003-") if is_main_process() else None]
-    if is_distributed():
-        dist.broadcast_object_list(folder, src=0)  # where rank 0 saves
-    path = os.path.join(folder[0], "checkpoint.pt")
-    if is_main_process():
-        torch.save(model.state_dict(), path)
-        logger.info("Checkpoint saved")
+class Model(torch.nn.Module):
+    """model(batch) returns outputs with .loss and .logits, as the seed's model does."""
 
-    barrier()  # wait until rank 0 has saved
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 2)
 
-    state = torch.load(path)
-    same = all(torch.equal(state[k], v) for k, v in model.state_dict().items())
-    logger.info(f"Rank {get_rank()}: checkpoint save confirmed, matches my parameters: {same}")
-    barrier()  # everybody has read it: rank 0 may delete it
-    if is_main_process():
-        shutil.rmtree(folder[0])
+    def forward(self, batch):
+        logits = self.linear(batch["inputs"])
+        return SimpleNamespace(loss=F.cross_entropy(logits, batch["labels"]), logits=logits)
 
 
-def make_data():
-    """The same data set on every rank (same seed); each rank keeps its own shard."""
-    inputs = torch.randn(SAMPLES, FEATURES)
-    teacher = torch.randn(FEATURES)
-    labels = (inputs @ teacher > 0).long()
-    shard = slice(get_rank(), SAMPLES, get_world_size())
-    inputs, labels = inputs[shard], labels[shard]
-    return [(inputs[i:i + BATCH], labels[i:i + BATCH]) for i in range(0, len(labels), BATCH)]
+def make_batches(seed):
+    """4 batches of 16 samples (8 features, label: the sign of their sum) on get_device()."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(4):
+        inputs = torch.randn(16, 8, generator=generator)
+        labels = (inputs.sum(dim=1) > 0).long()
+        batches.append({"inputs": inputs.to(get_device()), "labels": labels.to(get_device())})
+    return batches
 
 
-def training_loop():
-    """5.3 scene 3: train, barrier, evaluate now and then, barrier."""
-    torch.manual_seed(get_rank())  # a different initialisation on every rank ...
-    model = torch.nn.Linear(FEATURES, 2)
-    sync_model_parameters(model)  # ... until rank 0's is broadcast
-    sync_random_seed()
-    batches = make_data()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+def compute_accuracy(predictions, labels):
+    return sum(int(p == t) for p, t in zip(predictions, labels, strict=True)) / len(labels)
 
-    for epoch in range(EPOCHS):
-        update_learning_rate_dynamically(optimizer, epoch)
-        for step, batch in enumerate(batches):
-            avg_loss = distributed_training_step(model, batch, optimizer, debug=(epoch, step) == (0, 0))
-        if is_main_process():
-            logger.info(f"Epoch {epoch}, global average loss: {avg_loss.item():.4f}")
 
-        barrier()  # everybody finished the epoch's training
+def should_decay_lr():
+    return True
 
-        if epoch % EVAL_INTERVAL == 0 or epoch == EPOCHS - 1:
-            eval_loss, accuracy = distributed_evaluation(model, batches)
-            logger.info(f"Rank {get_rank()}: epoch {epoch}, eval loss {eval_loss:.4f}, accuracy {accuracy:.4f}")
-            if check_early_stopping(eval_loss):
-                break
 
-        barrier()  # evaluation finished before the next epoch starts
+def check_convergence():
+    return False
 
-    logger.info(f"Rank {get_rank()}: accuracy from summed counts {global_accuracy(model, batches):.4f}")
-    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-    gathered = gather_tensor(flat, dst=0)
-    if is_main_process():
-        logger.info(f"parameters identical on all ranks: {all(torch.equal(g, flat) for g in gathered)}")
-    save_checkpoint_safely(model)
+
+def check_time_limit():
+    return False
+
+
+def train_step(batch):
+    distributed_training_step(model, batch, optimizer)
+
+
+def evaluate():
+    eval_loss, accuracy = distributed_evaluation(model, eval_dataloader)
+    return eval_loss
 
 
 if __name__ == "__main__":
-    distributed = "RANK" in os.environ  # set by chorusrun / torchrun
-    if distributed:
-        dist.init_process_group("gloo")
+    init_distributed()  # torchrun: 4 ranks; plain python: one process
+    torch.manual_seed(get_rank())  # every rank its own initial weights, until they are synced
+    model = Model().to(get_device())
+    optimizer = torch.optim.SGD(model.parameters(), lr=current_lr)
+    train_dataloader = make_batches(seed=get_rank())  # every rank its own shard
+    eval_dataloader = make_batches(seed=100 + get_rank())
+
+    sync_model_parameters()
+    sync_random_seed()
     training_loop()
-    if distributed:
-        dist.destroy_process_group()
+    update_learning_rate_dynamically()
+    logger.info(f"Rank {get_rank()}: learning rate {optimizer.param_groups[0]['lr']}")
+    logger.info(f"Rank {get_rank()}: early stop: {check_early_stopping()}")
+    save_checkpoint_safely()
+    cleanup()

@@ -29,13 +29,15 @@ import os
 import re
 import secrets
 
+from chorus import config
+
 SHM_DIR = "/dev/shm"
 PREFIX = "chorus-"
 
 
 def job_tag(job_id: str | None = None) -> str:
     """The job part of segment names: ``CHORUS_JOB_ID`` (sanitised) or ``nojob``."""
-    job = os.environ.get("CHORUS_JOB_ID", "") if job_id is None else job_id
+    job = (config.get("CHORUS_JOB_ID") or "") if job_id is None else job_id
     return re.sub(r"[^A-Za-z0-9_.]", "_", job)[:64] or "nojob"
 
 

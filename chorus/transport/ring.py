@@ -46,7 +46,12 @@ from collections.abc import Callable
 import numpy as np
 
 from chorus.errors import ProtocolError
-from chorus.shm.sync import CHECK_S, NAP_MAX, NAP_MIN
+
+# A waiting end polls, then naps from NAP_MIN doubling to NAP_MAX, and checks the other
+# end's liveness every CHECK_S (the same waiting policy as the shared-memory window's
+# syncs, chorus.shm.sync).
+CHECK_S = 0.002
+NAP_MIN, NAP_MAX = 50e-6, 1e-3
 
 CONTROL = 4096  # bytes before the data area
 HEAD, TAIL, SLEEPS = 0, 16, 32  # word indices, 128 bytes apart (no shared cache-line pair)

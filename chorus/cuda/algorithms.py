@@ -1,0 +1,185 @@
+"""The collectives of chorus.cuda as functions over an executor ``x`` (chorus.cuda.lanes:
+kernels and copies on a CUDA stream; the tests' emulation: numpy and threads).
+
+What an executor offers (addresses are ints; sizes are bytes unless they say elements)::
+
+    x.rank, x.world, x.layout          who I am; the workspace geometry (chorus.cuda.layout)
+    x.round()                          start a round: the next parity of the slots
+    x.slot(r)                          rank r's collective slot of this round (its address)
+    x.barrier()                        every rank arrives; writes before it are seen after it
+    x.copy(dst, src, nbytes, peer)     copy engine (peer: the rank whose memory is read/written)
+    x.reduce(out, offset, n)           out[:n] = op over ranks r (in order) of slot(r)[offset:][:n]
+    x.all_reduce_fused(kind, inp, out, n)   one kernel: copy in, barrier(s), reduce (below)
+    x.send_chunk(peer, src, nbytes, tag, total)   through my channel to peer (flags, acks)
+    x.recv_chunk(peer, dst, nbytes, tag, total)   out of peer's channel to me
+
+Rounds: a round writes only the writer's own slot of its parity, then has one barrier,
+then reads.  Round k+2 reuses round k's parity; its writes come after round k+1's barrier,
+which every rank reaches only after finishing round k's reads (one stream per rank).
+
+all_reduce runs as one fused kernel per round (chorus.cuda.kernels), chosen by size::
+
+    one_shot    (< ONE_SHOT_MAX_BYTES)  rank r: slot_r <- data; barrier; data <- op(slot_0 .. slot_W-1)
+    two_shot    (from there on, in rounds of the slot)  rank r: slot_r <- data; barrier;
+                slot_r[slice r] = data[slice r] <- op over q of slot_q[slice r]; barrier;
+                data[slice q] <- slot_q[slice q] for every q
+    copy_reduce (by name only) the copy engine, the barrier kernel, the reduce kernel: three
+                launches, as one_shot; kept to compare against
+
+Each of its blocks syncs with the same block of the other ranks only (they touch the same
+elements), so a round is one launch with no grid-wide sync.  The other collectives are
+one-shot, chunked by the slot: every rank writes its input into its slot, and after the
+barrier reads what it needs from every rank's slot::
+
+    reduce      as all_reduce, only the root reads
+    broadcast   root: slot_root <- data;         barrier; others: data <- slot_root
+    all_gather  rank r: slot_r <- input;         barrier; output[q] <- slot_q for every q
+    gather      as all_gather, only the root reads
+    scatter     root: slot_root[q] <- input[q];  barrier; rank q: output <- slot_root[q]
+    reduce_scatter  rank r: slot_r[q] <- input block q;  barrier; rank q: output <- op over r
+                    of slot_r[q]  (slot_r[q]: the q-th of W equal pieces of the slot)
+    all_to_all  one barrier, then pairwise through the channels (sizes differ per pair)
+
+Every collective passes at least one barrier, where the ranks compare their ops'
+fingerprints (chorus.cuda.kernels): ranks that called different collectives learn it
+there instead of running mismatched ops over each other's memory.
+
+chorus.cuda.component picks the algorithm by name (``all_reduce_algorithm`` for "auto").
+"""
+
+from __future__ import annotations
+
+from chorus.cuda.layout import two_shot_chunk
+
+#: the tag of the channel messages of all_to_all (p2p tags are the user's)
+EXCHANGE_TAG = -1
+
+
+def _chunks(total: int, step: int):
+    """(offset, length) pieces of ``total`` units, ``step`` at a time."""
+    for off in range(0, total, step):
+        yield off, min(step, total - off)
+
+
+#: all_reduce messages below this many bytes run one-shot, the rest two-shot.  Measured on
+#: 4 x H100/H200 (NVLink, bf16): see the "one_shot vs two_shot" table of
+#:     bash tests/gpu/speed_run.sh
+#: (chorus bench --device cuda --collective all_reduce --algorithm one_shot / two_shot).
+ONE_SHOT_MAX_BYTES = 256 << 10
+#: ... for groups of more ranks than this, two-shot from ONE_SHOT_MAX_BYTES / 4 on (every
+#: one-shot rank reads W - 1 peers' whole messages; two-shot reads 2 (W - 1) / W of one)
+ONE_SHOT_WIDE = 4
+ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "copy_reduce")
+
+
+def all_reduce_algorithm(nbytes: int, world: int) -> str:
+    """The all_reduce algorithm for a message of ``nbytes`` on ``world`` ranks."""
+    limit = ONE_SHOT_MAX_BYTES if world <= ONE_SHOT_WIDE else ONE_SHOT_MAX_BYTES // 4
+    return "one_shot" if nbytes < limit or world < 2 else "two_shot"
+
+
+def all_reduce(x, data: int, n: int, item: int, algorithm: str = "auto") -> None:
+    if algorithm not in ALL_REDUCE_ALGORITHMS:
+        algorithm = all_reduce_algorithm(n * item, x.world)
+    if algorithm == "copy_reduce":
+        for off, m in _chunks(n, x.layout.slot // item):
+            x.round()
+            x.copy(x.slot(x.rank), data + off * item, m * item, x.rank)
+            x.barrier()
+            x.reduce(data + off * item, 0, m)
+        return
+    step = x.layout.slot // item if algorithm == "one_shot" else two_shot_chunk(x.layout.slot, item, x.world)
+    for off, m in _chunks(n, step):
+        x.round()
+        x.all_reduce_fused(algorithm, data + off * item, data + off * item, m)
+
+
+def reduce(x, data: int, n: int, item: int, root: int) -> None:
+    for off, m in _chunks(n, x.layout.slot // item):
+        x.round()
+        x.copy(x.slot(x.rank), data + off * item, m * item, x.rank)
+        x.barrier()
+        if x.rank == root:
+            x.reduce(data + off * item, 0, m)
+
+
+def broadcast(x, data: int, n: int, item: int, root: int) -> None:
+    for off, m in _chunks(n, x.layout.slot // item):
+        x.round()
+        if x.rank == root:
+            x.copy(x.slot(root), data + off * item, m * item, root)
+        x.barrier()
+        if x.rank != root:
+            x.copy(data + off * item, x.slot(root), m * item, root)
+
+
+def all_gather(x, inp: int, out: int | None, n: int, item: int, root: int = -1) -> None:
+    """All-gather (``root`` -1) or gather to ``root`` (``out`` only there)."""
+    for off, m in _chunks(n, x.layout.slot // item):
+        x.round()
+        x.copy(x.slot(x.rank), inp + off * item, m * item, x.rank)
+        x.barrier()
+        if root in (-1, x.rank):
+            for r in range(x.world):
+                src = inp + off * item if r == x.rank else x.slot(r)
+                x.copy(out + (r * n + off) * item, src, m * item, r)
+
+
+def scatter(x, inp: int | None, out: int, n: int, item: int, root: int) -> None:
+    piece = x.layout.piece()
+    for off, m in _chunks(n, piece // item):
+        x.round()
+        if x.rank == root:
+            for q in range(x.world):
+                if q != root:
+                    x.copy(x.slot(root) + q * piece, inp + (q * n + off) * item, m * item, root)
+        x.barrier()
+        src = inp + (root * n + off) * item if x.rank == root else x.slot(root) + x.rank * piece
+        x.copy(out + off * item, src, m * item, root)
+
+
+def reduce_scatter(x, inp: int, out: int, counts: tuple[int, ...], item: int) -> None:
+    piece = x.layout.piece()
+    step = piece // item
+    starts = [sum(counts[:q]) for q in range(x.world)]
+    for off, _ in _chunks(max(counts, default=0), step):
+        x.round()
+        for q in range(x.world):
+            m = max(0, min(step, counts[q] - off))
+            x.copy(x.slot(x.rank) + q * piece, inp + (starts[q] + off) * item, m * item, x.rank)
+        x.barrier()
+        x.reduce(out + off * item, x.rank * piece, max(0, min(step, counts[x.rank] - off)))
+
+
+def exchange(x, sends, recvs, always: bool) -> None:
+    """Move every message of ``sends`` (peer, address, nbytes, tag) and ``recvs`` (same)
+    through the channels, chunk by chunk: in round k every message's k-th chunk is sent,
+    then every message's k-th chunk is received.  A rank waits only for chunks its peers
+    send in the same round or for acks of two rounds back, so a batch never deadlocks,
+    whatever the order of its messages.  ``always``: an empty message still sends one
+    chunk (its header: point-to-point matching); else empty messages send nothing
+    (all_to_all, where both sides know the size)."""
+    size = x.layout.channel
+
+    def count(nbytes: int) -> int:
+        return max(1 if always else 0, -(-nbytes // size))
+
+    rounds = max((count(m[2]) for m in (*sends, *recvs)), default=0)
+    for k in range(rounds):
+        for peer, addr, nbytes, tag in sends:
+            if k < count(nbytes):
+                x.send_chunk(peer, addr + k * size, min(size, nbytes - k * size), tag, nbytes)
+        for peer, addr, nbytes, tag in recvs:
+            if k < count(nbytes):
+                x.recv_chunk(peer, addr + k * size, min(size, nbytes - k * size), tag, nbytes)
+
+
+def all_to_all(x, inp: int, out: int, send_counts, recv_counts, item: int) -> None:
+    x.barrier()  # the channels carry no fingerprint: compare them here
+    send_at = [sum(send_counts[:q]) for q in range(x.world)]
+    recv_at = [sum(recv_counts[:q]) for q in range(x.world)]
+    me = x.rank
+    x.copy(out + recv_at[me] * item, inp + send_at[me] * item, send_counts[me] * item, me)
+    peers = [q for q in range(x.world) if q != me]
+    exchange(x, [(q, inp + send_at[q] * item, send_counts[q] * item, EXCHANGE_TAG) for q in peers],
+             [(q, out + recv_at[q] * item, recv_counts[q] * item, EXCHANGE_TAG) for q in peers], False)

@@ -1,0 +1,514 @@
+"""``CudaComponent``: collectives and point-to-point of CUDA tensors for one group.
+
+``attach(pg)`` is what the API calls (by name) when a group sees its first CUDA call;
+every member calls it at that call, and it is collective: the members allocate and map
+a workspace (chorus.cuda.workspace) and check it by a real transfer.  If that fails
+anywhere, every member logs one line saying why and the component stages every op
+through pinned host memory instead (chorus.cuda.staging).
+
+Per call, with a mapped workspace::
+
+    supports(call)   a CUDA call: all_reduce "one_shot" / "two_shot" by size (or
+                     "copy_reduce", by name: chorus.cuda.algorithms), "one_shot" (other
+                     collectives), "channels" (all_to_all), "barrier"; "staging" for
+                     reductions of dtypes the kernels lack
+    all_reduce_now   a synchronous all_reduce from a cached plan, with none of the general
+                     path's per-call objects (the API's latency lane)
+    start(call)      enqueue the algorithm (chorus.cuda.algorithms) on the caller's
+                     current stream, in issue order; return at once (async_op: a
+                     CudaWork holding an event recorded after it)
+    p2p(...)         a send or receive through the pair's channel
+
+Streams, as ProcessGroupNCCL's contract: an op is enqueued on the caller's current stream
+(after the work queued there; later work there runs after it); synchronous calls return
+once enqueued; ``async_op`` gives a CudaWork holding an event recorded after the op.  The
+ops of a group still run on the GPU in issue order when they come from several streams
+(``_follow``): an op on another stream than the group's last op makes its stream wait for
+that op first.  Members that are threads of one process run every op on the
+workspace's own stream, joined to the caller's both ways (chorus.cuda.workspace).  A
+synchronous ``barrier`` also blocks the CPU until it completed (as torch's).
+
+Failures: every spin is bounded by the group's timeout and by the ABORT word that a
+transport failure listener sets (chorus.cuda.kernels).  A kernel that gives up writes
+why into the control page; the next call on the group, and ``CudaWork.wait`` /
+``synchronize``, read it and raise: CollectiveMismatchError when a barrier found ranks
+in another collective (naming both calls; the transport is told, so the group's CPU ops
+fail too), PeerLostError or CollectiveMismatchError when the transport knows of one,
+else CommTimeoutError, AbortedError or BufferMismatchError, naming the op, the group
+and the ranks.  From then on the component is broken: every later call raises the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from chorus import config, recorder
+from chorus.call import Call
+from chorus.components import select
+from chorus.components.base import Component, run_in_order
+from chorus.cuda import algorithms as A
+from chorus.cuda import layout as L
+from chorus.cuda import staging
+from chorus.engine import OpContext
+from chorus.errors import (
+    AbortedError,
+    BufferMismatchError,
+    CollectiveMismatchError,
+    CommTimeoutError,
+    InvalidArgumentError,
+    PeerLostError,
+)
+from chorus.wire.fingerprint import describe, fingerprint
+from chorus.work import Work
+
+log = logging.getLogger("chorus")
+
+DEFAULT_WORKSPACE_BYTES = 64 << 20
+OP_NAMES_KEPT = 4096  # op descriptions kept for error messages
+_U64 = (1 << 64) - 1
+_ALGORITHMS = {"all_to_all": "channels", "barrier": "barrier"}  # everything else: "one_shot"
+PLANS = 256  # all_reduce_now's cached plans (dtype, shape, op) before the cache starts over
+
+
+def setting(name: str, default: int) -> int:
+    """A CHORUS_CUDA_* setting (declared in chorus.config)."""
+    value = config.get(name)
+    if value in (None, ""):
+        return default
+    return int(value)
+
+
+def is_cuda(call: Call) -> bool:
+    device = getattr(call, "device", None)
+    if device is not None:
+        return device == "cuda"
+    return any(getattr(t, "is_cuda", False) for t in call.buffers.values())
+
+
+def attach(pg) -> CudaComponent:
+    """The CUDA component of group ``pg`` (collective: every member calls it, at the same
+    call).  The caller puts it first in ``pg.components``."""
+    from chorus.api.state import current
+    from chorus.cuda.workspace import Unusable, Workspace
+
+    store = current().store
+    total = setting("CHORUS_CUDA_WORKSPACE_BYTES", DEFAULT_WORKSPACE_BYTES)
+    generation = (store.add(f"cuda/{pg.id}/attaches", 1) - 1) // pg.size()
+    prefix = f"cuda/{pg.id}/{generation}"
+    why = "CHORUS_CUDA_STAGING=1" if setting("CHORUS_CUDA_STAGING", 0) else ""
+    ws = None
+    if not why:
+        try:
+            ws = Workspace.create(pg, store, prefix, total)
+        except (Unusable, ImportError) as exc:
+            why = str(exc)
+    if ws is None:
+        log.warning("chorus rank %d: group %s stages CUDA tensors through host memory: %s",
+                    pg.members[pg.rank()], pg.name, why)
+    return CudaComponent(pg, ws, why)
+
+
+class CudaComponent(Component):
+    """Group ``pg``'s CUDA component over workspace ``ws`` (None: staging, ``why``)."""
+
+    name = "cuda"
+
+    def __init__(self, pg, ws, why: str = ""):
+        self.pg = pg
+        self.ws = ws
+        self.staging_reason = why
+        self.lanes = None
+        self._reducible: frozenset[str] = frozenset()
+        self.ops: dict[int, tuple] = {}  # op id -> (description or None, seq, fingerprint, name)
+        self.next_op = 0
+        self.broken: BaseException | None = None
+        self._last_stream = None  # the stream of the group's last op, and its raw handle (_follow)
+        self._last_raw = 0
+        self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
+        self._plans: dict = {}  # all_reduce_now's plans
+        self._device_index = -1
+        self._torch = None
+        if ws is not None:
+            import torch
+
+            self._torch = torch
+            self._device_index = ws.device.index
+            from chorus.cuda.kernels import REDUCIBLE
+            from chorus.cuda.lanes import Lanes
+
+            self.lanes = Lanes(ws, pg.timeout)
+            self._reducible = REDUCIBLE
+            pg.transport.add_failure_listener(self._on_failure)
+
+    # -- Component ---------------------------------------------------------------------------------
+    def supports(self, call: Call) -> str | None:
+        if not is_cuda(call):
+            return None
+        if self.lanes is None or call.algorithm == "staging":
+            return "staging"
+        if call.reduce_op and staging.torch_dtype_name(_first(call)) not in self._reducible:
+            return "staging"
+        if call.name == "all_reduce":
+            if call.algorithm in A.ALL_REDUCE_ALGORITHMS:
+                return call.algorithm
+            return A.all_reduce_algorithm(call.nbytes, self.pg.size())
+        return _ALGORITHMS.get(call.name, "one_shot")
+
+    def start(self, call: Call, algorithm: str):
+        if algorithm == "staging":
+            return staging.start(call, algorithm, select.start)
+        import torch
+
+        self.check(call.name)
+        if (not call.async_op and call.name != "barrier" and not self.pg.queue and recorder.current is None
+                and self.ws.stream is None and torch._C._cuda_getDevice() == self._device_index
+                and torch._C._cuda_getCurrentRawStream(self._device_index) == self._last_raw):
+            # the common case, inline: what run_in_order and _launch would do, without their
+            # per-call closures (the group is idle, the caller's stream is current)
+            op_id = self._name_op(None, call.seq, call.fingerprint, call.name)
+            if call.before is not None:
+                call.before()
+            raw = torch._C._cuda_getCurrentRawStream(self._device_index)
+            self._enqueue(call, None, op_id, _Raw(raw), algorithm)
+            if call.after is not None:
+                call.after()
+            return None
+        stream = torch.cuda.current_stream(self.ws.device)
+        op_id = self._name_op(None, call.seq, call.fingerprint, call.name)
+        sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
+                             after=staging.on_stream(call.after, stream))
+
+        def transfers(ctx) -> None:
+            self._launch(stream, lambda run: self._enqueue(call, ctx, op_id, run, algorithm))
+
+        run_in_order(sync, self.name, algorithm, staging.on_stream(transfers, stream))
+        if call.name == "barrier" and not call.async_op:
+            stream.synchronize()  # torch's barrier blocks the CPU
+            self.check(call.name)
+        if not call.async_op:
+            return None
+        return self._work(stream, call.name, call.result, call.buffers)
+
+    def all_reduce_now(self, tensor, op) -> bool:
+        """all_reduce of ``tensor`` (a CUDA tensor), synchronous, now: True if enqueued on
+        the current stream; False if the general path must take it (it gives the same
+        result or error).  The plan of a (dtype, shape, op) is made once: its dtype name,
+        fingerprint and algorithm; per call this checks what a repeated call can change
+        (contiguity, device, the group's queue and state), takes the sequence number and
+        launches the kernel through the cached launcher (chorus.cuda.kernels.launch)."""
+        lanes = self.lanes
+        if lanes is None or self.ws.stream is not None:
+            return False
+        plan = self._plans.get((tensor.dtype, tensor.shape, op))
+        if plan is None:
+            plan = self._plan(tensor, op)
+        pg = self.pg
+        if (not plan or pg.queue or recorder.current is not None or self.broken is not None
+                or not tensor.is_contiguous() or tensor.get_device() != self._device_index
+                or self._torch._C._cuda_getDevice() != self._device_index
+                or self._torch._C._cuda_getCurrentRawStream(self._device_index) != self._last_raw):
+            return False  # (another stream than the group's last op's: the general path orders them)
+        seq = pg.take_seq()
+        self.check("all_reduce")
+        op_id = self._name_op(None, seq, plan[1], "all_reduce")
+        stream = self._torch._C._cuda_getCurrentRawStream(self._device_index)
+        with self._lock:
+            lanes.begin(op_id, None, stream, plan[0], plan[2], plan[1])
+            A.all_reduce(lanes, tensor.data_ptr(), plan[3], plan[4], plan[5])
+        if plan[6]:
+            tensor.div_(pg.size())  # AVG (floating dtypes only: see _plan)
+        return True
+
+    def _plan(self, tensor, op):
+        """(dtype name, fingerprint, reduce op, count, itemsize, algorithm, average) for
+        all_reduce_now, or False: this call takes the general path."""
+        import torch
+
+        if len(self._plans) >= PLANS:
+            self._plans.clear()
+        key = (tensor.dtype, tensor.shape, op)
+        self._plans[key] = False
+        name = staging.torch_dtype_name(tensor)  # as the API names it: the fingerprints must agree
+        kind = getattr(op, "name", None)
+        if (kind not in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR") or name not in self._reducible
+                or (kind == "AVG" and not tensor.is_floating_point()) or tensor.numel() == 0):
+            return False
+        if kind in ("BAND", "BOR", "BXOR") and (tensor.is_floating_point() or tensor.dtype == torch.bool):
+            return False  # the general path raises it
+        count, item = tensor.numel(), tensor.element_size()
+        try:
+            fp = fingerprint("all_reduce", name, count, -1, kind)
+        except (KeyError, ValueError):
+            return False
+        plan = (name, fp, kind, count, item, A.all_reduce_algorithm(count * item, self.pg.size()), kind == "AVG")
+        self._plans[key] = plan
+        return plan
+
+    def close(self) -> None:
+        if self.ws is not None:
+            self.pg.transport.remove_failure_listener(self._on_failure)
+            self.ws.close()
+            self.ws = self.lanes = None
+
+    # -- point-to-point ------------------------------------------------------------------------------
+    def p2p(self, kind: str, tensor, peer: int, tag: int, async_op: bool):
+        """Send ``tensor`` to (kind "send") or receive it from ("recv") group rank ``peer``;
+        sends and receives of a pair match in issue order, and the tags must agree."""
+        return self.p2p_batch([(kind, tensor, peer, tag)], async_op)
+
+    def p2p_batch(self, ops, async_op: bool):
+        """Several sends and receives ((kind, tensor, peer, tag) each) at once, chunk by
+        chunk, so no order of them deadlocks (batch_isend_irecv)."""
+        if self.lanes is None:
+            works = [staging.p2p(self.pg, kind, t, peer, tag, True) for kind, t, peer, tag in ops]
+            if not async_op:
+                for w in works:
+                    w.wait()
+                return None
+            return _All(works, [t for _, t, _, _ in ops])
+        import torch
+
+        kinds = {kind for kind, *_ in ops}
+        self.check("/".join(sorted(kinds)))
+        stream = torch.cuda.current_stream(self.ws.device)
+        what = ", ".join(f"{k} {'to' if k == 'send' else 'from'} rank {self.pg.members[p]} (tag {g})"
+                         for k, _, p, g in ops)
+        op_id = self._name_op(what)
+        ctx = OpContext("send" if kinds == {"send"} else "recv" if kinds == {"recv"} else "p2p",
+                        self.pg.id, -1, 0, self.pg.members, None)
+
+        def message(t, peer, tag):
+            return peer, t.data_ptr(), t.numel() * t.element_size(), tag
+
+        def enqueue(run) -> None:
+            with self._lock:
+                self.lanes.begin(op_id, ctx, run.cuda_stream)
+                A.exchange(self.lanes, [message(t, p, g) for k, t, p, g in ops if k == "send"],
+                           [message(t, p, g) for k, t, p, g in ops if k == "recv"], True)
+
+        self._launch(stream, enqueue)
+        if not async_op:
+            return None
+        return self._work(stream, what, [t for _, t, _, _ in ops], tuple(t for _, t, _, _ in ops))
+
+    # -- failures ------------------------------------------------------------------------------------
+    def check(self, what: str) -> None:
+        """Raise the group's error, if it has one (see the module docstring)."""
+        if self.broken is not None:
+            raise self.broken
+        if self.ws is None:
+            return
+        words = self.ws.words
+        if words[L.TAG_OP]:
+            self._tag_mismatch(words)
+        if not words[L.STATUS] and self.pg.transport.failure(self.pg.id, None) is None:
+            return
+        self.broken = self._error(what, words)
+        words[L.ABORT] = 1  # the rest of the queue fails fast
+        raise self.broken
+
+    def _tag_mismatch(self, words) -> None:
+        op = self._described(int(words[L.TAG_OP]) - 1, "a receive")
+        peer = self.pg.members[int(words[L.TAG_PEER])]
+        expect, got = (_tag(int(words[i])) for i in (L.TAG_EXPECT, L.TAG_GOT))
+        words[L.TAG_OP] = 0
+        raise InvalidArgumentError(
+            f"{op} on group {self.pg.name}: this rank expected tag {expect} but rank {peer}'s matching "
+            f"send has tag {got}; sends and receives between two ranks match in issue order, so "
+            "post them in the same order on both sides with the same tags")
+
+    def _error(self, what: str, words) -> BaseException:
+        status = int(words[L.STATUS])
+        if status == L.MISMATCH:
+            return self._mismatch(words)
+        description, seq, fprint = self._entry(int(words[L.FAIL_OP])) or ("an earlier op", -1, 0)
+        op = description if status else "an op"
+        expect = (seq, fprint) if status and fprint else None  # names this rank's call in a mismatch
+        lost = self.pg.transport.failure(self.pg.id, None, expect=expect)
+        bits = int(words[L.FAIL_PEERS])
+        ranks = [self.pg.members[r] for r in range(bits.bit_length()) if bits >> r & 1]
+        waited = {L.WAIT_BARRIER: "arrive at its barrier", L.WAIT_READY: "send its data",
+                  L.WAIT_ACK: "take the previous data out of this rank's channel"}.get(int(words[L.FAIL_WHAT]), "")
+        where = f"{what} on group {self.pg.name} (CUDA)"
+        if lost is not None:
+            if isinstance(lost, PeerLostError):
+                return PeerLostError(f"{where}: {lost}", lost.lost_rank, lost.reporter)
+            return type(lost)(f"{where}: {lost}")
+        if status == L.TIMEOUT:
+            return CommTimeoutError(
+                f"{where}: {op} timed out after {self.pg.timeout:g} s waiting for rank(s) {ranks} to {waited}; "
+                "they are hung, slow, or called another op. The group's CUDA ops are unusable from now on.")
+        if status == L.SIZE_MISMATCH:
+            return BufferMismatchError(
+                f"{where}: in {op}, rank(s) {ranks} sent {int(words[L.FAIL_GOT])} bytes but this rank "
+                f"receives {int(words[L.FAIL_EXPECT])}; post receives of the sender's size. "
+                "The group's CUDA ops are unusable from now on.")
+        return AbortedError(f"{where}: {op} was aborted while waiting for rank(s) {ranks} "
+                            "(the group failed or was destroyed)")
+
+    def _mismatch(self, words) -> CollectiveMismatchError:
+        """A barrier of op FAIL_OP found ranks FAIL_PEERS in another collective (the lowest
+        of them called FAIL_FP): tell the transport (the group's CPU ops fail too, on every
+        rank) and name both calls."""
+        _, seq, mine = self._entry(int(words[L.FAIL_OP])) or ("", -1, 0)
+        bits = int(words[L.FAIL_PEERS])
+        others = [self.pg.members[r] for r in range(bits.bit_length()) if bits >> r & 1]
+        culprit, theirs = others[0], int(words[L.FAIL_FP]) & _U64
+        me = self.pg.members[self.pg.rank()]
+        self.pg.transport.group_mismatch(self.pg.id, culprit, seq, theirs, me)
+        also = f" (ranks {others} all called something other than this rank)" if len(others) > 1 else ""
+        return CollectiveMismatchError(
+            f"collective mismatch on group {self.pg.name} (CUDA): rank {culprit} called {describe(theirs)} "
+            f"as op #{seq} of the group{also}, but this rank (rank {me}) called {describe(mine & _U64)}. "
+            "The group is unusable from now on. Every rank of a group must call the same collectives, "
+            "in the same order, with the same dtype, count, root and op.")
+
+    def _on_failure(self, group: int, why: str) -> None:
+        ws = self.ws
+        if ws is None:
+            return
+        dead = self.pg.transport.dead
+        if group == self.pg.id or (group == -1 and any(m in dead for m in self.pg.members)):
+            ws.words[L.ABORT] = 1
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _name_op(self, description: str | None, seq: int = -1, fprint: int = 0, name: str = "") -> int:
+        """An id for the op being enqueued (kernels report it); ``description`` None: the
+        collective ``name``'s, written out only when an error needs it."""
+        op_id = self.next_op = self.next_op + 1
+        self.ops[op_id] = (description, seq, fprint, name)
+        if len(self.ops) > OP_NAMES_KEPT:
+            del self.ops[next(iter(self.ops))]
+        return op_id
+
+    def _entry(self, op_id: int):
+        """(description, seq, fingerprint) of op ``op_id``, or None."""
+        entry = self.ops.get(op_id)
+        if entry is None:
+            return None
+        description, seq, fprint, name = entry
+        if description is None:
+            description = f"{name} (op #{seq} of group {self.pg.name})"
+        return description, seq, fprint
+
+    def _described(self, op_id: int, otherwise: str) -> str:
+        entry = self._entry(op_id)
+        return entry[0] if entry is not None else otherwise
+
+    def _launch(self, stream, enqueue) -> None:
+        """``enqueue(run)`` puts an op's work on stream ``run``: ``stream`` (the caller's),
+        or the workspace's own stream joined to it both ways (members that are threads of
+        one process: chorus.cuda.workspace).  Either way the op runs after the work queued
+        on ``stream`` and before the work queued there later, on the workspace's device."""
+        import torch
+
+        side = self.ws.stream
+        if side is None:
+            self._follow(stream)
+            if torch.cuda.current_device() == stream.device.index:
+                enqueue(stream)
+                return
+            with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+                enqueue(stream)
+            return
+        side.wait_stream(stream)
+        with torch.cuda.device(side.device), torch.cuda.stream(side):
+            enqueue(side)
+        stream.wait_stream(side)
+
+    def _follow(self, stream) -> None:
+        """Ops of a group must run on the GPU in issue order (the barrier epochs and slot
+        parities rely on it), as on ProcessGroupNCCL's one stream per communicator: an op
+        issued on another stream than the group's last op makes that stream wait for the
+        last op first (FSDP2 issues all-gathers and reduce-scatters on streams of their
+        own).  On the same stream, as in the common case, nothing is added."""
+        raw = stream.cuda_stream
+        if self._last_stream is not None and raw != self._last_raw:
+            stream.wait_stream(self._last_stream)
+        self._last_stream, self._last_raw = stream, raw
+
+    def _work(self, stream, what: str, result, keep):
+        import torch
+
+        from chorus.cuda.work import CudaWork
+
+        event = torch.cuda.Event()
+        event.record(stream)
+        return CudaWork(event, lambda: self.check(what), result, (keep,))
+
+    def _enqueue(self, call: Call, ctx, op_id: int, stream, algorithm: str = "") -> None:
+        b = call.buffers
+        first = _first(call)
+        dtype = staging.torch_dtype_name(first) if first is not None else ""
+        item = first.element_size() if first is not None else 1
+        with self._lock:
+            x = self.lanes
+            x.begin(op_id, ctx, stream.cuda_stream, dtype, call.reduce_op, call.fingerprint)
+            name = call.name
+            if name == "barrier":
+                x.barrier()
+            elif name == "all_reduce":
+                A.all_reduce(x, b["data"].data_ptr(), b["data"].numel(), item, algorithm)
+            elif name == "reduce":
+                A.reduce(x, b["data"].data_ptr(), b["data"].numel(), item, call.root)
+            elif name == "broadcast":
+                A.broadcast(x, b["data"].data_ptr(), b["data"].numel(), item, call.root)
+            elif name in ("all_gather", "gather"):
+                out = b["output"].data_ptr() if "output" in b else None
+                A.all_gather(x, b["input"].data_ptr(), out, b["input"].numel(), item,
+                             call.root if name == "gather" else -1)
+            elif name == "scatter":
+                inp = b["input"].data_ptr() if "input" in b else None
+                A.scatter(x, inp, b["output"].data_ptr(), b["output"].numel(), item, call.root)
+            elif name == "reduce_scatter":
+                A.reduce_scatter(x, b["input"].data_ptr(), b["output"].data_ptr(), tuple(call.args["counts"]), item)
+            elif name == "all_to_all":
+                A.all_to_all(x, b["input"].data_ptr(), b["output"].data_ptr(), call.args["send_counts"],
+                             call.args["recv_counts"], item)
+            else:
+                raise InvalidArgumentError(f"chorus.cuda cannot run {name}")
+
+
+class _Raw:
+    """A raw cudaStream_t where _enqueue expects a torch stream (it reads cuda_stream)."""
+
+    __slots__ = ("cuda_stream",)
+
+    def __init__(self, raw: int):
+        self.cuda_stream = raw
+
+
+def _first(call: Call):
+    return next((t for t in call.buffers.values() if hasattr(t, "is_cuda")), None)
+
+
+def _tag(tag: int) -> str:
+    return "(all_to_all)" if tag == A.EXCHANGE_TAG else str(tag)
+
+
+class _All(Work):
+    """Several Works as one (an async staged p2p_batch)."""
+
+    def __init__(self, works: list, result: list):
+        super().__init__(result)
+        self.works = works
+
+    def _wait(self, deadline: float | None) -> None:
+        for w in self.works:
+            w.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _poll(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+    def _watch(self) -> None:
+        left = [len(self.works)]
+
+        def one(_) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self.is_completed()
+
+        for w in self.works:
+            w.get_future().add_done_callback(one)

@@ -1,0 +1,682 @@
+"""The Triton kernels of chorus.cuda: a barrier, a flag post and a flag wait (the channel
+protocol), and the reduction of W workspace rows.
+
+Synchronisation is by epochs in device memory, pushed: a rank stores (release, system
+scope) an increasing value into a word of the *peer's* workspace and spins (acquire,
+system scope) on words of its *own*.  Only plain stores and loads cross the link, no
+atomics (PCIe peers may lack them).
+
+The barrier also compares what every rank is doing: each rank stores its op's fingerprint
+(chorus.wire.fingerprint) into the peer's FPRINT word of the barrier's parity just
+before its epoch (one thread, the epoch's release orders both), and once every epoch
+has arrived compares the W fingerprints with its own.  Ranks that called another
+collective are reported as MISMATCH (their bitmask, and the lowest one's fingerprint)
+instead of letting the ranks run ops of different shapes over each other's slots.  The
+parity keeps the words stable while they are read: a peer can reach the next barrier of
+the same parity only after this rank has reached the one in between.
+
+Every spin is bounded: it gives up when the group's timeout has passed on the GPU's
+``%globaltimer``, or when the host sets the ABORT word of the control page (page-locked
+host memory, read through unified addressing), or after ``max_spins`` polls.  Giving up
+writes why into the control page (chorus.cuda.layout) and ends the kernel; nothing traps
+and nothing hangs.  A kernel that starts while the page already holds a STATUS does not
+spin at all, so one failure fails the queued ops fast.
+
+Under ``TRITON_INTERPRET=1`` (tests on a CPU) the same kernels run with ``INTERPRET``
+set: atomics stand in for the PTX acquire/release instructions and the poll count for
+the clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import triton
+import triton.language as tl
+
+from chorus.cuda import layout as L
+
+log = logging.getLogger("chorus")
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+NEVER = 1 << 62  # max_spins when the clock bounds the spin
+
+
+# -- memory-model helpers ---------------------------------------------------------------------
+@triton.jit
+def _now(INTERPRET: tl.constexpr):
+    if INTERPRET:
+        return tl.zeros([], tl.int64)
+    else:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+
+
+@triton.jit
+def _load_acquire(addrs, INTERPRET: tl.constexpr):
+    """int64 words at ``addrs`` (a block of addresses), acquire, system scope."""
+    ptrs = addrs.to(tl.pointer_type(tl.int64))
+    if INTERPRET:
+        return tl.atomic_add(ptrs, tl.zeros(addrs.shape, tl.int64), sem="acquire", scope="sys")
+    else:
+        return tl.inline_asm_elementwise("ld.acquire.sys.global.b64 $0, [$1];", "=l,l", [addrs],
+                                         dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_release(addrs, values, mask, INTERPRET: tl.constexpr):
+    """``*addrs = values`` where ``mask``, release, system scope (plain stores)."""
+    if INTERPRET:
+        tl.atomic_xchg(addrs.to(tl.pointer_type(tl.int64)), values, mask=mask, sem="release", scope="sys")
+    else:
+        tl.inline_asm_elementwise(
+            """{ .reg .pred %p; setp.ne.s32 %p, $2, 0; @%p st.release.sys.global.b64 [$1], $3; mov.u32 $0, 0; }""",
+            "=r,l,r,l", [addrs, mask.to(tl.int32), values], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_header_release(hdr, tag, nbytes, flag, value, INTERPRET: tl.constexpr):
+    """Write a channel header (tag, nbytes) at ``hdr``, then ``*flag = value`` (release):
+    one thread does both, so whoever acquires the flag sees the header."""
+    if INTERPRET:
+        tl.store(hdr.to(tl.pointer_type(tl.int64)), tag)
+        tl.store(hdr.to(tl.pointer_type(tl.int64)) + 1, nbytes)
+        tl.atomic_xchg(flag.to(tl.pointer_type(tl.int64)), value, sem="release", scope="sys")
+    else:
+        tl.inline_asm_elementwise(
+            """{ st.global.b64 [$1], $2; st.global.b64 [$1+8], $3;
+                 st.release.sys.global.b64 [$4], $5; mov.u32 $0, 0; }""",
+            "=r,l,l,l,l,l", [hdr, tag, nbytes, flag, value], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_pair_release(a_addrs, a_values, b_addrs, b_values, mask, INTERPRET: tl.constexpr):
+    """``*a_addrs = a_values`` (plain), then ``*b_addrs = b_values`` (release, system
+    scope), where ``mask``: both by one thread per lane, so whoever acquires b sees a."""
+    if INTERPRET:
+        tl.store(a_addrs.to(tl.pointer_type(tl.int64)), a_values, mask=mask)
+        tl.atomic_xchg(b_addrs.to(tl.pointer_type(tl.int64)), b_values, mask=mask, sem="release", scope="sys")
+    else:
+        tl.inline_asm_elementwise(
+            """{ .reg .pred %p; setp.ne.s32 %p, $2, 0;
+                 @%p st.global.b64 [$1], $3; @%p st.release.sys.global.b64 [$4], $5; mov.u32 $0, 0; }""",
+            "=r,l,r,l,l,l", [a_addrs, mask.to(tl.int32), a_values, b_addrs, b_values], dtype=tl.int32,
+            is_pure=False, pack=1)
+
+
+@triton.jit
+def _spin(addrs, mask, target, host, timeout_ns, max_spins, INTERPRET: tl.constexpr):
+    """Poll the words at ``addrs`` (where ``mask``) until each is >= ``target``: returns
+    L.OK, L.TIMEOUT or L.ABORTED."""
+    state = 0
+    spins = tl.zeros([], tl.int64)
+    start = _now(INTERPRET)
+    while state == 0:
+        late = mask & ((_load_acquire(addrs, INTERPRET) - target) < 0)
+        spins += 1
+        if tl.sum(late.to(tl.int32)) == 0:
+            state = 1
+        elif spins % 32 == 0:
+            if tl.load(host + 0, volatile=True) != 0:  # ABORT
+                state = 3
+            elif ((_now(INTERPRET) - start) > timeout_ns) | (spins >= max_spins):
+                state = 2
+    return state - 1  # 0 OK, 1 TIMEOUT, 2 ABORTED (layout's codes)
+
+
+@triton.jit
+def _give_up(host, state, op_id, what, peers):
+    """Record why a spin gave up in the control page; STATUS last."""
+    tl.store(host + 2, op_id)  # FAIL_OP
+    tl.store(host + 3, what)  # FAIL_WHAT
+    tl.store(host + 4, peers)  # FAIL_PEERS
+    tl.store(host + 1, state)  # STATUS
+
+
+# -- kernels ------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["op_id", "fprint", "epoch"])
+def barrier_kernel(controls, rank, host_addr, op_id, fprint, timeout_ns, max_spins, epoch,
+                   W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr):
+    """All W ranks: epoch e = mine + 1; store ``fprint`` into FPRINT[e % 2][rank] and then
+    e into BARRIER[rank] of every rank; wait until my BARRIER[r] >= e for every r; then
+    compare my FPRINT[e % 2][r] with ``fprint``.  ``controls``: int64 addresses of every
+    rank's workspace (index = group rank).  ``epoch`` > 0: e itself (the executor counts
+    the group's barriers, fused kernels' included); 0: e = my EPOCH word + 1."""
+    host = host_addr.to(tl.pointer_type(tl.int64))
+    if tl.load(host + 1, volatile=True) == 0:  # STATUS: not broken
+        lanes = tl.arange(0, WP)
+        mask = lanes < W
+        base = tl.load(controls + rank)
+        epoch_ptr = base.to(tl.pointer_type(tl.int64))  # EPOCH = 0
+        e = tl.load(epoch_ptr) + 1
+        if epoch > 0:
+            e = epoch.to(tl.int64)
+        tl.store(epoch_ptr, e)
+        prints = 2560 + (e & 1) * 512  # FPRINT of this parity
+        mine_fp = tl.zeros([WP], tl.int64) + fprint
+        peers = tl.load(controls + lanes, mask=mask, other=0)
+        _store_pair_release(peers + prints + rank * 8, mine_fp, peers + 512 + rank * 8,
+                            tl.zeros([WP], tl.int64) + e, mask, INTERPRET)
+        mine = base + 512 + lanes * 8  # BARRIER
+        state = _spin(mine, mask, e, host, timeout_ns, max_spins, INTERPRET)
+        one = tl.full([WP], 1, tl.int64) << lanes.to(tl.int64)
+        if state != 0:
+            late = mask & ((_load_acquire(mine, INTERPRET) - e) < 0)
+            _give_up(host, state, op_id, 0, tl.sum(tl.where(late, one, 0)))
+        else:
+            theirs = _load_acquire(base + prints + lanes * 8, INTERPRET)
+            other = mask & (theirs != mine_fp)
+            if tl.sum(other.to(tl.int32)) != 0:
+                first = tl.min(tl.where(other, lanes, WP))
+                tl.store(host + 7, tl.sum(tl.where(lanes == first, theirs, 0)))  # FAIL_FP
+                _give_up(host, 4, op_id, 0, tl.sum(tl.where(other, one, 0)))  # MISMATCH
+
+
+@triton.jit(do_not_specialize=["value", "tag", "nbytes"])
+def post_kernel(flag_addr, value, hdr_addr, tag, nbytes, host_addr,
+                HEADER: tl.constexpr, INTERPRET: tl.constexpr):
+    """``*flag_addr = value`` (release), after writing the channel header at ``hdr_addr``
+    when ``HEADER``.  Skipped once the group is broken."""
+    host = host_addr.to(tl.pointer_type(tl.int64))
+    if tl.load(host + 1, volatile=True) == 0:
+        one = tl.zeros([1], tl.int64)
+        if HEADER:
+            _store_header_release(one + hdr_addr, one + tag, one + nbytes, one + flag_addr, one + value,
+                                  INTERPRET)
+        else:
+            _store_release(one + flag_addr, one + value, one == 0, INTERPRET)
+
+
+@triton.jit(do_not_specialize=["target", "expect_tag", "expect_nbytes", "peer", "op_id"])
+def wait_kernel(flag_addr, target, hdr_addr, expect_tag, expect_nbytes, peer, host_addr, op_id, what,
+                timeout_ns, max_spins, HEADER: tl.constexpr, INTERPRET: tl.constexpr):
+    """Wait until ``*flag_addr >= target`` (a local word that peer ``peer`` stores into);
+    then, when ``HEADER``, check the sender's channel header at ``hdr_addr``: another
+    size breaks the group (SIZE_MISMATCH), another tag is recorded (TAG_*)."""
+    host = host_addr.to(tl.pointer_type(tl.int64))
+    if tl.load(host + 1, volatile=True) == 0:
+        one = tl.zeros([1], tl.int64)
+        state = _spin(one + flag_addr, one == 0, target, host, timeout_ns, max_spins, INTERPRET)
+        if state != 0:
+            _give_up(host, state, op_id, what, tl.full([], 1, tl.int64) << peer)
+        elif HEADER:
+            hdr = hdr_addr.to(tl.pointer_type(tl.int64))
+            got_tag = tl.load(hdr, volatile=True)
+            got_nbytes = tl.load(hdr + 1, volatile=True)
+            if got_nbytes != expect_nbytes:
+                tl.store(host + 5, expect_nbytes)  # FAIL_EXPECT
+                tl.store(host + 6, got_nbytes)  # FAIL_GOT
+                _give_up(host, 3, op_id, what, tl.full([], 1, tl.int64) << peer)
+            elif got_tag != expect_tag:
+                tl.store(host + 9, peer)  # TAG_PEER
+                tl.store(host + 10, expect_tag)  # TAG_EXPECT
+                tl.store(host + 11, got_tag)  # TAG_GOT
+                tl.store(host + 8, op_id + 1)  # TAG_OP, last
+
+
+@triton.jit
+def _combine(a, b, OP: tl.constexpr):
+    if OP == "SUM":
+        return a + b
+    elif OP == "PRODUCT":
+        return a * b
+    elif OP == "MIN":
+        return tl.minimum(a, b)
+    elif OP == "MAX":
+        return tl.maximum(a, b)
+    elif OP == "BAND":
+        return a & b
+    elif OP == "BOR":
+        return a | b
+    else:  # BXOR
+        return a ^ b
+
+
+@triton.jit
+def reduce_kernel(rows, offset, out_addr, n, W: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
+                  RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[i] = op(row_0[i], row_1[i], ..., row_{W-1}[i])`` for i < n, where row r starts
+    at ``rows[r] + offset`` (int64 addresses: every rank's slot).  Rows combine in rank
+    order, in ``ACC`` (float32 for 8- and 16-bit floats): the same bits on every rank.
+    ``BOOL``: bytes read as truth values; SUM/MAX/BOR are or, PRODUCT/MIN/BAND and, BXOR
+    xor (chorus.reductions' bool rules).  ``RAW``: how the elements are stored (float8
+    moves as bytes and is bitcast)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    acc = _load_row(rows, 0, offset, offs, mask, DT, RAW, ACC, BOOL)
+    for r in tl.static_range(1, W):
+        acc = _combine(acc, _load_row(rows, r, offset, offs, mask, DT, RAW, ACC, BOOL), OP)
+    out = acc.to(DT)
+    if RAW != DT:
+        out = out.to(RAW, bitcast=True)
+    tl.store(out_addr.to(tl.pointer_type(RAW)) + offs, out, mask=mask)
+
+
+@triton.jit
+def _load_row(rows, r, offset, offs, mask, DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr,
+              BOOL: tl.constexpr):
+    row = (tl.load(rows + r) + offset).to(tl.pointer_type(RAW))
+    x = tl.load(row + offs, mask=mask, other=0)
+    if RAW != DT:
+        x = x.to(DT, bitcast=True)
+    x = x.to(ACC)
+    if BOOL:
+        x = (x != 0).to(ACC)
+    return x
+
+
+# -- fused all_reduce kernels -------------------------------------------------------------------
+# One launch per op (per round of the slot): the copy into this rank's slot, the barrier and
+# the reduction in one kernel.  The barrier is per block: block b of every rank copies,
+# syncs and reads the same element range, so block b needs only the other ranks' block b
+# (chorus.cuda.layout's per-block words; block 0 uses the group's BARRIER/FPRINT words,
+# where it meets barrier_kernel: a rank in another op is a MISMATCH, as ever).
+@triton.jit
+def _spin_block(addrs, mask, target, host, timeout_ns, max_spins, INTERPRET: tl.constexpr):
+    """As _spin, and also ends when another block of this rank already broke the group
+    (STATUS set): 0 OK, 1 TIMEOUT, 2 ABORTED, 3 broken elsewhere."""
+    state = 0
+    spins = tl.zeros([], tl.int64)
+    start = _now(INTERPRET)
+    while state == 0:
+        late = mask & ((_load_acquire(addrs, INTERPRET) - target) < 0)
+        spins += 1
+        if tl.sum(late.to(tl.int32)) == 0:
+            state = 1
+        elif spins % 32 == 0:
+            if tl.load(host + 0, volatile=True) != 0:  # ABORT
+                state = 3
+            elif tl.load(host + 1, volatile=True) != 0:  # STATUS: another block gave up
+                state = 4
+            elif ((_now(INTERPRET) - start) > timeout_ns) | (spins >= max_spins):
+                state = 2
+    return state - 1
+
+
+@triton.jit
+def _block_sync(controls, rank, blk, epoch, fprint, host, op_id, timeout_ns, max_spins,
+                W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr):
+    """Block ``blk``'s barrier at ``epoch``: push (fingerprint, epoch) into every rank's
+    words of this block (release), spin on mine (acquire), compare the fingerprints.
+    0: go on; else the block stops (block 0 reports a MISMATCH; a timeout or abort is
+    reported by the block that saw it)."""
+    lanes = tl.arange(0, WP)
+    mask = lanes < W
+    extra = 4096 + (blk - 1).to(tl.int64) * 1536  # BLOCKS + (b - 1) * BLOCK_STRIDE
+    bar = tl.where(blk == 0, 512, extra)
+    prints = tl.where(blk == 0, 2560, extra + 512) + (epoch & 1) * 512
+    e = tl.zeros([WP], tl.int64) + epoch
+    mine_fp = tl.zeros([WP], tl.int64) + fprint
+    peers = tl.load(controls + lanes, mask=mask, other=0)
+    base = tl.load(controls + rank)
+    if blk == 0:
+        tl.store(base.to(tl.pointer_type(tl.int64)), epoch.to(tl.int64))  # EPOCH: barriers so far
+    _store_pair_release(peers + prints + rank * 8, mine_fp, peers + bar + rank * 8, e, mask, INTERPRET)
+    mine = base + bar + lanes * 8
+    state = _spin_block(mine, mask, epoch, host, timeout_ns, max_spins, INTERPRET)
+    one = tl.full([WP], 1, tl.int64) << lanes.to(tl.int64)
+    if (state == 1) | (state == 2):
+        late = mask & ((_load_acquire(mine, INTERPRET) - epoch) < 0)
+        _give_up(host, state, op_id, 0, tl.sum(tl.where(late, one, 0)))
+    elif state == 0:
+        theirs = _load_acquire(base + prints + lanes * 8, INTERPRET)
+        other = mask & (theirs != mine_fp)
+        if tl.sum(other.to(tl.int32)) != 0:
+            state = 4
+            if blk == 0:
+                first = tl.min(tl.where(other, lanes, WP))
+                tl.store(host + 7, tl.sum(tl.where(lanes == first, theirs, 0)))  # FAIL_FP
+                _give_up(host, 4, op_id, 0, tl.sum(tl.where(other, one, 0)))  # MISMATCH
+    return state
+
+
+@triton.jit
+def _hint(ptrs, HINT: tl.constexpr):
+    """``ptrs`` (a contiguous run starting 16-byte aligned), told to the compiler."""
+    if HINT:
+        ptrs = tl.multiple_of(ptrs, 16)
+    return ptrs
+
+
+@triton.jit
+def _get(ptrs, mask, MASKED: tl.constexpr, PEER: tl.constexpr):
+    """Load; a peer's memory bypasses L1 (written by another GPU since we last looked)."""
+    if MASKED:
+        if PEER:
+            x = tl.load(ptrs, mask=mask, other=0, cache_modifier=".cg")
+        else:
+            x = tl.load(ptrs, mask=mask, other=0)
+    else:
+        if PEER:
+            x = tl.load(ptrs, cache_modifier=".cg")
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _copy(src_addr, dst_addr, lo, hi, RAW: tl.constexpr, BLOCK: tl.constexpr, HS: tl.constexpr,
+          HD: tl.constexpr, PEER: tl.constexpr):
+    """dst[lo:hi] = src[lo:hi] (elements of RAW; addresses as int64)."""
+    src = src_addr.to(tl.pointer_type(RAW))
+    dst = dst_addr.to(tl.pointer_type(RAW))
+    full = (hi - lo) // BLOCK
+    for i in range(0, full):
+        offs = lo + i * BLOCK + tl.arange(0, BLOCK)
+        tl.store(_hint(dst + offs, HD), _get(_hint(src + offs, HS), offs < hi, False, PEER))
+    tail = lo + full * BLOCK
+    if tail < hi:
+        offs = tail + tl.arange(0, BLOCK)
+        m = offs < hi
+        tl.store(_hint(dst + offs, HD), _get(_hint(src + offs, HS), m, True, PEER), mask=m)
+
+
+@triton.jit
+def _row_at(controls, r, slot_off, offs, mask, MASKED: tl.constexpr, DT: tl.constexpr, RAW: tl.constexpr,
+            ACC: tl.constexpr, BOOL: tl.constexpr, HINT: tl.constexpr):
+    row = (tl.load(controls + r) + slot_off).to(tl.pointer_type(RAW))
+    x = _get(_hint(row + offs, HINT), mask, MASKED, True)
+    if RAW != DT:
+        x = x.to(DT, bitcast=True)
+    x = x.to(ACC)
+    if BOOL:
+        x = (x != 0).to(ACC)
+    return x
+
+
+@triton.jit
+def _reduce_step(controls, slot_off, offs, mask, MASKED: tl.constexpr, W: tl.constexpr, OP: tl.constexpr,
+                 DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, HINT: tl.constexpr):
+    acc = _row_at(controls, 0, slot_off, offs, mask, MASKED, DT, RAW, ACC, BOOL, HINT)
+    for r in tl.static_range(1, W):
+        acc = _combine(acc, _row_at(controls, r, slot_off, offs, mask, MASKED, DT, RAW, ACC, BOOL, HINT), OP)
+    out = acc.to(DT)
+    if RAW != DT:
+        out = out.to(RAW, bitcast=True)
+    return out
+
+
+@triton.jit
+def _reduce_range(controls, slot_off, out_addr, also_addr, lo, hi, W: tl.constexpr, OP: tl.constexpr,
+                  DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr,
+                  BLOCK: tl.constexpr, HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, ALSO: tl.constexpr):
+    """out[lo:hi] = op over ranks r of slot_r[lo:hi] (rank order, in ACC); when ALSO, the
+    result goes to ``also_addr`` (this rank's slot) too."""
+    out = out_addr.to(tl.pointer_type(RAW))
+    also = also_addr.to(tl.pointer_type(RAW))
+    full = (hi - lo) // BLOCK
+    for i in range(0, full):
+        offs = lo + i * BLOCK + tl.arange(0, BLOCK)
+        y = _reduce_step(controls, slot_off, offs, offs < hi, False, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
+        tl.store(_hint(out + offs, HINT_IO), y)
+        if ALSO:
+            tl.store(_hint(also + offs, HINT_WS), y)
+    tail = lo + full * BLOCK
+    if tail < hi:
+        offs = tail + tl.arange(0, BLOCK)
+        m = offs < hi
+        y = _reduce_step(controls, slot_off, offs, m, True, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
+        tl.store(_hint(out + offs, HINT_IO), y, mask=m)
+        if ALSO:
+            tl.store(_hint(also + offs, HINT_WS), y, mask=m)
+
+
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
+def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, op_id, fprint, epoch, timeout_ns,
+                    max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
+                    RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
+                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
+    """One-shot all_reduce of elements [0, n) in one launch.  Block b (elements
+    [b * per, (b + 1) * per)): copy them from ``inp`` into this rank's slot (at
+    ``slot_off`` in its workspace), barrier of block b at ``epoch``, then
+    ``out`` = op over every rank's slot, in rank order (the same bits on every rank)."""
+    host = host_addr.to(tl.pointer_type(tl.int64))
+    if tl.load(host + 1, volatile=True) == 0:  # STATUS: not broken
+        controls = controls_addr.to(tl.pointer_type(tl.int64))
+        blk = tl.program_id(0)
+        lo = blk.to(tl.int64) * per
+        hi = tl.maximum(tl.minimum(lo + per, n), lo)
+        mine = tl.load(controls + rank) + slot_off
+        _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
+        tl.debug_barrier()  # every thread's copy is done before the release
+        state = _block_sync(controls, rank, blk, epoch, fprint, host, op_id, timeout_ns, max_spins, W, WP,
+                            INTERPRET)
+        tl.debug_barrier()
+        if state == 0:
+            _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
+                          HINT_WS, False)
+
+
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
+def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host_addr, op_id, fprint, epoch,
+                    timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
+                    RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
+                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Two-shot all_reduce of elements [0, n) in one launch, two barriers (epochs
+    ``epoch`` and ``epoch + 1``).  Slice s = elements [s * piece, (s + 1) * piece); block
+    b owns elements [b * per, (b + 1) * per) of every slice::
+
+        copy:           my slot[every slice, my range] <- inp
+        barrier 1
+        reduce-scatter: my slot[slice rank] = out[slice rank] = op over r of slot_r[slice rank]
+        barrier 2
+        all-gather:     out[slice s] <- slot_s[slice s] for every s != rank
+
+    Every slice is reduced once (by its owner) and copied: the same bits everywhere."""
+    host = host_addr.to(tl.pointer_type(tl.int64))
+    if tl.load(host + 1, volatile=True) == 0:
+        controls = controls_addr.to(tl.pointer_type(tl.int64))
+        blk = tl.program_id(0)
+        start = blk.to(tl.int64) * per
+        mine = tl.load(controls + rank) + slot_off
+        for s in tl.static_range(W):
+            lo = s * piece + start
+            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
+            _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
+        tl.debug_barrier()
+        state = _block_sync(controls, rank, blk, epoch, fprint, host, op_id, timeout_ns, max_spins, W, WP,
+                            INTERPRET)
+        tl.debug_barrier()
+        if state == 0:
+            lo = rank * piece + start
+            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (rank + 1) * piece), n), lo)
+            _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
+                          HINT_WS, True)
+            tl.debug_barrier()
+            state = _block_sync(controls, rank, blk, epoch + 1, fprint, host, op_id, timeout_ns, max_spins, W,
+                                WP, INTERPRET)
+            tl.debug_barrier()
+            if state == 0:
+                for s in tl.static_range(W):
+                    if s != rank:
+                        lo = s * piece + start
+                        hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
+                        _copy(tl.load(controls + s) + slot_off, out, lo, hi, RAW, BLOCK, HINT_WS, HINT_IO, True)
+
+
+# -- launchers (on torch's current stream of the current device) ---------------------------
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def barrier(controls, rank: int, world: int, host_addr: int, op_id: int, timeout_ns: int,
+            max_spins: int = NEVER, fprint: int = 0, epoch: int = 0, stream: int | None = None) -> None:
+    """``fprint``: this rank's op's fingerprint (any 64-bit value; the same on every rank
+    that calls the same op); ``epoch``: the barrier's epoch (0: the EPOCH word + 1)."""
+    fprint = signed64(fprint)
+    key = ("barrier", controls.data_ptr(), rank, world, host_addr, timeout_ns, max_spins, _fits(op_id),
+           _fits(fprint), _fits(epoch))
+    launch(barrier_kernel, key, 1, (controls, rank, host_addr, op_id, fprint, timeout_ns, max_spins, epoch,
+                                    world, max(2, _pow2(world)), INTERPRET), 1, stream)
+
+
+def signed64(value: int) -> int:
+    """``value`` (0 <= value < 2**64, or already signed) as the int64 with its bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def post(flag_addr: int, value: int, host_addr: int, hdr_addr: int = 0, tag: int = 0, nbytes: int = 0) -> None:
+    post_kernel[(1,)](flag_addr, value, hdr_addr, tag, nbytes, host_addr, HEADER=hdr_addr != 0,
+                      INTERPRET=INTERPRET, num_warps=1)
+
+
+def wait(flag_addr: int, target: int, peer: int, host_addr: int, op_id: int, what: int, timeout_ns: int,
+         hdr_addr: int = 0, tag: int = 0, nbytes: int = 0, max_spins: int = NEVER) -> None:
+    wait_kernel[(1,)](flag_addr, target, hdr_addr, tag, nbytes, peer, host_addr, op_id, what, timeout_ns,
+                      max_spins, HEADER=hdr_addr != 0, INTERPRET=INTERPRET, num_warps=1)
+
+
+#: torch dtype name -> (element type, storage type, accumulator, bytes read as bool)
+_TYPES = {
+    "float32": (tl.float32, tl.float32, tl.float32, False), "float64": (tl.float64, tl.float64, tl.float64, False),
+    "float16": (tl.float16, tl.float16, tl.float32, False), "bfloat16": (tl.bfloat16, tl.bfloat16, tl.float32, False),
+    "float8_e4m3fn": (tl.float8e4nv, tl.uint8, tl.float32, False),
+    "float8_e5m2": (tl.float8e5, tl.uint8, tl.float32, False),
+    "int8": (tl.int8, tl.int8, tl.int8, False), "uint8": (tl.uint8, tl.uint8, tl.uint8, False),
+    "int16": (tl.int16, tl.int16, tl.int16, False), "int32": (tl.int32, tl.int32, tl.int32, False),
+    "int64": (tl.int64, tl.int64, tl.int64, False), "bool": (tl.int8, tl.int8, tl.int8, True),
+}
+REDUCIBLE = frozenset(_TYPES)
+BLOCK = 2048
+
+
+def _ops(op: str, dtype: str) -> tuple:
+    """(DT, RAW, ACC, BOOL, OP) of the reduce kernels for reduce op ``op`` on ``dtype``."""
+    dt, raw, acc, is_bool = _TYPES[dtype]
+    op = {"AVG": "SUM", "PREMUL_SUM": "SUM"}.get(op, op)
+    if is_bool:
+        op = {"SUM": "BOR", "MAX": "BOR", "PRODUCT": "BAND", "MIN": "BAND"}.get(op, op)
+    return dt, raw, acc, is_bool, op
+
+
+def reduce(rows, offset: int, out_addr: int, n: int, world: int, op: str, dtype: str,
+           stream: int | None = None) -> None:
+    """Launch reduce_kernel over ``n`` elements of dtype (a torch dtype name)."""
+    if n == 0:
+        return
+    dt, raw, acc, is_bool, op = _ops(op, dtype)
+    args = (rows, offset, out_addr, n, world, op, dt, raw, acc, is_bool, BLOCK)
+    key = ("reduce", rows.data_ptr(), _spec(offset), _spec(out_addr), _spec(n), world, op, dtype)
+    launch(reduce_kernel, key, triton.cdiv(n, BLOCK), args, 8, stream)
+
+
+#: the fused kernels' warps (BLOCK elements per step: 8 per thread)
+FUSED_WARPS = 4
+#: vectorisation hints in the fused kernels (CHORUS_CUDA_HINTS=0: none, for a compiler that
+#: refuses them; a compile failure with hints also retries without)
+HINTS = os.environ.get("CHORUS_CUDA_HINTS", "1") != "0"
+
+
+_PLANS: dict = {}  # all_reduce_fused's per-shape launch plans
+_SMALL = (1 << 31) - 2
+
+
+def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, slot_off: int, rank: int,
+                     world: int, host_addr: int, op_id: int, fprint: int, epoch: int, timeout_ns: int, op: str,
+                     dtype: str, max_spins: int = NEVER, stream: int | None = None) -> int:
+    """Launch the one-shot (``kind`` "one_shot") or two-shot ("two_shot") all_reduce
+    kernel of ``n`` elements from ``inp`` into ``out`` (addresses on this device) through
+    this rank's slot at ``slot_off``; its barriers are epochs ``epoch`` (and ``epoch`` +
+    1: two-shot).  Returns the number of barriers it uses (1 or 2).  What depends only on
+    the shape is planned once (geometry, types, the launch key's fixed part)."""
+    aligned = not (inp | out) & 15
+    pkey = (kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS)
+    plan = _PLANS.get(pkey)
+    if plan is None:
+        plan = _fused_plan(pkey)
+    kernel, grid, head, tail, barriers = plan
+    fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
+    args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, *tail)
+    key = (pkey, slot_off <= _SMALL and op_id <= _SMALL and epoch <= _SMALL, _fits(fprint))
+    try:
+        launch(kernel, key, grid, args, FUSED_WARPS, stream)
+    except Exception as exc:  # noqa: BLE001 - a compiler that refuses the hints: once more without
+        if not HINTS or key in _COMPILED:
+            raise
+        _no_hints(exc)
+        return all_reduce_fused(kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
+                                epoch, timeout_ns, op, dtype, max_spins, stream)
+    return barriers
+
+
+def _fused_plan(pkey: tuple) -> tuple:
+    kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, hints = pkey
+    if len(_PLANS) >= 4096:
+        _PLANS.clear()
+    dt, raw, acc, is_bool, red = _ops(op, dtype)
+    wp = max(2, _pow2(world))
+    tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, L.FUSED_BLOCK, hints and aligned, hints,
+            INTERPRET)
+    if kind == "one_shot":
+        grid, per = L.one_shot_geometry(n)
+        plan = (one_shot_kernel, grid, (n, per, rank, host_addr), tail, 1)
+    else:
+        grid, per, piece = L.two_shot_geometry(n, world)
+        plan = (two_shot_kernel, grid, (n, per, piece, rank, host_addr), tail, 2)
+    _PLANS[pkey] = plan
+    return plan
+
+
+def _no_hints(exc: BaseException) -> None:
+    global HINTS
+    HINTS = False
+    _PLANS.clear()
+    log.warning("chorus.cuda: compiling the fused all_reduce with vectorisation hints failed (%s: %s); "
+                "compiling without them", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+
+
+# -- the cached launch path ----------------------------------------------------------------------
+# JITFunction.__call__ binds and specializes every argument on every launch (tens of
+# microseconds of Python).  The first launch of each key goes through it and keeps the
+# compiled kernel; later ones call its launcher directly with the same arguments.  The key
+# holds every input of Triton's specialization that can change between calls (an int's
+# 32/64-bit type, its divisibility by 16 and equality to 1, the constexprs), so the kept
+# kernel is the one the JIT would pick.  CHORUS_CUDA_FAST_LAUNCH=0 turns it off.
+FAST = os.environ.get("CHORUS_CUDA_FAST_LAUNCH", "1") != "0" and not INTERPRET
+_COMPILED: dict = {}
+_I32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _fits(v: int) -> bool:
+    return _I32[0] <= v <= _I32[1]
+
+
+def _spec(v: int) -> tuple:
+    return v == 1, v % 16 == 0, _fits(v)
+
+
+def _raw_stream() -> int:
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+
+
+def launch(kernel, key, grid: int, args: tuple, num_warps: int, stream: int | None = None) -> None:
+    """``kernel[(grid,)](*args, num_warps=num_warps)`` on ``stream`` (a raw
+    cudaStream_t; None: torch's current stream, which must be that stream anyway for
+    the first launch of a key).  ``args``: every parameter in order, constexprs too."""
+    entry = _COMPILED.get(key) if FAST else None
+    if entry:
+        run, function, packed = entry
+        try:
+            run(grid, 1, 1, _raw_stream() if stream is None else stream, function, packed, None, None, None, *args)
+            return
+        except (TypeError, ValueError, OverflowError, AttributeError) as exc:  # raised before launching
+            log.warning("chorus.cuda: the cached launch of %s failed (%s: %s); launching through Triton",
+                        key[0], type(exc).__name__, exc)
+            _COMPILED[key] = False
+            entry = False
+    compiled = kernel[(grid,)](*args, num_warps=num_warps)
+    if FAST and entry is None:
+        try:
+            _COMPILED[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+        except AttributeError:  # another Triton: always through the JIT
+            _COMPILED[key] = False
+
+
+assert (L.BARRIER, L.STATUS, L.FAIL_OP, L.FAIL_WHAT, L.FAIL_PEERS, L.ABORT) == (512, 1, 2, 3, 4, 0), \
+    "the kernels hard-code these offsets"
+assert (L.FAIL_EXPECT, L.FAIL_GOT, L.TAG_OP, L.TAG_PEER, L.TAG_EXPECT, L.TAG_GOT) == (5, 6, 8, 9, 10, 11)
+assert (L.FPRINT, L.FPRINT_PARITY, L.FAIL_FP, L.MISMATCH) == (2560, 512, 7, 4)
+assert (L.BLOCKS, L.BLOCK_STRIDE) == (4096, 1536), "the fused kernels hard-code these offsets"

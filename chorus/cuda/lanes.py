@@ -1,0 +1,142 @@
+"""The executor the algorithms of chorus.cuda.algorithms run on: copies, kernels and
+flags of one rank over its group's workspace, enqueued on one CUDA stream.
+
+Nothing here waits on the host: every method enqueues (copy engine or Triton kernel) on
+the stream the op runs on (the caller's current stream) and returns.
+
+Recorder events (``cuda`` component; ``copy``, ``reduce``, ``sync``) carry enqueue
+times: ``start``/``end`` bracket the host-side enqueue of the copy or kernel, not its
+execution on the GPU (which would need an event per transfer, read later).
+"""
+
+from __future__ import annotations
+
+import time
+
+from chorus import recorder
+from chorus.cuda import layout as L
+from chorus.cuda import runtime
+
+
+class Lanes:
+    """Rank ``rank``'s executor over ``workspace`` (a chorus.cuda.workspace.Workspace).
+
+    ``kernels`` and ``memcpy`` default to chorus.cuda.kernels and
+    chorus.cuda.runtime.memcpy_async; tests pass stand-ins that run on the CPU."""
+
+    def __init__(self, workspace, timeout_s: float, kernels=None, memcpy=runtime.memcpy_async):
+        import torch
+
+        if kernels is None:
+            from chorus.cuda import kernels
+        self.k = kernels
+        self.memcpy = memcpy
+        self.ws = workspace
+        self.rank = workspace.rank
+        self.world = workspace.world
+        self.layout = workspace.layout
+        self.bases = workspace.bases  # every rank's workspace address, mapped here
+        self.host = workspace.host_addr
+        dev = workspace.device
+        self.controls = torch.tensor(self.bases, dtype=torch.int64, device=dev)
+        self.controls_addr = self.controls.data_ptr()
+        self.rows = [torch.tensor([b + self.layout.slot_at(p) for b in self.bases], dtype=torch.int64,
+                                  device=dev) for p in (0, 1)]
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.rounds = 0
+        # barriers enqueued so far (every rank enqueues the same ones: the epochs agree);
+        # the workspace's check made the first ones
+        self.epoch = getattr(workspace, "barriers", 0)
+        self.sent = [0] * self.world  # chunks posted to each peer's channel, ever
+        self.received = [0] * self.world  # chunks taken from each peer's channel, ever
+        # the op being enqueued (begin())
+        self.op_id = 0
+        self.ctx = None
+        self.stream = 0
+        self.dtype = ""
+        self.reduce_op = ""
+        self.fprint = 0
+
+    def begin(self, op_id: int, ctx, stream: int, dtype: str = "", reduce_op: str = "", fprint: int = 0) -> None:
+        """Enqueue the next op's work on ``stream`` (a raw cudaStream_t); its barriers carry
+        ``fprint`` (the Call's fingerprint, compared with every peer's: chorus.cuda.kernels)."""
+        self.op_id, self.ctx, self.stream, self.dtype, self.reduce_op = op_id, ctx, stream, dtype, reduce_op
+        self.fprint = fprint
+
+    # -- what the algorithms call -------------------------------------------------------------
+    def round(self) -> None:
+        self.rounds += 1
+
+    def slot(self, r: int) -> int:
+        return self.bases[r] + self.layout.slot_at(self.rounds & 1)
+
+    def barrier(self) -> None:
+        t = time.perf_counter()
+        self.epoch += 1
+        self.k.barrier(self.controls, self.rank, self.world, self.host, self.op_id, self.timeout_ns,
+                       fprint=self.fprint, epoch=self.epoch, stream=self.stream)
+        if recorder.current is not None:
+            recorder.transfer("sync", self.ctx, "cuda", t, algorithm="barrier")
+
+    def copy(self, dst: int, src: int, nbytes: int, peer: int = -1) -> None:
+        if nbytes <= 0 or dst == src:  # (an all_gather whose input is its own block of the output)
+            return
+        t = time.perf_counter()
+        self.memcpy(dst, src, nbytes, self.stream)
+        if recorder.current is not None:
+            recorder.transfer("copy", self.ctx, "cuda", t, nbytes, self._global(peer))
+
+    def reduce(self, out: int, offset: int, n: int) -> None:
+        if n <= 0:
+            return
+        t = time.perf_counter()
+        self.k.reduce(self.rows[self.rounds & 1], offset, out, n, self.world, self.reduce_op, self.dtype,
+                      stream=self.stream)
+        if recorder.current is not None:
+            recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype))
+
+    def all_reduce_fused(self, kind: str, inp: int, out: int, n: int) -> None:
+        """One launch: ``out[:n]`` = op over ranks of ``inp[:n]`` through this round's
+        slots (``kind`` "one_shot" or "two_shot": chorus.cuda.kernels), with its own
+        barrier(s) at the group's next epoch(s)."""
+        if n <= 0:
+            return
+        t = time.perf_counter()
+        self.epoch += self.k.all_reduce_fused(
+            kind, inp, out, n, self.controls_addr, self.layout.slot_at(self.rounds & 1), self.rank, self.world,
+            self.host, self.op_id, self.fprint, self.epoch + 1, self.timeout_ns, self.reduce_op, self.dtype,
+            stream=self.stream)
+        if recorder.current is not None:
+            recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype), algorithm=kind)
+
+    def send_chunk(self, peer: int, src: int, nbytes: int, tag: int, total: int) -> None:
+        """Chunk s of my channel to ``peer`` (parity s % 2): wait until ``peer`` took
+        chunk s - 2 out of that parity, copy in, post READY = s (with the header)."""
+        t = time.perf_counter()
+        s = self.sent[peer] = self.sent[peer] + 1
+        me = self.bases[self.rank]
+        if s > 2:
+            self.k.wait(me + L.ACK + 8 * peer, s - 2, peer, self.host, self.op_id, L.WAIT_ACK, self.timeout_ns)
+        hdr = me + self.layout.channel_at(peer, s & 1)
+        if nbytes > 0:
+            self.memcpy(hdr + L.CHANNEL_HEADER, src, nbytes, self.stream)
+        self.k.post(self.bases[peer] + L.READY + 8 * self.rank, s, self.host, hdr, tag, total)
+        if recorder.current is not None:
+            recorder.transfer("copy", self.ctx, "cuda", t, nbytes, self._global(peer), direction="send")
+
+    def recv_chunk(self, peer: int, dst: int, nbytes: int, tag: int, total: int) -> None:
+        """Chunk s from ``peer``'s channel to me: wait for READY >= s (checking the
+        header), copy out, post ACK = s into ``peer``'s workspace."""
+        t = time.perf_counter()
+        s = self.received[peer] = self.received[peer] + 1
+        hdr = self.bases[peer] + self.layout.channel_at(self.rank, s & 1)
+        self.k.wait(self.bases[self.rank] + L.READY + 8 * peer, s, peer, self.host, self.op_id, L.WAIT_READY,
+                     self.timeout_ns, hdr, tag, total)
+        if nbytes > 0:
+            self.memcpy(dst, hdr + L.CHANNEL_HEADER, nbytes, self.stream)
+        self.k.post(self.bases[peer] + L.ACK + 8 * self.rank, s, self.host)
+        if recorder.current is not None:
+            recorder.transfer("copy", self.ctx, "cuda", t, nbytes, self._global(peer), direction="recv")
+
+    def _global(self, peer: int) -> int:
+        return self.ws.members[peer] if peer >= 0 else -1

@@ -1,0 +1,155 @@
+"""Where everything lives in a group's CUDA workspace, and in its host control page.
+
+One workspace per rank (``cudaMalloc``, mapped by every peer through CUDA IPC), laid out
+for group size W::
+
+    offset
+    0          control (4 KiB)   word 0: this rank's barrier epoch (read and written only
+                                 by its own barrier kernel: the count of barriers so far)
+    BARRIER    W words           [r] = the latest barrier epoch rank r reached (written by r)
+    READY      W words           [q] = chunks rank q has posted to this rank's channel from q
+    ACK        W words           [r] = chunks rank r has consumed from this rank's channel to r
+    CHECK      W words           the attach-time test pattern
+    FPRINT     2 x W words       [p][r] = the fingerprint of rank r's op at its latest barrier
+                                 of parity p (written by r with its epoch; the barrier
+                                 kernel compares them: a mismatched collective)
+    BLOCKS     per-block words   the fused all_reduce kernels (chorus.cuda.kernels) sync
+                                 block by block: block b >= 1 of every rank has its own
+                                 BARRIER and 2 x FPRINT words here (BLOCK_STRIDE bytes per
+                                 block); block 0 uses the words above, so a fused kernel
+                                 and the barrier kernel meet (and compare fingerprints)
+    CONTROL    slot, parity 0    collectives: each rank writes only its own slots; peers read
+    +S         slot, parity 1      (round k uses parity k % 2: one barrier per round suffices)
+    2S+4096    channels          for each destination d and parity p: a 256-byte header
+                                 (tag, nbytes of the message) and C data bytes; rank q's
+                                 channel to d carries q's sends to d, d copies out of it
+
+CONTROL_BYTES (about 196 KiB) holds the control words.  Half of the workspace goes to the two collective slots, half to the W x 2 channels.
+
+The control page is page-locked host memory mapped into the device (one per group and
+rank): the host sets ABORT when the transport reports a failure; a kernel that gives up
+writes why into the other words (STATUS last); a barrier that finds another rank's op
+fingerprint writes MISMATCH with that rank (FAIL_PEERS) and its fingerprint (FAIL_FP);
+a mismatched point-to-point tag is recorded in the TAG_* words without breaking the
+group.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+MAX_WORLD = 64
+EPOCH = 0
+BARRIER = 512
+READY = BARRIER + 8 * MAX_WORLD
+ACK = READY + 8 * MAX_WORLD
+CHECK = ACK + 8 * MAX_WORLD
+FPRINT = CHECK + 8 * MAX_WORLD  # parity p's words start at FPRINT + p * FPRINT_PARITY
+FPRINT_PARITY = 8 * MAX_WORLD
+assert FPRINT + 2 * FPRINT_PARITY <= 4096
+BLOCKS = 4096  # block b >= 1's words start at BLOCKS + (b - 1) * BLOCK_STRIDE
+BLOCK_STRIDE = 3 * 8 * MAX_WORLD  # BARRIER[W] at +0, FPRINT[2][W] at +FPRINT_PARITY
+MAX_BLOCKS = 128  # blocks (CTAs) of a fused kernel: all resident on an H100/H200 (132 SMs)
+CHANNEL_HEADER = 256
+ALIGN = 256
+CONTROL_BYTES = -(-(BLOCKS + (MAX_BLOCKS - 1) * BLOCK_STRIDE) // ALIGN) * ALIGN
+#: elements one block of a fused kernel moves per step (the block count follows from it)
+FUSED_BLOCK = 1024
+#: block ranges and slices are multiples of this many elements: 16-byte aligned for every
+#: dtype, so the kernels' vector loads may assume it
+GRAIN = 64
+
+# -- the host control page (int64 words) ---------------------------------------------------
+ABORT = 0  # host -> device: stop spinning
+STATUS = 1  # device -> host: why a kernel gave up (below); 0 = fine
+FAIL_OP = 2  # the op id the kernel belonged to
+FAIL_WHAT = 3  # what it waited for: WAIT_BARRIER, WAIT_READY or WAIT_ACK
+FAIL_PEERS = 4  # bitmask of the group ranks that never arrived (MISMATCH: that called another op)
+FAIL_EXPECT = 5  # size mismatch: the bytes this rank expected
+FAIL_GOT = 6  # ... and what the sender's header said
+FAIL_FP = 7  # mismatch: the fingerprint of the lowest rank in FAIL_PEERS
+TAG_OP = 8  # a point-to-point tag mismatch (not fatal): op id + 1 (0 = none)
+TAG_PEER = 9
+TAG_EXPECT = 10
+TAG_GOT = 11
+CONTROL_WORDS = 16
+
+OK, TIMEOUT, ABORTED, SIZE_MISMATCH, MISMATCH = 0, 1, 2, 3, 4
+WAIT_BARRIER, WAIT_READY, WAIT_ACK = 0, 1, 2
+
+
+def _down(n: int) -> int:
+    return n // ALIGN * ALIGN
+
+
+def block_barrier(block: int) -> int:
+    """Offset of block ``block``'s BARRIER words (a fused kernel's block; 0 = BARRIER)."""
+    return BARRIER if block == 0 else BLOCKS + (block - 1) * BLOCK_STRIDE
+
+
+def block_fprint(block: int, parity: int) -> int:
+    """Offset of block ``block``'s FPRINT words of ``parity``."""
+    return (FPRINT if block == 0 else BLOCKS + (block - 1) * BLOCK_STRIDE + FPRINT_PARITY) + parity * FPRINT_PARITY
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _up(n: int, m: int) -> int:
+    return _cdiv(n, m) * m
+
+
+def one_shot_geometry(n: int, max_blocks: int = MAX_BLOCKS) -> tuple[int, int]:
+    """(blocks, elements per block) of a one-shot all_reduce of ``n`` elements: block b
+    copies, syncs and reduces elements [b * per, (b + 1) * per), the same range on every
+    rank (so a per-block barrier is enough); ``per`` is a multiple of GRAIN."""
+    blocks = max(1, min(max_blocks, _cdiv(n, FUSED_BLOCK)))
+    per = max(GRAIN, _up(_cdiv(n, blocks), GRAIN))
+    return max(1, _cdiv(n, per)), per
+
+
+def two_shot_geometry(n: int, world: int, max_blocks: int = MAX_BLOCKS) -> tuple[int, int, int]:
+    """(blocks, elements per block, slice) of a two-shot all_reduce of ``n`` elements:
+    slice s = elements [s * slice, (s + 1) * slice) (the last ones shorter or empty);
+    block b owns elements [b * per, (b + 1) * per) of every slice, on every rank."""
+    piece = max(GRAIN, _up(_cdiv(n, world), GRAIN))
+    blocks = max(1, min(max_blocks, _cdiv(piece, FUSED_BLOCK)))
+    per = _up(_cdiv(piece, blocks), GRAIN)
+    return _cdiv(piece, per), per, piece
+
+
+def two_shot_chunk(slot_bytes: int, item: int, world: int) -> int:
+    """The most elements one two-shot round moves through a slot of ``slot_bytes``."""
+    return slot_bytes // item // (world * GRAIN) * (world * GRAIN)
+
+
+class Layout(NamedTuple):
+    """Offsets of one rank's workspace for a group of ``world`` ranks (all ranks share it)."""
+
+    world: int
+    total: int
+    slot: int  # bytes of one collective slot (one parity)
+    channel: int  # data bytes of one channel slot (one destination, one parity)
+
+    @staticmethod
+    def of(world: int, total: int) -> Layout:
+        if not 1 <= world <= MAX_WORLD:
+            raise ValueError(f"chorus.cuda supports groups of 1..{MAX_WORLD} ranks, not {world}")
+        body = total - CONTROL_BYTES
+        slot = _down(body // 4)
+        channel = _down(body // 2 // (2 * world) - CHANNEL_HEADER)
+        if slot < ALIGN * world or channel < ALIGN:
+            raise ValueError(f"a workspace of {total} bytes is too small for {world} ranks")
+        return Layout(world, total, slot, channel)
+
+    def slot_at(self, parity: int) -> int:
+        return CONTROL_BYTES + parity * self.slot
+
+    def piece(self) -> int:
+        """Bytes of one destination's share of a slot (scatter, reduce_scatter), aligned."""
+        return _down(self.slot // self.world)
+
+    def channel_at(self, dest: int, parity: int) -> int:
+        """Offset of the header of the channel slot to ``dest`` of ``parity``; data follows."""
+        return CONTROL_BYTES + 2 * self.slot + (2 * dest + parity) * (CHANNEL_HEADER + self.channel)

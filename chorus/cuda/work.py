@@ -1,0 +1,100 @@
+"""``CudaWork``: what an ``async_op=True`` CUDA call returns, with ProcessGroupNCCL's
+semantics.
+
+The op was enqueued on the caller's current stream; a CUDA event recorded right after
+it marks its end.
+
+- ``wait()`` makes the *current* stream wait for the event and returns at once (the CPU
+  does not block), after checking the group's status (an earlier spin that gave up, a
+  lost peer): then it raises.  ``wait(timeout)`` blocks the CPU up to ``timeout``
+  seconds for the op itself and raises TimeoutError if it has not finished.
+- ``synchronize()`` blocks the CPU until the op finished on the GPU, then checks.
+- ``is_completed()`` queries the event; ``result()`` is the output tensors;
+  ``get_future()`` a chorus Future completed (on a helper thread) once the op has.
+
+The Work keeps the op's tensors alive until it finished (ops run on the caller's stream,
+so the caching allocator never hands their memory to later work on that stream anyway;
+the reference covers other streams).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from chorus.work import Work
+
+
+class CudaWork(Work):
+    """``event``: recorded after the op; ``check()`` raises the group's error, if any."""
+
+    def __init__(self, event, check, result: list | None, keep: tuple = ()):
+        super().__init__(result)
+        self._event = event
+        self._check = check
+        self._keep = keep
+
+    def wait(self, timeout=None) -> bool:
+        if timeout is not None:
+            return self._block(time.monotonic() + (timeout.total_seconds() if hasattr(timeout, "total_seconds")
+                                                     else float(timeout)))
+        import torch
+
+        torch.cuda.current_stream().wait_event(self._event)
+        self._check()
+        return True
+
+    def synchronize(self) -> None:
+        self._block(None)
+
+    def is_completed(self) -> bool:
+        if not self._finished and self._event.query():
+            self._done()
+        return self._finished
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self):
+        self.is_completed()
+        return self._error
+
+    def result(self) -> list:
+        return self._result
+
+    def _block(self, deadline: float | None) -> bool:
+        if deadline is None:
+            self._event.synchronize()  # bounded: every spin in the op has a deadline
+        else:
+            while not self._event.query():
+                if time.monotonic() >= deadline:
+                    raise TimeoutError("Work.wait(timeout=...) expired before the op finished on the GPU; "
+                                       "the op is still running")
+                time.sleep(50e-6)
+        self._done()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def _done(self) -> None:
+        try:
+            self._check()
+        except BaseException as exc:  # noqa: BLE001 - kept for wait/exception/the future
+            self._settle(exc)
+        else:
+            self._settle(None)
+        self._keep = ()
+
+    # -- chorus.work.Work hooks -----------------------------------------------------------------
+    def _wait(self, deadline: float | None) -> None:
+        self._block(deadline)
+
+    def _poll(self) -> bool:
+        return self._event.query()
+
+    def _watch(self) -> None:
+        def run() -> None:
+            self._event.synchronize()
+            self._done()
+
+        threading.Thread(target=run, daemon=True, name="chorus-cuda-future").start()

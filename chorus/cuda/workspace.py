@@ -1,0 +1,253 @@
+"""A group's CUDA workspace: allocated on each member's current device, mapped by every
+other member, and checked by a real transfer before use (chorus.cuda.layout draws it).
+
+``Workspace.create`` is collective (every member calls it when the group attaches).
+Members publish, under ``cuda/<group id>/<generation>/`` in the job's store: their host,
+process id, device, the workspace's address and its CUDA IPC handle.  Each then maps
+every peer's workspace: ``cudaIpcOpenMemHandle`` for a peer in another process; the
+address itself for a peer that is a thread of this process (chorus.testing runs ranks
+as threads; a process cannot open its own handles), with peer access enabled from this
+rank's device to the peer's (every rank does it for its own device, with its device
+current).  Members agree through the store after mapping and after the check, so either
+every member uses the workspace or none does (:class:`Unusable` says why).
+
+Ranks that are threads of one process share the CUDA contexts of their devices, and
+there the legacy default stream (torch's default stream) orders a copy between two
+devices after *everything* queued on either device (CUDA programming guide, peer-to-peer
+memory copy): a rank's copy into or out of a peer's workspace would wait for the peer's
+barrier kernel, which spins until this rank arrives, so neither moves until the spin
+times out.  Such a workspace therefore has its own stream (``stream``, non-blocking, on
+this rank's device), on which the check and every op run (chorus.cuda.component joins
+it to the caller's stream both ways).  Ranks in separate processes share no context and
+use the caller's stream directly.
+
+The members' hosts come from the boot id and host name, or from ``CHORUS_HOST_ID`` (as
+chorus.host.identity reads it): members on several hosts never map each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import socket
+import threading
+
+import numpy as np
+
+from chorus import config
+from chorus.cuda import kernels, runtime
+from chorus.cuda import layout as L
+from chorus.host.identity import host_id
+
+log = logging.getLogger("chorus")
+
+CHECK_TIMEOUT_S = 60.0  # the check's spins give up after this (or the group's timeout if shorter)
+
+# Workspaces that threads of this process map by address: address -> [device, members still
+# using it].  The last member to close frees it (a peer's kernel may read it until then).
+_SHARED: dict[int, list[int]] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+class Unusable(Exception):
+    """Peer memory cannot be used by this group; the message says why (one line)."""
+
+
+def _host_id(global_rank: int) -> str:
+    if config.get("CHORUS_HOST_ID"):
+        return f"CHORUS_HOST_ID={host_id(global_rank)}"
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def agree(store, prefix: str, rank: int, world: int, why: str, timeout: float) -> str:
+    """Publish this rank's verdict (``why``, "" = fine) and return the first failing
+    member's reason ("" when every member is fine).  Collective."""
+    store.set(f"{prefix}/{rank}", why.encode())
+    for r in range(world):
+        theirs = store.get(f"{prefix}/{r}", timeout).decode()
+        if theirs:
+            return f"rank {r}: {theirs}"
+    return ""
+
+
+class Workspace:
+    """This rank's workspace and its view of every member's (see the module docstring).
+
+    ``bases[r]``: the address (in this process) of group rank r's workspace;
+    ``host_addr``/``words``: the control page (chorus.cuda.layout's words);
+    ``stream``: the stream the group's ops run on when some member is a thread of this
+    process, else None (the caller's stream)."""
+
+    def __init__(self, pg, total: int):
+        import torch
+
+        self.rank = pg.rank()
+        self.world = pg.size()
+        self.members = pg.members
+        self.layout = L.Layout.of(self.world, total)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.ptr = runtime.malloc(total)
+        self.host_addr = runtime.host_alloc(L.CONTROL_WORDS * 8)
+        self.words = runtime.host_words(self.host_addr, L.CONTROL_WORDS)
+        self.words[:] = 0
+        self.bases: list[int] = []
+        self.barriers = 0  # barriers the check made (chorus.cuda.lanes counts on from there)
+        self.stream = None
+        self._opened: list[int] = []
+        self._held: list[int] = []  # workspaces of threads of this process (own included) it uses
+        self._torch = torch
+        torch.as_tensor(runtime.DeviceArray(self.ptr, total), device=self.device).zero_()
+        torch.cuda.synchronize(self.device)
+
+    @staticmethod
+    def itemsize(dtype: str) -> int:
+        import torch
+        return getattr(torch, dtype).itemsize
+
+    @classmethod
+    def create(cls, pg, store, prefix: str, total: int) -> Workspace:
+        """Allocate, exchange, map and check (collective); raise Unusable on any member's
+        failure, after every member has seen it."""
+        rank, world, timeout = pg.rank(), pg.size(), pg.timeout
+        ws, why = None, ""
+        try:
+            ws = cls(pg, total)
+            info = dict(host=_host_id(pg.members[rank]), pid=os.getpid(), device=ws.device.index, ptr=ws.ptr,
+                        handle=runtime.ipc_handle(ws.ptr))
+        except Exception as exc:  # noqa: BLE001 - told to every member, then raised
+            info, why = {}, f"{type(exc).__name__}: {exc}"
+        store.set(f"{prefix}/info/{rank}", pickle.dumps(dict(info, error=why)))
+        infos = [pickle.loads(store.get(f"{prefix}/info/{r}", timeout)) for r in range(world)]
+        failed = next((f"rank {r}: {i['error']}" for r, i in enumerate(infos) if i["error"]), "")
+        if not failed and len({i["host"] for i in infos}) > 1:
+            failed = "the members are on several hosts"
+        try:
+            if failed:
+                raise Unusable(failed)
+            try:
+                ws._map(infos)
+            except Exception as exc:  # noqa: BLE001 - agreed below
+                why = f"mapping peers' memory failed: {type(exc).__name__}: {exc}"
+            failed = agree(store, f"{prefix}/mapped", rank, world, why, timeout)
+            if failed:
+                raise Unusable(failed)
+            why = ws._check(min(timeout, CHECK_TIMEOUT_S))
+            failed = agree(store, f"{prefix}/checked", rank, world, why, timeout)
+            if failed:
+                raise Unusable(failed)
+        except BaseException:
+            if ws is not None:
+                ws.close()
+            raise
+        return ws
+
+    def _map(self, infos: list[dict]) -> None:
+        me = infos[self.rank]
+        threads = [i for i in infos if i["pid"] == me["pid"]]  # this rank and its peers in this process
+        if len(threads) > 1:
+            with _SHARED_LOCK:  # first, so that a failure below still lets go of all of them
+                for info in threads:
+                    _SHARED.setdefault(info["ptr"], [info["device"], 0])[1] += 1
+                    self._held.append(info["ptr"])
+        with self._torch.cuda.device(self.device):
+            for r, info in enumerate(infos):
+                if r == self.rank:
+                    self.bases.append(self.ptr)
+                elif info["pid"] == me["pid"]:  # a thread of this process: same address space
+                    if info["device"] != self.device.index:
+                        runtime.enable_peer_access(info["device"])  # from this device, current here
+                    self.bases.append(info["ptr"])
+                else:
+                    ptr = runtime.ipc_open(info["handle"])
+                    self._opened.append(ptr)
+                    self.bases.append(ptr)
+            if len(threads) > 1:
+                self.stream = self._torch.cuda.Stream(self.device)  # see the module docstring
+
+    def _check(self, timeout_s: float) -> str:
+        """Write a pattern into my slot and into every peer's CHECK word for me, barrier,
+        read every peer's pattern by copy engine and by kernel, barrier; "" if all came
+        back right, else why not.  On ``stream`` when set, else the current stream."""
+        torch = self._torch
+        stream = self.stream or torch.cuda.current_stream(self.device)
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            why = self._check_on(stream, timeout_s)
+        return why
+
+    def _check_on(self, stream, timeout_s: float) -> str:
+        torch = self._torch
+        w, me, dev = self.world, self.rank, self.device
+        value = np.add.outer((np.arange(w) + 1) * 1_000_003, np.arange(w)).astype(np.int64)  # [writer, j]
+        raw = stream.cuda_stream
+        slot0 = [b + self.layout.slot_at(0) for b in self.bases]
+        mine = torch.as_tensor(value[me], device=dev)
+        controls = torch.tensor(self.bases, dtype=torch.int64, device=dev)
+        rows = torch.tensor(slot0, dtype=torch.int64, device=dev)
+        got = torch.empty((w, w), dtype=torch.int64, device=dev)
+        summed = torch.empty(w, dtype=torch.int64, device=dev)
+        checks = torch.empty(w, dtype=torch.int64, device=dev)
+        runtime.memcpy_async(slot0[me], mine.data_ptr(), w * 8, raw)
+        for q in range(w):
+            runtime.memcpy_async(self.bases[q] + L.CHECK + 8 * me, mine.data_ptr() + 8 * q, 8, raw)
+        timeout_ns = int(timeout_s * 1e9)
+        kernels.barrier(controls, me, w, self.host_addr, 0, timeout_ns)
+        for r in range(w):
+            runtime.memcpy_async(got[r].data_ptr(), slot0[r], w * 8, raw)
+        kernels.reduce(rows, 0, summed.data_ptr(), w, w, "SUM", "int64")
+        runtime.memcpy_async(checks.data_ptr(), self.bases[me] + L.CHECK, w * 8, raw)
+        kernels.barrier(controls, me, w, self.host_addr, 0, timeout_ns)
+        self.barriers = 2
+        stream.synchronize()
+        if self.words[L.STATUS]:
+            return (f"the check's barrier gave up (status {int(self.words[L.STATUS])}, ranks missing: "
+                    f"{_ranks(int(self.words[L.FAIL_PEERS]))})")
+        if not np.array_equal(got.cpu().numpy(), value):
+            return "copies from peers' workspaces returned wrong data"
+        if not np.array_equal(summed.cpu().numpy(), value.sum(axis=0)):
+            return "a kernel reading peers' workspaces returned wrong data"
+        if not np.array_equal(checks.cpu().numpy(), value[:, me]):
+            return "copies into peers' workspaces did not arrive"
+        return ""
+
+    def close(self) -> None:
+        """Unmap the peers' workspaces and free this rank's (after this rank's queued work).
+        Best effort: a failure is logged, never raised (a dead peer's handle may refuse)."""
+        torch = self._torch
+        self.words[L.ABORT] = 1  # queued spins end now instead of at their timeout
+        steps = [lambda: torch.cuda.synchronize(self.device)]
+        steps += [lambda p=ptr: runtime.ipc_close(p) for ptr in self._opened]
+        if self._held:  # threads of this process: the last one to let go frees (see _SHARED)
+            steps += [lambda p=ptr: self._let_go(p) for ptr in self._held]
+        else:
+            steps.append(lambda: runtime.free(self.ptr))
+        steps.append(lambda: runtime.host_free(self.host_addr))
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - the group is going away regardless
+                log.warning("chorus: releasing a CUDA workspace: %s: %s", type(exc).__name__, exc)
+        self._opened.clear()
+        self._held.clear()
+        self.ptr = self.host_addr = 0
+        self.stream = None
+
+    def _let_go(self, ptr: int) -> None:
+        with _SHARED_LOCK:
+            entry = _SHARED[ptr]
+            entry[1] -= 1
+            if entry[1]:
+                return
+            del _SHARED[ptr]
+        with self._torch.cuda.device(entry[0]):
+            self._torch.cuda.synchronize()  # its own device's last reads of it are done
+            runtime.free(ptr)
+
+
+def _ranks(bits: int) -> list[int]:
+    return [r for r in range(bits.bit_length()) if bits >> r & 1]

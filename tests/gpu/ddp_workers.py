@@ -1,0 +1,42 @@
+"""A DDP training run on GPUs (one process per GPU) with a given torch.distributed backend:
+writes each step's loss and a checksum of the final parameters of every rank."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.distributed as tdist
+
+
+def train(rank: int, world: int, backend: str, port: int, steps: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      NCCL_NVLS_ENABLE="0")
+    if backend == "chorus":
+        import chorus.torch  # noqa: F401  (registers backend "chorus")
+    torch.cuda.set_device(rank)
+    tdist.init_process_group(backend)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
+                                torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank], bucket_cap_mb=1)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(100 + rank)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(64, 256, generator=gen).cuda()
+        y = torch.randint(0, 10, (64,), generator=gen).cuda()
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        loss.backward()
+        opt.step()
+        avg = loss.detach().clone()
+        tdist.all_reduce(avg)
+        losses.append(avg.item() / world)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    sums = [torch.zeros(2, dtype=torch.float64, device="cuda") for _ in range(world)]
+    tdist.all_gather(sums, torch.stack([flat.double().sum(), (flat.double() ** 2).sum()]))
+    with open(os.path.join(out, f"{backend}-rank{rank}.json"), "w") as f:
+        json.dump({"losses": losses, "checksums": [s.tolist() for s in sums]}, f)
+    tdist.destroy_process_group()

@@ -1,0 +1,254 @@
+"""What each GPU process of tests/gpu runs: chorus (CPU backend, for the group and the
+store) and torch's NCCL side by side, chorus.cuda attached to chorus's group, Calls
+built by hand and handed to the component, results compared with NCCL's and with the
+reduce kernel's own rule (float32 accumulation in rank order) — bit for bit."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: cuda_emulation
+
+import torch  # noqa: E402
+import torch.distributed as tdist  # noqa: E402
+from cuda_emulation import reference  # noqa: E402
+
+import chorus  # noqa: E402
+from chorus import recorder  # noqa: E402
+from chorus.api.state import current  # noqa: E402
+from chorus.call import make  # noqa: E402
+from chorus.cuda.component import attach  # noqa: E402
+
+OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+DTYPES = ["float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"]
+DTYPES += [d for d in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, d)]
+
+
+def init(rank: int, world: int, ports: tuple[int, int], timeout: float = 60.0):
+    """NCCL and chorus in this process; chorus.cuda attached to chorus's world group."""
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    torch.cuda.set_device(rank)
+    tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=world,
+                             device_id=torch.device("cuda", rank))
+    chorus.init_process_group("chorus", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank,
+                              world_size=world, timeout=timeout)
+    pg = current().default_group
+    return pg, attach(pg)
+
+
+def finish(comp) -> None:
+    torch.cuda.synchronize()
+    tdist.barrier()
+    comp.close()
+    chorus.destroy_process_group()
+    tdist.destroy_process_group()
+
+
+def issue(comp, pg, name, buffers, *, count, dtype, reduce_op="", root=-1, args=None, async_op=False,
+          uniform=True):
+    """Build the Call the API would and start it on the component."""
+    wire = "uint8" if dtype.startswith("float8") else dtype
+    first = next(iter(buffers.values()))
+    call = make(pg, name, dtype=wire, count=count, buffers=buffers, async_op=async_op, algorithm=None,
+                nbytes=first.numel() * first.element_size(), args=args or {"count": count}, root=root,
+                reduce_op=reduce_op, uniform=uniform, result=list(buffers.values()))
+    if "device" in call._fields:
+        call = call._replace(device="cuda")
+    algorithm = comp.supports(call)
+    assert algorithm is not None, call.name
+    return comp.start(call, algorithm)
+
+
+def data(rank: int, n: int, dtype: str, salt: int = 0) -> torch.Tensor:
+    """Small integers (exact in every dtype and every sum below); bool: a pattern."""
+    values = (torch.arange(n, device="cuda") * 7 + rank * 3 + salt) % 4
+    if dtype == "bool":
+        return values > 1
+    if dtype.startswith(("int", "float", "bfloat")) and dtype != "uint8":
+        values = values - 1  # negatives too
+    return values.to(getattr(torch, dtype))
+
+
+def gather_all(t: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """Every rank's ``t`` through NCCL (as bytes: any dtype)."""
+    raw = t.contiguous().view(torch.uint8)
+    parts = [torch.empty_like(raw) for _ in range(world)]
+    tdist.all_gather(parts, raw)
+    return [p.view(t.dtype) for p in parts]
+
+
+def same_everywhere(t: torch.Tensor, world: int) -> None:
+    parts = gather_all(t, world)
+    assert all(torch.equal(p.view(torch.uint8), parts[0].view(torch.uint8)) for p in parts), "ranks differ"
+
+
+def valid(op: str, dtype: str) -> bool:
+    floating = dtype.startswith("float") or dtype == "bfloat16"
+    return not (floating and op in ("BAND", "BOR", "BXOR"))
+
+
+# -- cases -----------------------------------------------------------------------------------------
+def case_all_reduce(rank, world, pg, comp):
+    sizes = [1, 1000, 300_001]  # the last takes several rounds of a 4 MiB workspace's slots
+    for dtype in DTYPES:
+        ops = OPS if dtype in ("int32", "bool", "float32") else ["SUM", "MAX"]
+        for op in (o for o in ops if valid(o, dtype)):
+            for n in sizes:
+                x = data(rank, n, dtype)
+                want = reference(gather_all(x, world), op)
+                issue(comp, pg, "all_reduce", {"data": x}, count=n, dtype=dtype, reduce_op=op)
+                assert torch.equal(x.view(torch.uint8), want.view(torch.uint8)), (dtype, op, n)
+                same_everywhere(x, world)
+    # differential against NCCL itself (integer-valued: exact in any summation order)
+    for dtype in ("float32", "bfloat16", "int64"):
+        x = data(rank, 100_000, dtype)
+        y = x.clone()
+        issue(comp, pg, "all_reduce", {"data": x}, count=x.numel(), dtype=dtype, reduce_op="SUM")
+        tdist.all_reduce(y)
+        assert torch.equal(x, y), dtype
+
+
+def case_rooted(rank, world, pg, comp):
+    n = 200_003
+    for root in range(world):
+        x = data(rank, n, "float32", root)
+        ref = x.clone()
+        tdist.reduce(ref, dst=root)
+        issue(comp, pg, "reduce", {"data": x}, count=n, dtype="float32", reduce_op="SUM", root=root)
+        assert torch.equal(x, ref if rank == root else data(rank, n, "float32", root))
+        x = data(rank, n, "bfloat16", root)
+        ref = x.clone()
+        tdist.broadcast(ref, src=root)
+        issue(comp, pg, "broadcast", {"data": x}, count=n, dtype="bfloat16", root=root)
+        assert torch.equal(x, ref)
+        inp = data(rank, n, "int32", root)
+        out = torch.empty(world * n, dtype=torch.int32, device="cuda")
+        ref = torch.empty_like(out)
+        tdist.all_gather_into_tensor(ref, inp)
+        issue(comp, pg, "all_gather", {"input": inp, "output": out}, count=n, dtype="int32")
+        assert torch.equal(out, ref)
+        out = torch.full((world * n,), -1, dtype=torch.int32, device="cuda")
+        buffers = {"input": inp, **({"output": out} if rank == root else {})}
+        issue(comp, pg, "gather", buffers, count=n, dtype="int32", root=root)
+        if rank == root:
+            assert torch.equal(out, ref)
+        src = data(rank, world * n, "float16", 5)
+        out = torch.empty(n, dtype=torch.float16, device="cuda")
+        ref = torch.empty_like(out)
+        tdist.scatter(ref, list(src.chunk(world)) if rank == root else None, src=root)
+        issue(comp, pg, "scatter", {"output": out, **({"input": src} if rank == root else {})}, count=n,
+              dtype="float16", root=root)
+        assert torch.equal(out, ref)
+    counts = tuple(100_000 * (r + 1) + r for r in range(world))
+    inp = data(rank, sum(counts), "bfloat16")
+    out = torch.empty(counts[rank], dtype=torch.bfloat16, device="cuda")
+    issue(comp, pg, "reduce_scatter", {"input": inp, "output": out}, count=sum(counts), dtype="bfloat16",
+          reduce_op="SUM", args={"counts": counts}, uniform=False)
+    start = sum(counts[:rank])
+    assert torch.equal(out, reference(gather_all(inp, world), "SUM")[start:start + counts[rank]])
+    send = [50_000 * (rank + 2 * j) + j for j in range(world)]
+    recv_sizes = torch.tensor(send, device="cuda")
+    matrix = gather_all(recv_sizes, world)
+    recv = [int(matrix[i][rank]) for i in range(world)]
+    inp = data(rank, sum(send), "float32") + 10 * rank
+    out = torch.full((sum(recv),), -1.0, device="cuda")
+    ref = torch.empty_like(out)
+    tdist.all_to_all_single(ref, inp, recv, send)
+    issue(comp, pg, "all_to_all", {"input": inp, "output": out}, count=0, dtype="float32",
+          args={"send_counts": tuple(send), "recv_counts": tuple(recv)}, uniform=False)
+    assert torch.equal(out, ref)
+    issue(comp, pg, "barrier", {"token": torch.empty(0, device="cuda")}, count=0, dtype="bytes")
+
+
+def case_p2p(rank, world, pg, comp):
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for n in (0, 3, 2_000_001):  # empty, tiny, several channel chunks
+        out = data(rank, n, "float32", 1)
+        got = torch.full((n,), -1.0, device="cuda")
+        comp.p2p_batch([("send", out, right, 9), ("recv", got, left, 9)], False)
+        assert torch.equal(got, data(left, n, "float32", 1)), n
+    if rank in (0, 1):  # ordered pair traffic, then (through the channels) a wrong tag
+        peer = 1 - rank
+        for i in range(3):
+            t = torch.full((10,), float(i), device="cuda")
+            if rank == 0:
+                comp.p2p("send", t, peer, i, False)
+            else:
+                got = torch.empty(10, device="cuda")
+                comp.p2p("recv", got, peer, i, False)
+                assert torch.equal(got, t)
+        if comp.lanes is None:
+            return  # staged: tags are separate streams, as on the CPU; a wrong one never matches
+        t = torch.ones(4, device="cuda")
+        if rank == 0:
+            comp.p2p("send", t, peer, 1, False)
+        else:
+            comp.p2p("recv", t, peer, 2, False)
+            torch.cuda.synchronize()
+            try:
+                comp.check("after recv")
+            except chorus.InvalidArgumentError as exc:
+                assert "tag 2" in str(exc) and "tag 1" in str(exc), exc
+            else:
+                raise AssertionError("a mismatched tag was not reported")
+
+
+def case_async(rank, world, pg, comp):
+    side = torch.cuda.Stream()
+    x = data(rank, 500_000, "float32")
+    want = reference(gather_all(x, world), "SUM")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # the op must wait for the caller's queued work
+        work = issue(comp, pg, "all_reduce", {"data": x}, count=x.numel(), dtype="float32", reduce_op="SUM",
+                     async_op=True)
+    future = work.get_future()
+    work.wait()  # the current (default) stream waits; the CPU does not
+    y = x * 1  # ordered after the op on the default stream
+    work.synchronize()
+    assert work.is_completed() and work.is_success()
+    assert torch.equal(y, want) and torch.equal(future.wait()[0], want)
+    events = []
+    recorder.attach(events.append)
+    try:
+        issue(comp, pg, "all_reduce", {"data": x}, count=x.numel(), dtype="float32", reduce_op="MAX")
+    finally:
+        recorder.detach()
+    kinds = {(e.what, e.component) for e in events}
+    assert {("begin", "cuda"), ("copy", "cuda"), ("sync", "cuda"), ("reduce", "cuda"), ("end", "cuda")} <= kinds
+
+
+def run(rank, world, ports, cases):
+    pg, comp = init(rank, world, ports)
+    staged = os.environ.get("CHORUS_CUDA_STAGING") == "1"
+    assert (comp.lanes is None) == staged, comp.staging_reason
+    for name in cases:
+        globals()[f"case_{name}"](rank, world, pg, comp)
+        torch.cuda.synchronize()
+        comp.check(name)
+    finish(comp)
+
+
+def run_timeout(rank, world, ports):
+    """Rank 1 skips an all_reduce: rank 0's spin gives up at the group's timeout and the
+    error names the op and rank 1; later calls fail fast."""
+    import time
+
+    pg, comp = init(rank, world, ports, timeout=3.0)
+    x = data(rank, 10, "float32")
+    if rank == 0:
+        start = time.monotonic()
+        issue(comp, pg, "all_reduce", {"data": x}, count=10, dtype="float32", reduce_op="SUM")
+        torch.cuda.synchronize()
+        assert time.monotonic() - start < 30
+        for _ in range(2):
+            try:
+                issue(comp, pg, "all_reduce", {"data": x}, count=10, dtype="float32", reduce_op="SUM")
+            except chorus.CommTimeoutError as exc:
+                assert "all_reduce" in str(exc) and "[1]" in str(exc), exc
+            else:
+                raise AssertionError("no timeout reported")
+    tdist.barrier()
+    comp.close()
+    chorus.destroy_process_group()
+    tdist.destroy_process_group()

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# chorus.cuda's speed run, for one multi-GPU host (all pairs NVLink), in about 330 s:
+#
+#     bash tests/gpu/speed_run.sh        logs and JSON in $OUT (else ./speed-logs)
+#
+# Parts (each in its own process group, bounded by `timeout` and by the bench's own
+# --time-limit, its leftovers killed; a part that fails does not stop the next; a part
+# reached with under 15 s of CHORUS_SPEED_BUDGET_S (330) left is NOT RUN):
+#   1. smoke: all_reduce bf16/fp32, 8 B .. 64 MiB and odd counts, every algorithm and
+#      the lane, bit for bit against NCCL on integer data (tests/gpu/speed_smoke.py)
+#   2. all_reduce bf16, 4 B .. 1 GiB (x4): chorus, chorus's lane, NCCL, symm-mem 1/2-shot
+#   3. calibrate: chorus's all_reduce one_shot vs two_shot vs copy_reduce, 16 KiB .. 8 MiB
+#      (the ONE_SHOT_MAX_BYTES threshold of chorus/cuda/algorithms.py)
+#   4. all_gather, reduce_scatter bf16, 1 KiB .. 256 MiB (x4)
+#   5. broadcast and all_to_all bf16, 1 KiB .. 64 MiB (x8)
+# then a compact table per part: size, chorus us (GPU), chorus cpu us, nccl us, nccl/chorus,
+# symm us, #wrong.  Exits non-zero unless every part passed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+LOGS="${OUT:-$PWD/speed-logs}"
+mkdir -p "$LOGS"
+BUDGET="${CHORUS_SPEED_BUDGET_S:-330}"
+START=$(date +%s)
+FAILED=0
+PIDS=()
+
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -9 -- "-$pid" 2>/dev/null; done
+}
+trap cleanup EXIT
+
+python - <<'PY' 2>&1 | tee "$LOGS/versions.log" | head -3
+import sys, torch
+print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda,
+      "| gpus", torch.cuda.device_count(), *{torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+try:
+    import triton; print("triton", triton.__version__)
+except ImportError as e:
+    print("triton missing:", e)
+PY
+
+# part NAME CAP_S CMD...: run CMD under timeout (its own process group), output to $LOGS/NAME.log
+part() {
+  local name=$1 cap=$2
+  shift 2
+  local left=$((BUDGET - ($(date +%s) - START)))
+  if [ "$left" -le 15 ]; then
+    printf '%-8s %-28s under 15 s of the %s s budget left\n' "NOT RUN" "$name" "$BUDGET"
+    FAILED=1
+    return
+  fi
+  [ "$cap" -gt "$left" ] && cap=$left
+  local t0
+  t0=$(date +%s)
+  timeout -k 10 "$cap" "$@" >"$LOGS/$name.log" 2>&1 &  # timeout leads a process group of its own
+  local pid=$!
+  PIDS+=("$pid")
+  wait "$pid"
+  local rc=$?
+  kill -9 -- "-$pid" 2>/dev/null  # whatever of that group is left (ranks, compilers)
+  local verdict=FAIL
+  case $rc in
+    0) verdict=PASS ;;
+    124|137) verdict=TIMEOUT ;;
+  esac
+  [ "$rc" -ne 0 ] && FAILED=1
+  printf '%-8s %-28s %4ss (cap %ss)  [%s]\n' "$verdict" "$name" "$(($(date +%s) - t0))" "$cap" "$LOGS/$name.log"
+}
+
+# bench NAME CAP_S ARGS...: chorus bench --device cuda with --time-limit CAP - 10, JSON to $LOGS/NAME.json
+bench() {
+  local name=$1 cap=$2
+  shift 2
+  local left=$((BUDGET - ($(date +%s) - START)))
+  [ "$cap" -gt "$left" ] && cap=$left
+  [ "$cap" -lt 20 ] && cap=20  # (part reports NOT RUN when under 15 s are left)
+  part "$name" "$cap" python -c "import sys; from chorus.cli import main; sys.exit(main())" bench --device cuda \
+      --time-limit $((cap - 10)) --cuda-timeout 20 --json "$LOGS/$name.json" "$@"
+}
+
+part smoke 75 python tests/gpu/speed_smoke.py --max 64M --time-limit 65
+grep -E "^ *(bfloat16|float32)|SMOKE|only" "$LOGS/smoke.log" | head -20
+
+bench all_reduce 95 --collective all_reduce -b 4 -e 1G -f 4 -n 200 -w 20 --scale-iters --lane
+bench calibrate 30 --collective all_reduce -b 16K -e 8M -f 2 -n 200 -w 20 --baseline none \
+    --algorithm one_shot,two_shot,copy_reduce
+bench all_gather 35 --collective all_gather -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
+bench reduce_scatter 35 --collective reduce_scatter -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
+bench broadcast 20 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
+bench all_to_all 20 --collective all_to_all -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
+
+python - "$LOGS" <<'PY'
+import json, os, sys
+logs = sys.argv[1]
+
+def human(n):
+    for u, s in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= s and n % s == 0:
+            return f"{n // s}{u}"
+    return str(n)
+
+def load(name):
+    try:
+        with open(os.path.join(logs, name + ".json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
+    doc = load(name)
+    if doc is None:
+        print(f"\n== {name}: no results (see {name}.log)")
+        continue
+    by = {(r["library"], r["nbytes"]): r for r in doc["rows"]}
+    print(f"\n== {name} {doc['dtype']} W={doc['world']} ({doc['device']}): GPU us per call; cpu = CPU us per call")
+    for note in doc["notes"]:
+        print("#", note)
+    print(f"{'size':>6} {'chorus':>9} {'cpu':>6} {'lane':>8} {'cpu':>6} {'nccl':>9} {'cpu':>6} {'nccl/ch':>8}"
+          f" {'symm1':>8} {'symm2':>8} {'#wrong':>7}")
+    for size in sorted({r["nbytes"] for r in doc["rows"]}):
+        c, l, n = by.get(("chorus", size)), by.get(("chorus-lane", size)), by.get(("nccl", size))
+        s1, s2 = by.get(("symm-1shot", size)), by.get(("symm-2shot", size))
+        us = lambda r: f"{r['seconds'] * 1e6:.1f}" if r else "-"
+        cpu = lambda r: f"{r['cpu_seconds'] * 1e6:.1f}" if r else "-"
+        ratio = f"{n['seconds'] / c['seconds']:.2f}x" if c and n and c["seconds"] else "-"
+        wrong = ",".join(str(r["wrong"]) for r in (c, l, s1, s2) if r) or "-"
+        print(f"{human(size):>6} {us(c):>9} {cpu(c):>6} {us(l):>8} {cpu(l):>6} {us(n):>9} {cpu(n):>6} {ratio:>8}"
+              f" {us(s1):>8} {us(s2):>8} {wrong:>7}")
+
+cal = load("calibrate")
+if cal:
+    algos = [lib for lib in cal["libraries"] if lib.startswith("chorus:")]
+    by = {(r["library"], r["nbytes"]): r for r in cal["rows"]}
+    print("\n== calibrate: chorus all_reduce by algorithm (GPU us); ONE_SHOT_MAX_BYTES in chorus/cuda/algorithms.py")
+    for note in cal["notes"]:
+        print("#", note)
+    print(f"{'size':>6} " + " ".join(f"{a[7:]:>11}" for a in algos) + f" {'fastest':>11} {'#wrong':>7}")
+    for size in sorted({r["nbytes"] for r in cal["rows"]}):
+        got = {a: by[(a, size)] for a in algos if (a, size) in by}
+        best = min(got, key=lambda a: got[a]["seconds"])[7:] if got else "-"
+        print(f"{human(size):>6} " + " ".join(f"{got[a]['seconds'] * 1e6:>11.1f}" if a in got else f"{'-':>11}"
+                                              for a in algos)
+              + f" {best:>11} {','.join(str(g['wrong']) for g in got.values()):>7}")
+PY
+
+echo "total $(($(date +%s) - START))s; logs and JSON in $LOGS"
+exit "$FAILED"

@@ -1,0 +1,102 @@
+"""chorus.cuda on real GPUs, one process per GPU, differential against torch's NCCL
+(tests/gpu/gpu_workers.py).  Run by tests/gpu/run_gpu_tests.sh on the GPU machine."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if torch.cuda.device_count() < 2:
+    pytest.skip(f"needs 2+ CUDA GPUs (this machine has {torch.cuda.device_count()})", allow_module_level=True)
+pytest.importorskip("triton", reason="triton is not installed (pip install 'chorus[cuda]')")
+pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed (pip install 'chorus[cuda]')")
+
+import gpu_workers  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+
+def ports() -> tuple[int, int]:
+    out = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            out.append(s.getsockname()[1])
+    return tuple(out)
+
+
+WORLDS = [w for w in (2, 3, 4) if w <= torch.cuda.device_count()]
+
+
+@pytest.fixture
+def small_workspace(monkeypatch):
+    """4 MiB workspaces: 1 MiB slots and channels of a few hundred KiB, so the tests'
+    messages take many rounds and chunks."""
+    monkeypatch.setenv("CHORUS_CUDA_WORKSPACE_BYTES", str(4 << 20))
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_collective_and_p2p(world, small_workspace):
+    mp.spawn(gpu_workers.run, args=(world, ports(), ["all_reduce", "rooted", "p2p", "async"]), nprocs=world)
+
+
+def test_staging_fallback(small_workspace, monkeypatch):
+    monkeypatch.setenv("CHORUS_CUDA_STAGING", "1")
+    mp.spawn(gpu_workers.run, args=(2, ports(), ["rooted", "p2p"]), nprocs=2)
+
+
+def test_spin_timeout_is_reported(small_workspace):
+    mp.spawn(gpu_workers.run_timeout, args=(2, ports()), nprocs=2)
+
+
+def test_ranks_as_threads_share_pointers(small_workspace):
+    """Ranks that are threads of one process cannot open their own IPC handles: they use
+    the raw addresses (peer access enabled from each device to the others), and run their
+    ops on the workspace's own stream: on the legacy default stream a copy between two
+    devices of one process waits for everything queued on both, including the peer's
+    spinning barrier (chorus.cuda.workspace).  Every kind of transfer, several rounds and
+    channel chunks each, then the workspaces are released only once every thread let go."""
+    from chorus.api.state import current
+    from chorus.cuda.component import attach
+    from chorus.store import HashStore
+    from chorus.testing import run_threads
+
+    store = HashStore()
+    world = min(4, torch.cuda.device_count())
+    n = 300_001  # several rounds of a 4 MiB workspace's 1 MiB slots
+
+    def body(rank, world):
+        torch.cuda.set_device(rank)
+        current().store = store
+        pg = current().default_group
+        comp = attach(pg)
+        assert comp.lanes is not None, comp.staging_reason
+        assert comp.ws.stream is not None  # threads of one process: the workspace's own stream
+        issue = gpu_workers.issue
+        x = torch.full((n,), float(rank + 1), device="cuda")
+        issue(comp, pg, "all_reduce", {"data": x}, count=n, dtype="float32", reduce_op="SUM")
+        inp = torch.arange(n, device="cuda", dtype=torch.float32) + rank * n
+        out = torch.empty(world * n, device="cuda")
+        issue(comp, pg, "all_gather", {"input": inp, "output": out}, count=n, dtype="float32")
+        b = torch.full((n,), float(rank), device="cuda")
+        issue(comp, pg, "broadcast", {"data": b}, count=n, dtype="float32", root=world - 1)
+        sent = torch.arange(2_000_001, device="cuda", dtype=torch.float32) * (rank + 1)  # several chunks
+        got = torch.empty_like(sent)
+        comp.p2p_batch([("send", sent, (rank + 1) % world, 5), ("recv", got, (rank - 1) % world, 5)], False)
+        torch.cuda.synchronize()
+        comp.check("threads")
+        result = [t.cpu() for t in (x, out, b, got)]
+        comp.close()
+        return result
+
+    results = run_threads(body, world, timeout=120)
+    want_sum = float(sum(range(1, world + 1)))
+    want_gather = torch.arange(world * n, dtype=torch.float32)
+    for rank, (x, out, b, got) in enumerate(results):
+        assert bool((x == want_sum).all()), rank
+        assert torch.equal(out, want_gather), rank
+        assert bool((b == world - 1).all()), rank
+        left = (rank - 1) % world
+        assert torch.equal(got, torch.arange(2_000_001, dtype=torch.float32) * (left + 1)), rank

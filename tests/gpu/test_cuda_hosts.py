@@ -1,0 +1,48 @@
+"""Groups spanning hosts, on 4 GPUs of one machine: ``CHORUS_HOST_ID=a,a,b,b`` makes ranks
+0-1 and 2-3 two simulated hosts.  The CUDA component must not map peers' memory across
+hosts: it stages CUDA tensors through pinned host memory into chorus's hierarchical CPU
+path (shared memory inside each host, TCP between them), and every collective and
+point-to-point op of a seeded random program gives NCCL's results bit for bit
+(tests/gpu/hosts_workers.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if torch.cuda.device_count() < 4:
+    pytest.skip(f"needs 4 CUDA GPUs (this machine has {torch.cuda.device_count()})", allow_module_level=True)
+pytest.importorskip("triton", reason="triton is not installed (pip install 'chorus[cuda]')")
+
+import hosts_workers  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+STEPS = 40
+
+
+def free_port() -> int:
+    """A port whose successor is free too (chorus's store, then NCCL's)."""
+    while True:
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+
+
+def test_two_hosts_stage_and_match_nccl(tmp_path, monkeypatch):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
+    mp.spawn(hosts_workers.run, args=(4, free_port(), STEPS, 4321, str(tmp_path)), nprocs=4)
+    for rank in range(4):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert r["staged"] and "several hosts" in r["reason"], (rank, r["reason"])
+        assert r["hierarchical"], rank
+        assert r["first_sum_right"], rank
+        assert r["wrong"] == [], (rank, r["wrong"])

@@ -1,0 +1,274 @@
+"""chorus.cuda's Triton kernels, run by Triton's interpreter on CPU tensors
+(TRITON_INTERPRET=1; skipped without triton).  Addresses are host addresses, which the
+interpreter dereferences as the GPU would device ones."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton", reason="triton is not installed (pip install 'chorus[cuda]')")
+
+from cuda_emulation import reference  # noqa: E402
+
+from chorus.cuda import kernels as K  # noqa: E402
+from chorus.cuda import layout as L  # noqa: E402
+
+if not K.INTERPRET:
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool"]
+DTYPES += [d for d in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, d)]
+
+
+def rows_of(tensors, offset=0):
+    return torch.tensor([t.data_ptr() - offset for t in tensors], dtype=torch.int64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reduce_every_op(dtype):
+    world, n = 3, 2500  # two programs, the second partial
+    rows = [((torch.arange(n) * (r + 2) + r) % 4 - (0 if dtype.startswith(("uint", "bool")) else 1))
+            for r in range(world)]
+    rows = [(t > 0) if dtype == "bool" else t.to(getattr(torch, dtype)) for t in rows]
+    floating = rows[0].is_floating_point()
+    for op in OPS:
+        if floating and op in ("BAND", "BOR", "BXOR"):
+            continue
+        out = torch.empty_like(rows[0])
+        K.reduce(rows_of(rows, 64), 64, out.data_ptr(), n, world, op, dtype)  # offset: added to every row
+        want = reference(rows, op)
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8)), (dtype, op)
+
+
+def test_reduce_accumulates_16_bit_floats_in_float32():
+    for dtype in (torch.bfloat16, torch.float16):
+        big = 256.0 if dtype == torch.bfloat16 else 2048.0  # one more is exactly half a step
+        rows = [torch.full((5,), big, dtype=dtype), torch.ones(5, dtype=dtype), torch.ones(5, dtype=dtype)]
+        assert (rows[0] + rows[1] + rows[2])[0] == big  # rounded at every step: the ones vanish
+        out = torch.empty(5, dtype=dtype)
+        K.reduce(rows_of(rows), 0, out.data_ptr(), 5, 3, "AVG", str(dtype)[6:])  # AVG reduces as SUM
+        assert torch.equal(out, torch.full((5,), big + 2, dtype=dtype))
+
+
+class Pads:
+    """W workspaces' control regions and a control page for rank 0, in host memory."""
+
+    def __init__(self, world):
+        self.world = world
+        self.ws = [torch.zeros(L.CONTROL_BYTES // 8, dtype=torch.int64) for _ in range(world)]
+        self.controls = torch.tensor([w.data_ptr() for w in self.ws])
+        self.host = torch.zeros(L.CONTROL_WORDS, dtype=torch.int64)
+
+    def barrier_words(self, r):
+        return self.ws[r][L.BARRIER // 8: L.BARRIER // 8 + self.world].tolist()
+
+    def barrier(self, op_id=7, max_spins=200, fprint=0):
+        K.barrier(self.controls, 0, self.world, self.host.data_ptr(), op_id, 10**12, max_spins, fprint)
+
+    def fprint_words(self, r, parity):
+        at = (L.FPRINT + parity * L.FPRINT_PARITY) // 8
+        return self.ws[r][at: at + self.world]
+
+
+def test_barrier_epochs_timeout_abort():
+    p = Pads(3)
+    p.ws[0][L.BARRIER // 8 + 1] = 1  # ranks 1 and 2 already reached epoch 1
+    p.ws[0][L.BARRIER // 8 + 2] = 1
+    p.barrier()
+    assert p.ws[0][0] == 1 and p.host[L.STATUS] == 0
+    assert [p.barrier_words(r)[0] for r in range(3)] == [1, 1, 1]  # epoch 1 pushed to every rank
+    p.ws[0][L.BARRIER // 8 + 2] = 5  # rank 2 ahead (it may be): only rank 1 is missing at epoch 2
+    p.barrier(op_id=8)
+    assert p.host[L.STATUS] == L.TIMEOUT
+    assert (p.host[L.FAIL_OP], p.host[L.FAIL_WHAT], p.host[L.FAIL_PEERS]) == (8, L.WAIT_BARRIER, 0b010)
+    p.barrier(op_id=9)  # broken: returns at once, changes nothing
+    assert p.ws[0][0] == 2 and p.host[L.FAIL_OP] == 8
+
+    p = Pads(2)
+    p.host[L.ABORT] = 1
+    p.barrier(max_spins=10**9)  # the abort word ends the spin, not the spin count
+    assert p.host[L.STATUS] == L.ABORTED and p.host[L.FAIL_PEERS] == 0b10
+
+
+def test_barrier_compares_fingerprints():
+    """Every rank stores its op's fingerprint next to its epoch; a rank whose fingerprint
+    differs from this rank's is reported (MISMATCH, its bit, its fingerprint)."""
+    from chorus.wire.fingerprint import fingerprint
+
+    mine = fingerprint("all_reduce", "float32", 1 << 32, -1, "SUM")  # >= 2**63: stored as a negative word
+    theirs = fingerprint("all_gather", "float32", 1000)
+    assert mine >= 1 << 63
+    p = Pads(4)
+    for r in (1, 2, 3):  # epoch 1 (parity 1): every peer arrived, rank 2 with another op
+        p.ws[0][L.BARRIER // 8 + r] = 1
+        p.fprint_words(0, 1)[r] = K.signed64(theirs if r == 2 else mine)
+    p.barrier(op_id=5, fprint=mine)
+    assert [int(p.fprint_words(r, 1)[0]) for r in range(4)] == [K.signed64(mine)] * 4  # pushed everywhere
+    assert (p.host[L.STATUS], p.host[L.FAIL_OP], p.host[L.FAIL_WHAT]) == (L.MISMATCH, 5, L.WAIT_BARRIER)
+    assert p.host[L.FAIL_PEERS] == 0b0100 and int(p.host[L.FAIL_FP]) == theirs
+
+    p = Pads(2)  # the same op everywhere: nothing to report, at either parity
+    for epoch in (1, 2):
+        p.ws[0][L.BARRIER // 8 + 1] = epoch
+        p.fprint_words(0, epoch & 1)[1] = K.signed64(mine)
+        p.barrier(op_id=epoch, fprint=mine)
+        assert p.host[L.STATUS] == 0, epoch
+    p.fprint_words(0, 0)[1] = K.signed64(theirs)  # rank 1's next op, at the other parity: not read
+    p.ws[0][L.BARRIER // 8 + 1] = 3
+    p.barrier(op_id=3, fprint=mine)  # epoch 3 reads parity 1
+    assert p.host[L.STATUS] == 0
+
+
+def test_post_and_wait_with_headers():
+    p = Pads(2)
+    host = p.host.data_ptr()
+    flag = p.ws[1].data_ptr() + L.READY  # rank 1's READY[0]
+    hdr = p.ws[0].data_ptr() + L.CHANNEL_HEADER * 4  # somewhere in rank 0's memory
+    K.post(flag, 3, host, hdr, 42, 100)
+    assert p.ws[1][L.READY // 8] == 3 and p.ws[0][hdr_index(p, hdr): hdr_index(p, hdr) + 2].tolist() == [42, 100]
+    K.wait(flag, 3, 0, host, 11, L.WAIT_READY, 10**12, hdr, 42, 100, max_spins=100)
+    assert p.host.tolist() == [0] * L.CONTROL_WORDS
+    K.wait(flag, 2, 0, host, 12, L.WAIT_READY, 10**12, hdr, 41, 100, max_spins=100)  # another tag: recorded
+    assert p.host[L.STATUS] == 0
+    assert p.host[L.TAG_OP: L.TAG_GOT + 1].tolist() == [13, 0, 41, 42]
+    K.wait(flag, 4, 0, host, 14, L.WAIT_READY, 10**12, max_spins=100)  # chunk 4 never posted
+    assert p.host[L.STATUS] == L.TIMEOUT and p.host[L.FAIL_OP] == 14 and p.host[L.FAIL_PEERS] == 1
+    p.host.zero_()
+    K.wait(flag, 3, 1, host, 15, L.WAIT_READY, 10**12, hdr, 42, 99, max_spins=100)  # another size
+    assert (p.host[L.STATUS], p.host[L.FAIL_EXPECT], p.host[L.FAIL_GOT], p.host[L.FAIL_PEERS]) == \
+        (L.SIZE_MISMATCH, 99, 100, 0b10)
+    K.post(flag, 9, host)  # broken: no post
+    assert p.ws[1][L.READY // 8] == 3
+
+
+def hdr_index(p, hdr):
+    return (hdr - p.ws[0].data_ptr()) // 8
+
+
+# -- the fused all_reduce kernels ----------------------------------------------------------------
+class Fused:
+    """W workspaces (control words and two slots) in host memory, and a control page per
+    rank.  The interpreter runs one kernel at a time, so the ranks run one after the other:
+    ``arrive`` first makes it look as if every peer had already reached the epochs (its
+    words, its slot's data), as the peers' kernels would on a GPU."""
+
+    def __init__(self, world, slot=1 << 15):
+        self.world, self.slot = world, slot
+        self.ws = [torch.zeros((L.CONTROL_BYTES + 2 * slot) // 8, dtype=torch.int64) for _ in range(world)]
+        self.controls = torch.tensor([w.data_ptr() for w in self.ws])
+        self.hosts = [torch.zeros(L.CONTROL_WORDS, dtype=torch.int64) for _ in range(world)]
+
+    def slot_view(self, r, parity, dtype, n):
+        at = L.CONTROL_BYTES + parity * self.slot
+        return self.ws[r].view(torch.uint8)[at: at + n * dtype.itemsize].view(dtype)
+
+    def arrive(self, blocks, epochs, fprint, skip=()):
+        for r in range(self.world):
+            for b in range(blocks):
+                for q in range(self.world):
+                    if (q, b) in skip:
+                        continue
+                    for e in epochs:
+                        self.ws[r][L.block_barrier(b) // 8 + q] = e
+                        self.ws[r][L.block_fprint(b, e & 1) // 8 + q] = K.signed64(fprint)
+
+    def run(self, kind, r, inp, out, parity, epoch, fprint, op="SUM", max_spins=200):
+        return K.all_reduce_fused(kind, inp.data_ptr(), out.data_ptr(), inp.numel(), self.controls.data_ptr(),
+                                  L.CONTROL_BYTES + parity * self.slot, r, self.world, self.hosts[r].data_ptr(), 9,
+                                  fprint, epoch, 10**12, op, str(inp.dtype)[6:], max_spins)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int32", "bool", "float16"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_one_shot_kernel(dtype, world):
+    """Every rank's output is op over every rank's input in rank order (bit for bit), its
+    input landed in its slot, and it pushed its epoch and fingerprint into every rank's
+    words of every block."""
+    n = 2500  # three blocks, the last partial
+    dt = getattr(torch, dtype)
+    ins = [((torch.arange(n) * (r + 2) + r) % 4 - (0 if dtype == "bool" else 1)) for r in range(world)]
+    ins = [(t > 0) if dtype == "bool" else t.to(dt) for t in ins]
+    f = Fused(world)
+    blocks, _ = L.one_shot_geometry(n)
+    assert blocks == 3
+    fp = (1 << 63) + 12345  # a negative word
+    for op in ("SUM", "MAX") if dtype != "bool" else ("SUM", "PRODUCT"):
+        for q in range(world):
+            f.slot_view(q, 1, dt, n).copy_(ins[q])
+        f.arrive(blocks, [7], fp)
+        outs = [torch.empty_like(ins[0]) for _ in range(world)]
+        for r in range(world):
+            assert f.run("one_shot", r, ins[r], outs[r], 1, 7, fp, op) == 1
+            assert f.hosts[r].tolist() == [0] * L.CONTROL_WORDS, (r, f.hosts[r])
+        want = reference(ins, op)
+        for r in range(world):
+            assert torch.equal(outs[r].view(torch.uint8), want.view(torch.uint8)), (op, r)
+            assert torch.equal(f.slot_view(r, 1, dt, n), ins[r])
+            assert int(f.ws[r][0]) == 7  # EPOCH, from block 0
+            for b in range(blocks):
+                assert f.ws[r][L.block_barrier(b) // 8: L.block_barrier(b) // 8 + world].tolist() == [7] * world
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_two_shot_kernel_in_place(world):
+    """Two-shot in place: each rank reduces its slice into its slot and output, then copies
+    the others' slices from their slots (here prepared as their kernels would leave them)."""
+    n = 4100  # slices of 2112 / 1088 elements: several blocks per slice, a short last slice
+    dt = torch.bfloat16
+    ins = [(((torch.arange(n) * 7 + r * 3) % 5) - 1).to(dt) for r in range(world)]
+    want = reference(ins, "SUM")
+    blocks, per, piece = L.two_shot_geometry(n, world)
+    f = Fused(world)
+    for q in range(world):
+        s = f.slot_view(q, 0, dt, n)
+        s.copy_(ins[q])
+        s[q * piece: (q + 1) * piece] = want[q * piece: (q + 1) * piece]
+    f.arrive(blocks, [4, 5], 77)
+    bufs = [t.clone() for t in ins]
+    for r in range(world):
+        assert f.run("two_shot", r, bufs[r], bufs[r], 0, 4, 77) == 2
+        assert f.hosts[r][L.STATUS] == 0
+    for r in range(world):
+        assert torch.equal(bufs[r], want), r
+        assert torch.equal(f.slot_view(r, 0, dt, n)[r * piece: (r + 1) * piece], want[r * piece: (r + 1) * piece])
+
+
+def test_fused_kernels_report_timeout_mismatch_and_skip_when_broken():
+    n = 3000
+    x = torch.ones(n)
+    out = torch.zeros(n)
+    blocks, _ = L.one_shot_geometry(n)
+    f = Fused(2)
+    f.arrive(blocks, [1], 5, skip={(1, 2)})  # rank 1's block 2 never arrives
+    f.run("one_shot", 0, x, out, 1, 1, 5)
+    h = f.hosts[0]
+    assert (h[L.STATUS], h[L.FAIL_OP], h[L.FAIL_WHAT], h[L.FAIL_PEERS]) == (L.TIMEOUT, 9, L.WAIT_BARRIER, 0b10)
+    assert torch.equal(out[:2048], torch.ones(2048))  # blocks 0 and 1 finished (rank 1's slot: zeros)
+    assert torch.equal(out[2048:], torch.zeros(n - 2048))
+    before = f.ws[1].clone()
+    f.run("one_shot", 0, x, out, 0, 2, 5)  # broken: does nothing at all
+    assert torch.equal(f.ws[1], before)
+
+    f = Fused(2)  # rank 1 called another op: block 0 reports it; no block reads the slots
+    blocks, _, _ = L.two_shot_geometry(n, 2)
+    f.arrive(blocks, [3], 5)
+    f.ws[0][L.block_fprint(0, 1) // 8 + 1] = 6
+    for b in range(1, blocks):
+        f.ws[0][L.block_fprint(b, 1) // 8 + 1] = 6
+    out.zero_()
+    f.run("two_shot", 0, x, out, 0, 3, 5)
+    h = f.hosts[0]
+    assert (h[L.STATUS], h[L.FAIL_PEERS], h[L.FAIL_FP]) == (L.MISMATCH, 0b10, 6)
+    assert not out.any()
+
+
+def test_barrier_with_host_epoch():
+    p = Pads(2)
+    p.ws[0][L.BARRIER // 8 + 1] = 5
+    K.barrier(p.controls, 0, 2, p.host.data_ptr(), 1, 10**12, 200, 0, epoch=5)
+    assert p.host[L.STATUS] == 0 and p.ws[0][0] == 5 and p.ws[1][L.BARRIER // 8] == 5
