@@ -1,5 +1,7 @@
 """The ``chorus`` command: ``chorus bench ...``, ``chorus config`` (every ``CHORUS_*``
-setting's effective value, as ``python -m chorus.config``) and ``chorus run`` (= chorusrun)."""
+setting's effective value, as ``python -m chorus.config``), ``chorus run`` (= chorusrun),
+``chorus analyze DIR`` (flight recorder dumps), ``chorus trace merge PREFIX`` and
+``chorus explain COLLECTIVE``."""
 
 from __future__ import annotations
 
@@ -17,6 +19,18 @@ def main(argv: list[str] | None = None) -> int:
         from chorus.config import main as config_main
 
         return config_main(argv[1:])
+    if argv[:1] == ["analyze"]:
+        from chorus.debug.analyze import main as analyze_main
+
+        return analyze_main(argv[1:])
+    if argv[:1] == ["trace"]:
+        from chorus.trace import main as trace_main
+
+        return trace_main(argv[1:])
+    if argv[:1] == ["explain"]:
+        from chorus.explain.cli import main as explain_main
+
+        return explain_main(argv[1:])
     if argv[:1] == ["bench-ddp"] or argv[:2] == ["bench", "--ddp"]:
         from chorus.bench.ddp import main as ddp_main
 
@@ -31,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("run", help="launch ranks (same as chorusrun)")
     sub.add_parser("config", help="print every CHORUS_* setting: its value, whether it is set, its meaning")
     sub.add_parser("bench-ddp", help="time a DDP training step on chorus against gloo (also: bench --ddp)")
+    sub.add_parser("analyze", help="read the flight recorder dumps of a failed or hung job: who was "
+                                   "behind on which op, mismatched calls, ranks without a dump")
+    sub.add_parser("trace", help="merge the ranks' CHORUS_TRACE files into one timeline (trace merge)")
+    sub.add_parser("explain", help="show an algorithm's schedule step by step (terminal table, --html "
+                                   "animation), or replay a trace")
     args = p.parse_args(argv)
     return bench.run(args)
 

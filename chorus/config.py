@@ -274,6 +274,17 @@ SETTINGS: dict[str, Setting] = _declare(
                     "where the ranks of a host reduce them in place"),
     Setting("CHORUS_TORCH_SHARE_BYTES", "int", 1 * MIB, minimum=0, unit="bytes",
             meaning="only tensor storages of at least this many bytes are moved"),
+    # -- observability -----------------------------------------------------------------
+    Setting("CHORUS_FLIGHT_RECORDER_SIZE", "int", 2000, minimum=0, maximum=1 << 24, unit="ops",
+            meaning="ops each group's flight recorder keeps (chorus.debug); 0: no flight recorder"),
+    Setting("CHORUS_FLIGHT_RECORDER_DIR", "str",
+            meaning="every rank writes its flight recorder to DIR/rank<N>.json on a chorus error "
+                    "(timeout, peer lost, mismatch) and on SIGTERM/SIGINT; read with chorus analyze "
+                    "DIR; unset: dumps only when chorus.debug.dump_flight_recorder is called"),
+    Setting("CHORUS_TRACE", "str",
+            meaning="every rank writes PREFIX.rank<N>.json, a Chrome trace / Perfetto file of its "
+                    "ops and transfers, when it leaves; chorus trace merge PREFIX -o job.json "
+                    "aligns the ranks' clocks; unset: no trace"),
 )
 
 

@@ -8,7 +8,9 @@ import os
 import sys
 from datetime import timedelta
 
+from chorus import trace
 from chorus.api.state import World, current, initialized_world
+from chorus.debug import flight
 from chorus.errors import InvalidArgumentError
 from chorus.process_group import ProcessGroup
 from chorus.work import seconds
@@ -86,6 +88,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     transport = TcpTransport(info.rank, info.world_size, job_store, token=net.get_token(), timeout=t,
                              host=local_address_towards(info.master_addr))
     install(world, transport, name, t, info.store, info.local_rank, info.local_world_size)
+    flight.install_signal_dumps(info.rank)  # with CHORUS_FLIGHT_RECORDER_DIR: dump on SIGTERM/SIGINT
+    trace.start(info.rank, info.world_size, PrefixStore(f"chorus/{generation}/trace", info.store))  # CHORUS_TRACE
 
 
 def install(world: World, transport, backend: str, timeout: float, store=None,
@@ -99,6 +103,7 @@ def install(world: World, transport, backend: str, timeout: float, store=None,
     world.local_rank = local_rank
     world.local_world_size = local_world_size
     world.group_count = 0
+    flight.forget(transport.rank)  # a new world: the flight recorder starts afresh
     world.default_group = ProcessGroup(0, tuple(range(transport.world_size)), transport.rank, transport,
                                        timeout, name="WORLD", backend=backend)
     world.groups = {0: world.default_group}
@@ -130,6 +135,7 @@ def destroy_process_group(group=None) -> None:
     if group is not None and group is not world.default_group:
         _close_shm(world.groups.pop(getattr(group, "id", None), None))
         return
+    trace.stop({pg.id: pg.name for pg in world.groups.values()})  # writes CHORUS_TRACE's file
     for pg in world.groups.values():
         _close_shm(pg)
     transport, store = world.transport, world.store

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from chorus import recorder
 from chorus.call import Call
+from chorus.debug import flight
 from chorus.work import QueuedWork, Work
 
 
@@ -46,24 +47,50 @@ def run_in_order(call: Call, component: str, algorithm: str, transfers: Callable
                  **detail) -> Work | None:
     """Run ``transfers(ctx)`` (the op's data movement) for ``call`` in issue order, between
     the call's ``before``/``after`` hooks, with recorder ``begin``/``end`` events around it;
-    ``ctx`` is the op's context, its deadline counted from when the op starts."""
+    ``ctx`` is the op's context, its deadline counted from when the op starts.  The group's
+    flight recorder (chorus.debug.flight) notes the op queued, started, done or failed."""
+
+    pg = call.group
+    try:
+        ring = pg.flight
+    except AttributeError:
+        ring = flight.attach(pg)
+    entry = None
+    if ring is not None:  # the flight recorder: the op, queued (chorus.debug.flight)
+        entry = [call, component, algorithm, flight.QUEUED, flight.clock(), 0.0, 0.0, None, call.seq]
+        log = ring.log
+        log.append(entry)
+        if len(log) > ring.trim_at:
+            flight.trim(ring)
 
     def body() -> list | None:
-        if call.before is not None:
-            call.before()
-        ctx = call.context()
-        if recorder.current is None:
-            transfers(ctx)
-        else:
-            recorder.op("begin", ctx, component, algorithm, **detail)
-            try:
+        if entry is not None:
+            entry[flight.STATE] = flight.STARTED
+            entry[flight.STARTED_AT] = flight.clock()
+        try:
+            if call.before is not None:
+                call.before()
+            ctx = call.context()
+            if recorder.current is None:
                 transfers(ctx)
-            except BaseException as exc:
-                recorder.op("end", ctx, component, algorithm, error=f"{type(exc).__name__}: {exc}")
-                raise
-            recorder.op("end", ctx, component, algorithm)
-        if call.after is not None:
-            call.after()
+            else:
+                recorder.op("begin", ctx, component, algorithm, **detail)
+                try:
+                    transfers(ctx)
+                except BaseException as exc:
+                    recorder.op("end", ctx, component, algorithm, error=f"{type(exc).__name__}: {exc}")
+                    raise
+                recorder.op("end", ctx, component, algorithm)
+            if call.after is not None:
+                call.after()
+        except BaseException as exc:
+            if entry is not None:
+                flight.failed(entry, pg.members[ring.group_rank], exc)
+            raise
+        if entry is not None:
+            entry[flight.CALL] = flight.summary(call)  # (not the Call: its buffers would stay alive)
+            entry[flight.STATE] = flight.DONE
+            entry[flight.ENDED_AT] = flight.clock()
         return call.result
 
     out = call.group.submit(body, call.async_op)

@@ -11,7 +11,9 @@ blocks that fit one round of the window (``all_to_all_now``).  Each keeps a plan
 (dtype, shape, op), here, and runs from it: the same algorithm, bits and sequence number
 as the general path, with the op's context built only to wait or to raise.  They step
 aside (return False) whenever the general path is needed: queued async ops, a recorder
-listener, an argument the plan does not cover.
+listener, an argument the plan does not cover.  They note each op in the group's flight
+recorder themselves (chorus.debug.flight: its sequence number, the plan on a change of
+plan, the last op that returned), since a recorder listener would send them aside.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from chorus import recorder
 from chorus.buffers import as_buffer
 from chorus.call import Call
 from chorus.components.base import Component, run_in_order
+from chorus.debug import flight
 from chorus.errors import InvalidArgumentError, InvalidTensorError
 from chorus.reductions import ReduceOp, check_op, divide, row_reducer, rows_into
 from chorus.selection import without_hierarchy
@@ -46,6 +49,9 @@ class ShmComponent(Component):
         self.plans: dict = {}
         self.last_one_shot = None  # (dtype, op, shape, plan): the last all_reduce plan used
         self.last_exchange = None  # (dtype, shape, plan): the last all_to_all plan used
+        self.flight = ring = flight.attach(pg)  # the group's flight recorder, or None (turned off)
+        self.reduce_log, self.exchange_log = ring.lanes if ring is not None else (None, None)
+        self.reduce_keys, self.exchange_keys = ring.keys if ring is not None else (None, None)
 
     def supports(self, call: Call) -> str | None:
         if call.name in self.tcp_only:
@@ -90,11 +96,26 @@ class ShmComponent(Component):
                 plan = self._one_shot_plan(arr, op)
             if not plan:
                 return False
-            self.last_one_shot = (arr.dtype, op, arr.shape, plan)
+            last = self.last_one_shot = (arr.dtype, op, arr.shape, plan)
+            if self.flight is not None:  # the flight recorder: the lane's ops from here run this plan
+                self.reduce_keys.append((len(self.reduce_log), last))
         pg = self.pg
         if pg.queue or recorder.current is not None or not arr.flags.carray:
             return False
-        self.shm.all_reduce_one_shot(pg, pg.take_seq(), plan, arr)
+        seq = pg.take_seq()
+        ring = self.flight
+        if ring is None:
+            self.shm.all_reduce_one_shot(pg, seq, plan, arr)
+        else:  # the flight recorder: the sequence number (the clock at times)
+            self.reduce_log.append(seq)
+            if seq >= ring.clock_at:
+                flight.tick(ring, seq)
+            try:
+                self.shm.all_reduce_one_shot(pg, seq, plan, arr)
+            except BaseException as exc:
+                flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
+                raise
+            ring.done = seq
         if plan.average:
             divide(arr, arr.dtype.name, pg.size())
         return True
@@ -136,11 +157,26 @@ class ShmComponent(Component):
                 plan = self._exchange_plan(inp)
             if not plan:
                 return False
-            self.last_exchange = (inp.dtype, inp.shape, plan)
+            last = self.last_exchange = (inp.dtype, inp.shape, plan)
+            if self.flight is not None:
+                self.exchange_keys.append((len(self.exchange_log), last))
         pg = self.pg
         if pg.queue or recorder.current is not None:
             return False
-        self.shm.all_to_all_fast(pg, pg.take_seq(), plan, inp, out)
+        seq = pg.take_seq()
+        ring = self.flight
+        if ring is None:
+            self.shm.all_to_all_fast(pg, seq, plan, inp, out)
+        else:  # as in all_reduce_now
+            self.exchange_log.append(seq)
+            if seq >= ring.clock_at:
+                flight.tick(ring, seq)
+            try:
+                self.shm.all_to_all_fast(pg, seq, plan, inp, out)
+            except BaseException as exc:
+                flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
+                raise
+            ring.done = seq
         return True
 
     def _exchange_plan(self, inp: np.ndarray):

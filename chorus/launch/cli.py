@@ -35,6 +35,7 @@ import os
 import secrets
 import signal
 import sys
+import time
 
 from chorus import config
 from chorus.launch.supervisor import RankSpec, Supervisor, format_failure, signal_name
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         port = server.port
     janitor = None
+    started = time.time()
     try:
         sup = Supervisor(job.rank_specs(port), log_dir=job.log_dir)
         janitor = _start_janitor(job.job_id)
@@ -272,8 +274,25 @@ def main(argv: list[str] | None = None) -> int:
     elif outcome.received_signal is not None:
         print(f"chorusrun: received {signal_name(outcome.received_signal)}; forwarded it to "
               f"the {job.nproc} ranks of this node and stopped them", file=sys.stderr)
+    if outcome.exit_code != 0:
+        _print_analysis(started)
     sys.stderr.flush()
     return outcome.exit_code
+
+
+def _print_analysis(since: float) -> None:
+    """When the job failed or was stopped and ``CHORUS_FLIGHT_RECORDER_DIR`` is set, print
+    what ``chorus analyze`` says of the dumps the ranks wrote there (chorus.debug.analyze)."""
+    directory = config.get("CHORUS_FLIGHT_RECORDER_DIR")
+    if not directory:
+        return
+    from chorus.debug.analyze import summary  # imported here: chorusrun --help stays fast
+
+    text = summary(directory, since=since)
+    if text:
+        sys.stderr.write(f"chorusrun: the flight recorders in {directory} say:\n{text}")
+    else:
+        print(f"chorusrun: no rank wrote a flight recorder dump into {directory}", file=sys.stderr)
 
 
 def _start_janitor(job_id: str):
