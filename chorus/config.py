@@ -219,6 +219,16 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("CHORUS_CUDA_WORKSPACE_BYTES", "int", 64 * MIB, minimum=MIB, maximum=4 * GIB, unit="bytes",
             meaning="GPU memory of each rank's CUDA workspace per group (chorus.cuda): half "
                     "collective slots, half point-to-point channels"),
+    Setting("CHORUS_CUDA_FAST_LAUNCH", "bool", True,
+            meaning="launch the CUDA kernels through their cached launchers (0: Triton's own call "
+                    "path each time; a diagnostic)"),
+    Setting("CHORUS_CUDA_HINTS", "bool", True,
+            meaning="vectorisation hints in the fused all_reduce kernels (0: none; a diagnostic for a "
+                    "compiler that refuses them)"),
+    Setting("CHORUS_BENCH_CUDA_DRY", "bool", False,
+            meaning="chorus bench --device cuda on CPU tensors, with gloo standing in for NCCL (tests)"),
+    Setting("CHORUS_BENCH_VERBOSE", "bool", False,
+            meaning="chorus bench --device cuda prints each rank's progress"),
     Setting("CHORUS_CUDA_STAGING", "bool", False,
             meaning="never map peers' GPU memory: stage CUDA tensors through pinned host memory "
                     "and the CPU components (what a failed CUDA IPC check falls back to)"),

@@ -37,6 +37,8 @@ import tempfile
 import time
 import traceback
 
+from chorus import config
+
 CUDA_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 CUDA_DTYPES = ("bfloat16", "float16", "float32", "float64", "int32", "int64", "int8", "uint8")
 BUS = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
@@ -44,7 +46,7 @@ BUS = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) 
 OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
 #: CHORUS_BENCH_CUDA_DRY=1: the same code on CPU tensors with gloo for NCCL (the tests'
 #: way to run it without a GPU; times are CPU times then)
-DRY = os.environ.get("CHORUS_BENCH_CUDA_DRY", "0") == "1"
+DRY = config.get("CHORUS_BENCH_CUDA_DRY")
 DEV = "cpu" if DRY else "cuda"
 SLEEP_CAP_S = 0.25  # the longest head start the GPU waits for the CPU to enqueue a batch
 CLOCK_HZ = 1.98e9  # sleep cycles per second (H100/H200 boost clock; slower clocks sleep longer)
@@ -416,7 +418,7 @@ def run(args) -> int:
            "scale_iters": args.scale_iters, "collective": args.collective, "dtype": dtype, "op": args.op,
            "algorithm": args.algorithm, "libraries": order, "ports": (_free_port(), _free_port()),
            "timeout": float(args.cuda_timeout), "symm_max": parse_size(args.symm_max),
-           "verbose": bool(os.environ.get("CHORUS_BENCH_VERBOSE"))}
+           "verbose": config.get("CHORUS_BENCH_VERBOSE")}
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     device = "CPU (dry run)" if DRY else torch.cuda.get_device_name(0)
     reducing = args.collective in ("all_reduce", "reduce_scatter")

@@ -35,6 +35,7 @@ import os
 import triton
 import triton.language as tl
 
+from chorus import config
 from chorus.cuda import layout as L
 
 log = logging.getLogger("chorus")
@@ -565,7 +566,7 @@ def reduce(rows, offset: int, out_addr: int, n: int, world: int, op: str, dtype:
 FUSED_WARPS = 4
 #: vectorisation hints in the fused kernels (CHORUS_CUDA_HINTS=0: none, for a compiler that
 #: refuses them; a compile failure with hints also retries without)
-HINTS = os.environ.get("CHORUS_CUDA_HINTS", "1") != "0"
+HINTS = config.get("CHORUS_CUDA_HINTS")
 
 
 _PLANS: dict = {}  # all_reduce_fused's per-shape launch plans
@@ -633,7 +634,7 @@ def _no_hints(exc: BaseException) -> None:
 # holds every input of Triton's specialization that can change between calls (an int's
 # 32/64-bit type, its divisibility by 16 and equality to 1, the constexprs), so the kept
 # kernel is the one the JIT would pick.  CHORUS_CUDA_FAST_LAUNCH=0 turns it off.
-FAST = os.environ.get("CHORUS_CUDA_FAST_LAUNCH", "1") != "0" and not INTERPRET
+FAST = config.get("CHORUS_CUDA_FAST_LAUNCH") and not INTERPRET
 _COMPILED: dict = {}
 _I32 = (-(1 << 31), (1 << 31) - 1)
 
