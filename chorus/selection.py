@@ -6,8 +6,8 @@ Order of precedence:
    (read when the group is created, chorus.config; passed in as ``forced``);
 3. the default rule below, by message size (bytes per rank) and world size.
 
-Default rules (thresholds from per-algorithm sweeps over TCP on a 16-core host, W = 4;
-see docs/benchmarks.md):
+Default rules (thresholds from per-algorithm sweeps over TCP at W = 4: each algorithm
+forced with ``CHORUS_ALGO_<COLLECTIVE>`` under ``chorus bench --transport tcp``):
 
     collective      rule
     all_reduce      <= 32 KiB, or W >= 8 and <= 256 KiB: recursive_doubling;

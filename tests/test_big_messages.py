@@ -1,6 +1,5 @@
 """Messages larger than 2 GiB (the wire's length field is 64-bit).  Needs ~8 GiB of RAM,
-so it runs only when CHORUS_BIG_TESTS=1 (it was run on the development machine and on
-the accelerator host; see docs/benchmarks.md)."""
+so it runs only when CHORUS_BIG_TESTS=1."""
 
 import os
 

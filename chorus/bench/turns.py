@@ -7,8 +7,8 @@ The parent hands out turns (``give_turn``: a record into each rank's FIFO
 record into ``<workdir>/done-<job>`` (``wait_done``).  A rank whose job is not on turn
 blocks reading its job's FIFO, outside any library call, so it takes no CPU from the
 timed job and does not wake up (MPICH busy-polls inside its calls; chorus's waiters yield
-or sleep, and periodic wake-ups of idle processes beside them on a 2-core machine cost
-them a time slice).  Index 0 is the untimed warm-up (and, for MPI, start-up); index
+or sleep, and periodic wake-ups of idle processes beside them on a machine with few cores
+cost them a time slice).  Index 0 is the untimed warm-up (and, for MPI, start-up); index
 i >= 1 is the i-th size.  Records are 16 bytes, written and read whole.
 """
 
