@@ -4,8 +4,6 @@ random program of every collective and point-to-point op (all dtypes, sub-groups
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,23 +13,12 @@ pytest.importorskip("triton", reason="triton is not installed (pip install 'chor
 
 import api_workers  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-
-
-def free_port() -> int:
-    while True:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
+from ports import free_port  # noqa: E402
 
 
 @pytest.mark.parametrize("world", [w for w in (2, 3, 4) if w <= torch.cuda.device_count()])
 def test_random_program_matches_nccl(world, tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
-    mp.spawn(api_workers.run, args=(world, free_port(), 60, 1234 + world, str(tmp_path)), nprocs=world)
+    mp.spawn(api_workers.run, args=(world, free_port(pair=True), 60, 1234 + world, str(tmp_path)), nprocs=world)
     wrong = {r: (tmp_path / f"rank{r}.txt").read_text() for r in range(world)}
     assert all(not text for text in wrong.values()), wrong

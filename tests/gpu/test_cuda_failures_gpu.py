@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from ports import free_port  # noqa: E402
 
 torch = pytest.importorskip("torch")
 if torch.cuda.device_count() < 4:
@@ -33,10 +33,6 @@ WORLD = 4
 LIMIT_S = 150  # a worker still running after this dumps its stacks and exits (faulthandler)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

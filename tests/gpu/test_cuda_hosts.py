@@ -8,7 +8,6 @@ point-to-point op of a seeded random program gives NCCL's results bit for bit
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
@@ -19,27 +18,17 @@ pytest.importorskip("triton", reason="triton is not installed (pip install 'chor
 
 import hosts_workers  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from ports import free_port  # noqa: E402
 
 STEPS = 40
 
 
-def free_port() -> int:
-    """A port whose successor is free too (chorus's store, then NCCL's)."""
-    while True:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
 
 
 def test_two_hosts_stage_and_match_nccl(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
-    mp.spawn(hosts_workers.run, args=(4, free_port(), STEPS, 4321, str(tmp_path)), nprocs=4)
+    mp.spawn(hosts_workers.run, args=(4, free_port(pair=True), STEPS, 4321, str(tmp_path)), nprocs=4)
     for rank in range(4):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert r["staged"] and "several hosts" in r["reason"], (rank, r["reason"])

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 
 import pytest
 
@@ -26,13 +25,7 @@ pytest.importorskip("torch.distributed.fsdp", reason="this torch has no FSDP2")
 
 import fsdp_workers  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from ports import free_port  # noqa: E402
 
 CASES = [(2, "cpu:chorus,cuda:chorus"), (4, "chorus")]
 

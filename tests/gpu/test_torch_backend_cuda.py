@@ -4,7 +4,6 @@ for 20 steps gives NCCL's per-step losses within 1e-4 relative, with identical r
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
@@ -15,12 +14,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install 'chor
 
 import ddp_workers  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port  # noqa: E402
 
 
 def test_ddp_matches_nccl(tmp_path, monkeypatch):
