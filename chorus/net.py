@@ -50,10 +50,8 @@ def warn_unauthenticated_once(what: str) -> None:
         if _warned:
             return
         _warned = True
-    logger.warning(
-        "chorus: %s is not authenticated (no job token): anyone who can reach its port "
-        "can connect; set CHORUS_TOKEN (or chorusrun --token) to the same secret on every "
-        "rank to require one", what)
+    logger.warning("chorus: no job token, so the %s is open to anyone who reaches its port; "
+                   "set CHORUS_TOKEN to one secret on every rank", what)
 
 
 def _addresses(host: str, port: int, passive: bool) -> list[tuple]:

@@ -192,7 +192,7 @@ def test_warn_unauthenticated_once(monkeypatch, caplog):
     net.warn_unauthenticated_once("transport connection")
     messages = [r.getMessage() for r in caplog.records if r.name == "chorus"]
     assert len(messages) == 1
-    assert "store connection is not authenticated" in messages[0]
+    assert "the store connection is open to anyone" in messages[0]
     assert "CHORUS_TOKEN" in messages[0]
 
 
@@ -234,7 +234,7 @@ def test_socketpair_no_token_is_accepted_and_warns(monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="chorus")
     monkeypatch.setattr(net, "_warned", False)
     assert both_sides(None, None, b"transport", b"transport") == (None, None)
-    assert any("transport connection is not authenticated" in r.getMessage()
+    assert any("the transport connection is open to anyone" in r.getMessage()
                for r in caplog.records)
 
 
