@@ -69,6 +69,14 @@ def test_results_and_shared_token(tmp_path, monkeypatch):
     assert "CHORUS_TOKEN" not in os.environ  # the parent's environment is untouched
 
 
+def test_forkserver_children_run(tmp_path):
+    """A forkserver's children are the fork server's, not this process's: spawn does not
+    tie them to its pid (they would kill themselves at start)."""
+    spawn(write_result, args=(str(tmp_path), 5), nprocs=2, start_method="forkserver")
+    results = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+    assert [r["value"] for r in results] == [0, 5]
+
+
 def test_parent_token_is_passed_on(tmp_path, monkeypatch):
     monkeypatch.setenv("CHORUS_TOKEN", "parent-token")
     spawn(write_result, args=(str(tmp_path), 1), nprocs=2)

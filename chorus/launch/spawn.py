@@ -180,7 +180,10 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool
         "CHORUS_TOKEN": config.get("CHORUS_TOKEN") or secrets.token_hex(16),
         "CHORUS_JOB_ID": secrets.token_hex(8),
     }
-    tie_to_parent = threading.current_thread() is threading.main_thread()
+    # Children die with the caller (PR_SET_PDEATHSIG), but a forkserver's children are the
+    # fork server's, not the caller's: they cannot be tied to it (the check that the parent
+    # is still alive would see the fork server and kill them).
+    tie_to_parent = threading.current_thread() is threading.main_thread() and start_method != "forkserver"
     processes, queues = [], []
     try:
         for i in range(nprocs):
