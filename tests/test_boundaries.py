@@ -23,7 +23,7 @@ FOREIGN = {
         "DDP's buckets are reachable only through its reducer",
     **{(path, name): "the CUDA latency lane needs the current device and raw stream handle per call; "
                      "torch.cuda.current_stream() builds a Stream object each time"
-       for path in ("chorus/cuda/component.py", "chorus/cuda/kernels.py")
+       for path in ("chorus/cuda/component.py", "chorus/cuda/launchers.py")
        for name in ("_C", "_cuda_getDevice", "_cuda_getCurrentRawStream")},
     ("chorus/bench/cuda.py", "_sleep"):
         "holding the GPU busy while the CPU enqueues a timed batch has no public call in torch",

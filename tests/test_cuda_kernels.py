@@ -14,7 +14,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install 'chor
 
 from cuda_emulation import reference  # noqa: E402
 
-from chorus.cuda import kernels as K  # noqa: E402
+from chorus.cuda import launchers as K  # noqa: E402
 from chorus.cuda import layout as L  # noqa: E402
 
 if not K.INTERPRET:

@@ -7,8 +7,8 @@ Loaded by name when a group sees its first CUDA call; ``import chorus`` never im
 
 Settings (declared in chorus.config, read when a group attaches):
 ``CHORUS_CUDA_WORKSPACE_BYTES`` (each rank's workspace per group) and
-``CHORUS_CUDA_STAGING`` (stage every op through pinned host memory).  Read from the
-environment by chorus.cuda.kernels (diagnostics, not tuning): ``CHORUS_CUDA_FAST_LAUNCH=0``
+``CHORUS_CUDA_STAGING`` (stage every op through pinned host memory).  Read (declared in
+chorus.config too) by chorus.cuda.launchers, diagnostics: ``CHORUS_CUDA_FAST_LAUNCH=0``
 (every launch through Triton's JIT binding instead of the cached launcher) and
 ``CHORUS_CUDA_HINTS=0`` (no vectorisation hints in the fused all_reduce kernels).
 """

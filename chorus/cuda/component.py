@@ -135,8 +135,8 @@ class CudaComponent(Component):
 
             self._torch = torch
             self._device_index = ws.device.index
-            from chorus.cuda.kernels import REDUCIBLE
             from chorus.cuda.lanes import Lanes
+            from chorus.cuda.launchers import REDUCIBLE
 
             self.lanes = Lanes(ws, pg.timeout)
             self._reducible = REDUCIBLE
@@ -197,7 +197,7 @@ class CudaComponent(Component):
         result or error).  The plan of a (dtype, shape, op) is made once: its dtype name,
         fingerprint and algorithm; per call this checks what a repeated call can change
         (contiguity, device, the group's queue and state), takes the sequence number and
-        launches the kernel through the cached launcher (chorus.cuda.kernels.launch)."""
+        launches the kernel through the cached launcher (chorus.cuda.launchers.launch)."""
         lanes = self.lanes
         if lanes is None or self.ws.stream is not None:
             return False

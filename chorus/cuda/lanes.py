@@ -21,14 +21,14 @@ from chorus.cuda import runtime
 class Lanes:
     """Rank ``rank``'s executor over ``workspace`` (a chorus.cuda.workspace.Workspace).
 
-    ``kernels`` and ``memcpy`` default to chorus.cuda.kernels and
+    ``kernels`` and ``memcpy`` default to chorus.cuda.launchers and
     chorus.cuda.runtime.memcpy_async; tests pass stand-ins that run on the CPU."""
 
     def __init__(self, workspace, timeout_s: float, kernels=None, memcpy=runtime.memcpy_async):
         import torch
 
         if kernels is None:
-            from chorus.cuda import kernels
+            from chorus.cuda import launchers as kernels
         self.k = kernels
         self.memcpy = memcpy
         self.ws = workspace

@@ -36,8 +36,9 @@ import threading
 import numpy as np
 
 from chorus import config
-from chorus.cuda import kernels, runtime
+from chorus.cuda import launchers as kernels
 from chorus.cuda import layout as L
+from chorus.cuda import runtime
 from chorus.host.identity import host_id
 
 log = logging.getLogger("chorus")

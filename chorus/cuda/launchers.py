@@ -1,0 +1,216 @@
+"""Host-side launches of chorus.cuda's Triton kernels (chorus.cuda.kernels), on torch's
+current stream of the current device: the barrier, the channel's post and wait, the
+reduction of W rows, the fused one-shot and two-shot all_reduce, and the cached launch
+path that skips Triton's per-call argument binding.  chorus.cuda.lanes calls these (tests
+pass stand-ins with the same names that run on the CPU)."""
+
+from __future__ import annotations
+
+import logging
+
+import triton
+import triton.language as tl
+
+from chorus import config
+from chorus.cuda import layout as L
+from chorus.cuda.kernels import (
+    INTERPRET,
+    NEVER,
+    barrier_kernel,
+    one_shot_kernel,
+    post_kernel,
+    reduce_kernel,
+    two_shot_kernel,
+    wait_kernel,
+)
+
+log = logging.getLogger("chorus")
+
+__all__ = ["INTERPRET", "NEVER"]  # re-exported: callers of the launchers use them too
+
+
+# -- launchers (on torch's current stream of the current device) ---------------------------
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def barrier(controls, rank: int, world: int, host_addr: int, op_id: int, timeout_ns: int,
+            max_spins: int = NEVER, fprint: int = 0, epoch: int = 0, stream: int | None = None) -> None:
+    """``fprint``: this rank's op's fingerprint (any 64-bit value; the same on every rank
+    that calls the same op); ``epoch``: the barrier's epoch (0: the EPOCH word + 1)."""
+    fprint = signed64(fprint)
+    key = ("barrier", controls.data_ptr(), rank, world, host_addr, timeout_ns, max_spins, _fits(op_id),
+           _fits(fprint), _fits(epoch))
+    launch(barrier_kernel, key, 1, (controls, rank, host_addr, op_id, fprint, timeout_ns, max_spins, epoch,
+                                    world, max(2, _pow2(world)), INTERPRET), 1, stream)
+
+
+def signed64(value: int) -> int:
+    """``value`` (0 <= value < 2**64, or already signed) as the int64 with its bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def post(flag_addr: int, value: int, host_addr: int, hdr_addr: int = 0, tag: int = 0, nbytes: int = 0) -> None:
+    post_kernel[(1,)](flag_addr, value, hdr_addr, tag, nbytes, host_addr, HEADER=hdr_addr != 0,
+                      INTERPRET=INTERPRET, num_warps=1)
+
+
+def wait(flag_addr: int, target: int, peer: int, host_addr: int, op_id: int, what: int, timeout_ns: int,
+         hdr_addr: int = 0, tag: int = 0, nbytes: int = 0, max_spins: int = NEVER) -> None:
+    wait_kernel[(1,)](flag_addr, target, hdr_addr, tag, nbytes, peer, host_addr, op_id, what, timeout_ns,
+                      max_spins, HEADER=hdr_addr != 0, INTERPRET=INTERPRET, num_warps=1)
+
+
+#: torch dtype name -> (element type, storage type, accumulator, bytes read as bool)
+_TYPES = {
+    "float32": (tl.float32, tl.float32, tl.float32, False), "float64": (tl.float64, tl.float64, tl.float64, False),
+    "float16": (tl.float16, tl.float16, tl.float32, False), "bfloat16": (tl.bfloat16, tl.bfloat16, tl.float32, False),
+    "float8_e4m3fn": (tl.float8e4nv, tl.uint8, tl.float32, False),
+    "float8_e5m2": (tl.float8e5, tl.uint8, tl.float32, False),
+    "int8": (tl.int8, tl.int8, tl.int8, False), "uint8": (tl.uint8, tl.uint8, tl.uint8, False),
+    "int16": (tl.int16, tl.int16, tl.int16, False), "int32": (tl.int32, tl.int32, tl.int32, False),
+    "int64": (tl.int64, tl.int64, tl.int64, False), "bool": (tl.int8, tl.int8, tl.int8, True),
+}
+REDUCIBLE = frozenset(_TYPES)
+BLOCK = 2048
+
+
+def _ops(op: str, dtype: str) -> tuple:
+    """(DT, RAW, ACC, BOOL, OP) of the reduce kernels for reduce op ``op`` on ``dtype``."""
+    dt, raw, acc, is_bool = _TYPES[dtype]
+    op = {"AVG": "SUM", "PREMUL_SUM": "SUM"}.get(op, op)
+    if is_bool:
+        op = {"SUM": "BOR", "MAX": "BOR", "PRODUCT": "BAND", "MIN": "BAND"}.get(op, op)
+    return dt, raw, acc, is_bool, op
+
+
+def reduce(rows, offset: int, out_addr: int, n: int, world: int, op: str, dtype: str,
+           stream: int | None = None) -> None:
+    """Launch reduce_kernel over ``n`` elements of dtype (a torch dtype name)."""
+    if n == 0:
+        return
+    dt, raw, acc, is_bool, op = _ops(op, dtype)
+    args = (rows, offset, out_addr, n, world, op, dt, raw, acc, is_bool, BLOCK)
+    key = ("reduce", rows.data_ptr(), _spec(offset), _spec(out_addr), _spec(n), world, op, dtype)
+    launch(reduce_kernel, key, triton.cdiv(n, BLOCK), args, 8, stream)
+
+
+#: the fused kernels' warps (BLOCK elements per step: 8 per thread)
+FUSED_WARPS = 4
+#: vectorisation hints in the fused kernels (CHORUS_CUDA_HINTS=0: none, for a compiler that
+#: refuses them; a compile failure with hints also retries without)
+HINTS = config.get("CHORUS_CUDA_HINTS")
+
+
+_PLANS: dict = {}  # all_reduce_fused's per-shape launch plans
+_SMALL = (1 << 31) - 2
+
+
+def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, slot_off: int, rank: int,
+                     world: int, host_addr: int, op_id: int, fprint: int, epoch: int, timeout_ns: int, op: str,
+                     dtype: str, max_spins: int = NEVER, stream: int | None = None) -> int:
+    """Launch the one-shot (``kind`` "one_shot") or two-shot ("two_shot") all_reduce
+    kernel of ``n`` elements from ``inp`` into ``out`` (addresses on this device) through
+    this rank's slot at ``slot_off``; its barriers are epochs ``epoch`` (and ``epoch`` +
+    1: two-shot).  Returns the number of barriers it uses (1 or 2).  What depends only on
+    the shape is planned once (geometry, types, the launch key's fixed part)."""
+    aligned = not (inp | out) & 15
+    pkey = (kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS)
+    plan = _PLANS.get(pkey)
+    if plan is None:
+        plan = _fused_plan(pkey)
+    kernel, grid, head, tail, barriers = plan
+    fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
+    args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, *tail)
+    key = (pkey, slot_off <= _SMALL and op_id <= _SMALL and epoch <= _SMALL, _fits(fprint))
+    try:
+        launch(kernel, key, grid, args, FUSED_WARPS, stream)
+    except Exception as exc:  # noqa: BLE001 - a compiler that refuses the hints: once more without
+        if not HINTS or key in _COMPILED:
+            raise
+        _no_hints(exc)
+        return all_reduce_fused(kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
+                                epoch, timeout_ns, op, dtype, max_spins, stream)
+    return barriers
+
+
+def _fused_plan(pkey: tuple) -> tuple:
+    kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, hints = pkey
+    if len(_PLANS) >= 4096:
+        _PLANS.clear()
+    dt, raw, acc, is_bool, red = _ops(op, dtype)
+    wp = max(2, _pow2(world))
+    tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, L.FUSED_BLOCK, hints and aligned, hints,
+            INTERPRET)
+    if kind == "one_shot":
+        grid, per = L.one_shot_geometry(n)
+        plan = (one_shot_kernel, grid, (n, per, rank, host_addr), tail, 1)
+    else:
+        grid, per, piece = L.two_shot_geometry(n, world)
+        plan = (two_shot_kernel, grid, (n, per, piece, rank, host_addr), tail, 2)
+    _PLANS[pkey] = plan
+    return plan
+
+
+def _no_hints(exc: BaseException) -> None:
+    global HINTS
+    HINTS = False
+    _PLANS.clear()
+    log.warning("chorus.cuda: compiling the fused all_reduce with vectorisation hints failed (%s: %s); "
+                "compiling without them", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+
+
+# -- the cached launch path ----------------------------------------------------------------------
+# JITFunction.__call__ binds and specializes every argument on every launch (tens of
+# microseconds of Python).  The first launch of each key goes through it and keeps the
+# compiled kernel; later ones call its launcher directly with the same arguments.  The key
+# holds every input of Triton's specialization that can change between calls (an int's
+# 32/64-bit type, its divisibility by 16 and equality to 1, the constexprs), so the kept
+# kernel is the one the JIT would pick.  CHORUS_CUDA_FAST_LAUNCH=0 turns it off.
+FAST = config.get("CHORUS_CUDA_FAST_LAUNCH") and not INTERPRET
+_COMPILED: dict = {}
+_I32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _fits(v: int) -> bool:
+    return _I32[0] <= v <= _I32[1]
+
+
+def _spec(v: int) -> tuple:
+    return v == 1, v % 16 == 0, _fits(v)
+
+
+def _raw_stream() -> int:
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+
+
+def launch(kernel, key, grid: int, args: tuple, num_warps: int, stream: int | None = None) -> None:
+    """``kernel[(grid,)](*args, num_warps=num_warps)`` on ``stream`` (a raw
+    cudaStream_t; None: torch's current stream, which must be that stream anyway for
+    the first launch of a key).  ``args``: every parameter in order, constexprs too."""
+    entry = _COMPILED.get(key) if FAST else None
+    if entry:
+        run, function, packed = entry
+        try:
+            run(grid, 1, 1, _raw_stream() if stream is None else stream, function, packed, None, None, None, *args)
+            return
+        except (TypeError, ValueError, OverflowError, AttributeError) as exc:  # raised before launching
+            log.warning("chorus.cuda: the cached launch of %s failed (%s: %s); launching through Triton",
+                        key[0], type(exc).__name__, exc)
+            _COMPILED[key] = False
+            entry = False
+    compiled = kernel[(grid,)](*args, num_warps=num_warps)
+    if FAST and entry is None:
+        try:
+            _COMPILED[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+        except AttributeError:  # another Triton: always through the JIT
+            _COMPILED[key] = False
+
+
+assert (L.BARRIER, L.STATUS, L.FAIL_OP, L.FAIL_WHAT, L.FAIL_PEERS, L.ABORT) == (512, 1, 2, 3, 4, 0), \
+    "the kernels hard-code these offsets"
+assert (L.FAIL_EXPECT, L.FAIL_GOT, L.TAG_OP, L.TAG_PEER, L.TAG_EXPECT, L.TAG_GOT) == (5, 6, 8, 9, 10, 11)
+assert (L.FPRINT, L.FPRINT_PARITY, L.FAIL_FP, L.MISMATCH) == (2560, 512, 7, 4)
+assert (L.BLOCKS, L.BLOCK_STRIDE) == (4096, 1536), "the fused kernels hard-code these offsets"
