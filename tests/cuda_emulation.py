@@ -69,14 +69,14 @@ class FakeKernels:
             self.host[L.FAIL_PEERS] = sum(1 << r for r in other)
             self.host[L.STATUS] = L.MISMATCH
 
-    def post(self, flag, value, host_addr, hdr=0, tag=0, nbytes=0):
+    def post(self, flag, value, host_addr, hdr=0, tag=0, nbytes=0, mirror_addr=0):
         if self.host[L.STATUS]:
             return
         if hdr:
             word(hdr).value, word(hdr + 8).value = tag, nbytes
         word(flag).value = value
 
-    def wait(self, flag, target, peer, host_addr, op_id, what, timeout_ns, hdr=0, tag=0, nbytes=0):
+    def wait(self, flag, target, peer, host_addr, op_id, what, timeout_ns, hdr=0, tag=0, nbytes=0, mirror_addr=0):
         if self.host[L.STATUS]:
             return
         _spin([flag], target, self.host, op_id, what, self.timeout_s)
@@ -148,7 +148,7 @@ class FakeKernels:
         return barriers
 
     def block_sync(self, bases, rank, world, b, e, fprint, op_id) -> bool:
-        """chorus.cuda.kernels._block_sync: push (fingerprint, epoch), spin, compare."""
+        """chorus.cuda.fused._block_sync: push (fingerprint, epoch), spin, compare."""
         if self.host[L.STATUS]:
             return False
         bar, prints = L.block_barrier(b), L.block_fprint(b, e & 1)

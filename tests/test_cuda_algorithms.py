@@ -249,6 +249,7 @@ def test_all_reduce_picks_by_size():
     assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES - 1, 4) == "one_shot"
     assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES, 4) == "two_shot"
     assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES // 2, 8) == "two_shot"
+    assert A.all_reduce_algorithm(1 << 30, 4) == "two_shot"
     assert A.all_reduce_algorithm(1 << 30, 1) == "one_shot"
 
 

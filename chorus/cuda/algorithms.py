@@ -17,7 +17,7 @@ Rounds: a round writes only the writer's own slot of its parity, then has one ba
 then reads.  Round k+2 reuses round k's parity; its writes come after round k+1's barrier,
 which every rank reaches only after finishing round k's reads (one stream per rank).
 
-all_reduce runs as one fused kernel per round (chorus.cuda.kernels), chosen by size::
+all_reduce runs as one fused kernel per round (chorus.cuda.fused), chosen by size::
 
     one_shot    (< ONE_SHOT_MAX_BYTES)  rank r: slot_r <- data; barrier; data <- op(slot_0 .. slot_W-1)
     two_shot    (from there on, in rounds of the slot)  rank r: slot_r <- data; barrier;
@@ -61,11 +61,14 @@ def _chunks(total: int, step: int):
         yield off, min(step, total - off)
 
 
-#: all_reduce messages below this many bytes run one-shot, the rest two-shot.  Measured on
-#: 4 x H100/H200 (NVLink, bf16): see the "one_shot vs two_shot" table of
-#:     bash tests/gpu/speed_run.sh
-#: (chorus bench --device cuda --collective all_reduce --algorithm one_shot / two_shot).
-ONE_SHOT_MAX_BYTES = 256 << 10
+#: all_reduce by size, measured on 4 x H200 (NVLink, bf16, GPU time per call; every
+#: algorithm in one run: docs/results/4xh200/calibrate-bf16-w4.json, made by
+#:     chorus bench --device cuda --collective all_reduce -b 16K -e 16M -f 2 -n 200 -w 20 \
+#:         --baseline none --algorithm one_shot,two_shot,copy_reduce
+#: ): one-shot below ONE_SHOT_MAX_BYTES (one barrier: 7.3 us at 16 KiB, 13.0 at 512 KiB,
+#: against two-shot's 12.9 and 14.7), two-shot from there (it reads half as much over
+#: NVLink: 17.2 us at 1 MiB against 19.5); copy_reduce is slower at every size measured.
+ONE_SHOT_MAX_BYTES = 1 << 20
 #: ... for groups of more ranks than this, two-shot from ONE_SHOT_MAX_BYTES / 4 on (every
 #: one-shot rank reads W - 1 peers' whole messages; two-shot reads 2 (W - 1) / W of one)
 ONE_SHOT_WIDE = 4

@@ -19,8 +19,13 @@ Every spin is bounded: it gives up when the group's timeout has passed on the GP
 ``%globaltimer``, or when the host sets the ABORT word of the control page (page-locked
 host memory, read through unified addressing), or after ``max_spins`` polls.  Giving up
 writes why into the control page (chorus.cuda.layout) and ends the kernel; nothing traps
-and nothing hangs.  A kernel that starts while the page already holds a STATUS does not
-spin at all, so one failure fails the queued ops fast.
+and nothing hangs.  A kernel that starts once an earlier one gave up does not spin at
+all, so one failure fails the queued ops fast: it reads that from the BROKEN word of its
+own workspace, where giving up also writes, not from the control page.  A read of host
+memory costs microseconds and the GPU serves those of a kernel's blocks one after
+another (a fused kernel of 128 blocks that each read it ran 70 times slower:
+docs/results/4xh200/fused-one-gpu.txt), so kernels read the page only while a spin
+lasts: its ABORT word every 1024th poll.
 
 Under ``TRITON_INTERPRET=1`` (tests on a CPU) the same kernels run with ``INTERPRET``
 set: atomics stand in for the PTX acquire/release instructions and the poll count for
@@ -40,7 +45,7 @@ NEVER = 1 << 62  # max_spins when the clock bounds the spin
 
 # -- memory-model helpers ---------------------------------------------------------------------
 @triton.jit
-def _now(INTERPRET: tl.constexpr):
+def now(INTERPRET: tl.constexpr):
     if INTERPRET:
         return tl.zeros([], tl.int64)
     else:
@@ -49,7 +54,7 @@ def _now(INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _load_acquire(addrs, INTERPRET: tl.constexpr):
+def load_acquire(addrs, INTERPRET: tl.constexpr):
     """int64 words at ``addrs`` (a block of addresses), acquire, system scope."""
     ptrs = addrs.to(tl.pointer_type(tl.int64))
     if INTERPRET:
@@ -86,7 +91,7 @@ def _store_header_release(hdr, tag, nbytes, flag, value, INTERPRET: tl.constexpr
 
 
 @triton.jit
-def _store_pair_release(a_addrs, a_values, b_addrs, b_values, mask, INTERPRET: tl.constexpr):
+def store_pair_release(a_addrs, a_values, b_addrs, b_values, mask, INTERPRET: tl.constexpr):
     """``*a_addrs = a_values`` (plain), then ``*b_addrs = b_values`` (release, system
     scope), where ``mask``: both by one thread per lane, so whoever acquires b sees a."""
     if INTERPRET:
@@ -106,27 +111,56 @@ def _spin(addrs, mask, target, host, timeout_ns, max_spins, INTERPRET: tl.conste
     L.OK, L.TIMEOUT or L.ABORTED."""
     state = 0
     spins = tl.zeros([], tl.int64)
-    start = _now(INTERPRET)
+    start = now(INTERPRET)
     while state == 0:
-        late = mask & ((_load_acquire(addrs, INTERPRET) - target) < 0)
+        late = mask & ((load_acquire(addrs, INTERPRET) - target) < 0)
         spins += 1
         if tl.sum(late.to(tl.int32)) == 0:
             state = 1
         elif spins % 32 == 0:
-            if tl.load(host + 0, volatile=True) != 0:  # ABORT
-                state = 3
-            elif ((_now(INTERPRET) - start) > timeout_ns) | (spins >= max_spins):
-                state = 2
+            if host_due(spins, INTERPRET):
+                if tl.load(host + 0, volatile=True) != 0:  # ABORT
+                    state = 3
+            if state == 0:
+                if ((now(INTERPRET) - start) > timeout_ns) | (spins >= max_spins):
+                    state = 2
     return state - 1  # 0 OK, 1 TIMEOUT, 2 ABORTED (layout's codes)
 
 
 @triton.jit
-def _give_up(host, state, op_id, what, peers):
-    """Record why a spin gave up in the control page; STATUS last."""
+def host_due(spins, INTERPRET: tl.constexpr):
+    """Whether a spin at poll ``spins`` (a multiple of 32) reads the host page's ABORT word:
+    on a GPU every 1024th poll, from the 512th (a read of host memory costs microseconds,
+    and the GPU serves the reads of a kernel's blocks one after another: none on the
+    common path); under the interpreter every time."""
+    if INTERPRET:
+        due = spins >= 0
+    else:
+        due = spins % 1024 == 512
+    return due
+
+
+@triton.jit
+def is_broken(host, mirror):
+    """Whether the group is broken: the BROKEN word of my workspace (``mirror``, an int64
+    address; 0: none, then the control page's STATUS, over PCIe)."""
+    if mirror != 0:
+        status = tl.load(mirror.to(tl.pointer_type(tl.int64)), volatile=True)
+    else:
+        status = tl.load(host + 1, volatile=True)
+    return status != 0
+
+
+@triton.jit
+def give_up(host, mirror, state, op_id, what, peers):
+    """Record why a spin gave up in the control page, STATUS last, and ``state`` in my
+    workspace's BROKEN word (``mirror``; 0: none) for the kernels that follow."""
     tl.store(host + 2, op_id)  # FAIL_OP
     tl.store(host + 3, what)  # FAIL_WHAT
     tl.store(host + 4, peers)  # FAIL_PEERS
     tl.store(host + 1, state)  # STATUS
+    if mirror != 0:
+        tl.store(mirror.to(tl.pointer_type(tl.int64)), tl.zeros([], tl.int64) + state)
 
 
 # -- kernels ------------------------------------------------------------------------------------
@@ -139,10 +173,11 @@ def barrier_kernel(controls, rank, host_addr, op_id, fprint, timeout_ns, max_spi
     rank's workspace (index = group rank).  ``epoch`` > 0: e itself (the executor counts
     the group's barriers, fused kernels' included); 0: e = my EPOCH word + 1."""
     host = host_addr.to(tl.pointer_type(tl.int64))
-    if tl.load(host + 1, volatile=True) == 0:  # STATUS: not broken
+    base = tl.load(controls + rank)
+    mirror = base + 8  # BROKEN
+    if not is_broken(host, mirror):
         lanes = tl.arange(0, WP)
         mask = lanes < W
-        base = tl.load(controls + rank)
         epoch_ptr = base.to(tl.pointer_type(tl.int64))  # EPOCH = 0
         e = tl.load(epoch_ptr) + 1
         if epoch > 0:
@@ -151,30 +186,30 @@ def barrier_kernel(controls, rank, host_addr, op_id, fprint, timeout_ns, max_spi
         prints = 2560 + (e & 1) * 512  # FPRINT of this parity
         mine_fp = tl.zeros([WP], tl.int64) + fprint
         peers = tl.load(controls + lanes, mask=mask, other=0)
-        _store_pair_release(peers + prints + rank * 8, mine_fp, peers + 512 + rank * 8,
+        store_pair_release(peers + prints + rank * 8, mine_fp, peers + 512 + rank * 8,
                             tl.zeros([WP], tl.int64) + e, mask, INTERPRET)
         mine = base + 512 + lanes * 8  # BARRIER
         state = _spin(mine, mask, e, host, timeout_ns, max_spins, INTERPRET)
         one = tl.full([WP], 1, tl.int64) << lanes.to(tl.int64)
         if state != 0:
-            late = mask & ((_load_acquire(mine, INTERPRET) - e) < 0)
-            _give_up(host, state, op_id, 0, tl.sum(tl.where(late, one, 0)))
+            late = mask & ((load_acquire(mine, INTERPRET) - e) < 0)
+            give_up(host, mirror, state, op_id, 0, tl.sum(tl.where(late, one, 0)))
         else:
-            theirs = _load_acquire(base + prints + lanes * 8, INTERPRET)
+            theirs = load_acquire(base + prints + lanes * 8, INTERPRET)
             other = mask & (theirs != mine_fp)
             if tl.sum(other.to(tl.int32)) != 0:
                 first = tl.min(tl.where(other, lanes, WP))
                 tl.store(host + 7, tl.sum(tl.where(lanes == first, theirs, 0)))  # FAIL_FP
-                _give_up(host, 4, op_id, 0, tl.sum(tl.where(other, one, 0)))  # MISMATCH
+                give_up(host, mirror, 4, op_id, 0, tl.sum(tl.where(other, one, 0)))  # MISMATCH
 
 
 @triton.jit(do_not_specialize=["value", "tag", "nbytes"])
-def post_kernel(flag_addr, value, hdr_addr, tag, nbytes, host_addr,
+def post_kernel(flag_addr, value, hdr_addr, tag, nbytes, host_addr, mirror,
                 HEADER: tl.constexpr, INTERPRET: tl.constexpr):
     """``*flag_addr = value`` (release), after writing the channel header at ``hdr_addr``
-    when ``HEADER``.  Skipped once the group is broken."""
+    when ``HEADER``.  Skipped once the group is broken (``mirror``: my BROKEN word)."""
     host = host_addr.to(tl.pointer_type(tl.int64))
-    if tl.load(host + 1, volatile=True) == 0:
+    if not is_broken(host, mirror):
         one = tl.zeros([1], tl.int64)
         if HEADER:
             _store_header_release(one + hdr_addr, one + tag, one + nbytes, one + flag_addr, one + value,
@@ -184,17 +219,17 @@ def post_kernel(flag_addr, value, hdr_addr, tag, nbytes, host_addr,
 
 
 @triton.jit(do_not_specialize=["target", "expect_tag", "expect_nbytes", "peer", "op_id"])
-def wait_kernel(flag_addr, target, hdr_addr, expect_tag, expect_nbytes, peer, host_addr, op_id, what,
+def wait_kernel(flag_addr, target, hdr_addr, expect_tag, expect_nbytes, peer, host_addr, mirror, op_id, what,
                 timeout_ns, max_spins, HEADER: tl.constexpr, INTERPRET: tl.constexpr):
     """Wait until ``*flag_addr >= target`` (a local word that peer ``peer`` stores into);
     then, when ``HEADER``, check the sender's channel header at ``hdr_addr``: another
     size breaks the group (SIZE_MISMATCH), another tag is recorded (TAG_*)."""
     host = host_addr.to(tl.pointer_type(tl.int64))
-    if tl.load(host + 1, volatile=True) == 0:
+    if not is_broken(host, mirror):
         one = tl.zeros([1], tl.int64)
         state = _spin(one + flag_addr, one == 0, target, host, timeout_ns, max_spins, INTERPRET)
         if state != 0:
-            _give_up(host, state, op_id, what, tl.full([], 1, tl.int64) << peer)
+            give_up(host, mirror, state, op_id, what, tl.full([], 1, tl.int64) << peer)
         elif HEADER:
             hdr = hdr_addr.to(tl.pointer_type(tl.int64))
             got_tag = tl.load(hdr, volatile=True)
@@ -202,7 +237,7 @@ def wait_kernel(flag_addr, target, hdr_addr, expect_tag, expect_nbytes, peer, ho
             if got_nbytes != expect_nbytes:
                 tl.store(host + 5, expect_nbytes)  # FAIL_EXPECT
                 tl.store(host + 6, got_nbytes)  # FAIL_GOT
-                _give_up(host, 3, op_id, what, tl.full([], 1, tl.int64) << peer)
+                give_up(host, mirror, 3, op_id, what, tl.full([], 1, tl.int64) << peer)
             elif got_tag != expect_tag:
                 tl.store(host + 9, peer)  # TAG_PEER
                 tl.store(host + 10, expect_tag)  # TAG_EXPECT
@@ -211,7 +246,7 @@ def wait_kernel(flag_addr, target, hdr_addr, expect_tag, expect_nbytes, peer, ho
 
 
 @triton.jit
-def _combine(a, b, OP: tl.constexpr):
+def combine(a, b, OP: tl.constexpr):
     if OP == "SUM":
         return a + b
     elif OP == "PRODUCT":
@@ -241,7 +276,7 @@ def reduce_kernel(rows, offset, out_addr, n, W: tl.constexpr, OP: tl.constexpr, 
     mask = offs < n
     acc = _load_row(rows, 0, offset, offs, mask, DT, RAW, ACC, BOOL)
     for r in tl.static_range(1, W):
-        acc = _combine(acc, _load_row(rows, r, offset, offs, mask, DT, RAW, ACC, BOOL), OP)
+        acc = combine(acc, _load_row(rows, r, offset, offs, mask, DT, RAW, ACC, BOOL), OP)
     out = acc.to(DT)
     if RAW != DT:
         out = out.to(RAW, bitcast=True)
@@ -259,232 +294,3 @@ def _load_row(rows, r, offset, offs, mask, DT: tl.constexpr, RAW: tl.constexpr, 
     if BOOL:
         x = (x != 0).to(ACC)
     return x
-
-
-# -- fused all_reduce kernels -------------------------------------------------------------------
-# One launch per op (per round of the slot): the copy into this rank's slot, the barrier and
-# the reduction in one kernel.  The barrier is per block: block b of every rank copies,
-# syncs and reads the same element range, so block b needs only the other ranks' block b
-# (chorus.cuda.layout's per-block words; block 0 uses the group's BARRIER/FPRINT words,
-# where it meets barrier_kernel: a rank in another op is a MISMATCH, as ever).
-@triton.jit
-def _spin_block(addrs, mask, target, host, timeout_ns, max_spins, INTERPRET: tl.constexpr):
-    """As _spin, and also ends when another block of this rank already broke the group
-    (STATUS set): 0 OK, 1 TIMEOUT, 2 ABORTED, 3 broken elsewhere."""
-    state = 0
-    spins = tl.zeros([], tl.int64)
-    start = _now(INTERPRET)
-    while state == 0:
-        late = mask & ((_load_acquire(addrs, INTERPRET) - target) < 0)
-        spins += 1
-        if tl.sum(late.to(tl.int32)) == 0:
-            state = 1
-        elif spins % 32 == 0:
-            if tl.load(host + 0, volatile=True) != 0:  # ABORT
-                state = 3
-            elif tl.load(host + 1, volatile=True) != 0:  # STATUS: another block gave up
-                state = 4
-            elif ((_now(INTERPRET) - start) > timeout_ns) | (spins >= max_spins):
-                state = 2
-    return state - 1
-
-
-@triton.jit
-def _block_sync(controls, rank, blk, epoch, fprint, host, op_id, timeout_ns, max_spins,
-                W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr):
-    """Block ``blk``'s barrier at ``epoch``: push (fingerprint, epoch) into every rank's
-    words of this block (release), spin on mine (acquire), compare the fingerprints.
-    0: go on; else the block stops (block 0 reports a MISMATCH; a timeout or abort is
-    reported by the block that saw it)."""
-    lanes = tl.arange(0, WP)
-    mask = lanes < W
-    extra = 4096 + (blk - 1).to(tl.int64) * 1536  # BLOCKS + (b - 1) * BLOCK_STRIDE
-    bar = tl.where(blk == 0, 512, extra)
-    prints = tl.where(blk == 0, 2560, extra + 512) + (epoch & 1) * 512
-    e = tl.zeros([WP], tl.int64) + epoch
-    mine_fp = tl.zeros([WP], tl.int64) + fprint
-    peers = tl.load(controls + lanes, mask=mask, other=0)
-    base = tl.load(controls + rank)
-    if blk == 0:
-        tl.store(base.to(tl.pointer_type(tl.int64)), epoch.to(tl.int64))  # EPOCH: barriers so far
-    _store_pair_release(peers + prints + rank * 8, mine_fp, peers + bar + rank * 8, e, mask, INTERPRET)
-    mine = base + bar + lanes * 8
-    state = _spin_block(mine, mask, epoch, host, timeout_ns, max_spins, INTERPRET)
-    one = tl.full([WP], 1, tl.int64) << lanes.to(tl.int64)
-    if (state == 1) | (state == 2):
-        late = mask & ((_load_acquire(mine, INTERPRET) - epoch) < 0)
-        _give_up(host, state, op_id, 0, tl.sum(tl.where(late, one, 0)))
-    elif state == 0:
-        theirs = _load_acquire(base + prints + lanes * 8, INTERPRET)
-        other = mask & (theirs != mine_fp)
-        if tl.sum(other.to(tl.int32)) != 0:
-            state = 4
-            if blk == 0:
-                first = tl.min(tl.where(other, lanes, WP))
-                tl.store(host + 7, tl.sum(tl.where(lanes == first, theirs, 0)))  # FAIL_FP
-                _give_up(host, 4, op_id, 0, tl.sum(tl.where(other, one, 0)))  # MISMATCH
-    return state
-
-
-@triton.jit
-def _hint(ptrs, HINT: tl.constexpr):
-    """``ptrs`` (a contiguous run starting 16-byte aligned), told to the compiler."""
-    if HINT:
-        ptrs = tl.multiple_of(ptrs, 16)
-    return ptrs
-
-
-@triton.jit
-def _get(ptrs, mask, MASKED: tl.constexpr, PEER: tl.constexpr):
-    """Load; a peer's memory bypasses L1 (written by another GPU since we last looked)."""
-    if MASKED:
-        if PEER:
-            x = tl.load(ptrs, mask=mask, other=0, cache_modifier=".cg")
-        else:
-            x = tl.load(ptrs, mask=mask, other=0)
-    else:
-        if PEER:
-            x = tl.load(ptrs, cache_modifier=".cg")
-        else:
-            x = tl.load(ptrs)
-    return x
-
-
-@triton.jit
-def _copy(src_addr, dst_addr, lo, hi, RAW: tl.constexpr, BLOCK: tl.constexpr, HS: tl.constexpr,
-          HD: tl.constexpr, PEER: tl.constexpr):
-    """dst[lo:hi] = src[lo:hi] (elements of RAW; addresses as int64)."""
-    src = src_addr.to(tl.pointer_type(RAW))
-    dst = dst_addr.to(tl.pointer_type(RAW))
-    full = (hi - lo) // BLOCK
-    for i in range(0, full):
-        offs = lo + i * BLOCK + tl.arange(0, BLOCK)
-        tl.store(_hint(dst + offs, HD), _get(_hint(src + offs, HS), offs < hi, False, PEER))
-    tail = lo + full * BLOCK
-    if tail < hi:
-        offs = tail + tl.arange(0, BLOCK)
-        m = offs < hi
-        tl.store(_hint(dst + offs, HD), _get(_hint(src + offs, HS), m, True, PEER), mask=m)
-
-
-@triton.jit
-def _row_at(controls, r, slot_off, offs, mask, MASKED: tl.constexpr, DT: tl.constexpr, RAW: tl.constexpr,
-            ACC: tl.constexpr, BOOL: tl.constexpr, HINT: tl.constexpr):
-    row = (tl.load(controls + r) + slot_off).to(tl.pointer_type(RAW))
-    x = _get(_hint(row + offs, HINT), mask, MASKED, True)
-    if RAW != DT:
-        x = x.to(DT, bitcast=True)
-    x = x.to(ACC)
-    if BOOL:
-        x = (x != 0).to(ACC)
-    return x
-
-
-@triton.jit
-def _reduce_step(controls, slot_off, offs, mask, MASKED: tl.constexpr, W: tl.constexpr, OP: tl.constexpr,
-                 DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, HINT: tl.constexpr):
-    acc = _row_at(controls, 0, slot_off, offs, mask, MASKED, DT, RAW, ACC, BOOL, HINT)
-    for r in tl.static_range(1, W):
-        acc = _combine(acc, _row_at(controls, r, slot_off, offs, mask, MASKED, DT, RAW, ACC, BOOL, HINT), OP)
-    out = acc.to(DT)
-    if RAW != DT:
-        out = out.to(RAW, bitcast=True)
-    return out
-
-
-@triton.jit
-def _reduce_range(controls, slot_off, out_addr, also_addr, lo, hi, W: tl.constexpr, OP: tl.constexpr,
-                  DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr,
-                  BLOCK: tl.constexpr, HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, ALSO: tl.constexpr):
-    """out[lo:hi] = op over ranks r of slot_r[lo:hi] (rank order, in ACC); when ALSO, the
-    result goes to ``also_addr`` (this rank's slot) too."""
-    out = out_addr.to(tl.pointer_type(RAW))
-    also = also_addr.to(tl.pointer_type(RAW))
-    full = (hi - lo) // BLOCK
-    for i in range(0, full):
-        offs = lo + i * BLOCK + tl.arange(0, BLOCK)
-        y = _reduce_step(controls, slot_off, offs, offs < hi, False, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
-        tl.store(_hint(out + offs, HINT_IO), y)
-        if ALSO:
-            tl.store(_hint(also + offs, HINT_WS), y)
-    tail = lo + full * BLOCK
-    if tail < hi:
-        offs = tail + tl.arange(0, BLOCK)
-        m = offs < hi
-        y = _reduce_step(controls, slot_off, offs, m, True, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
-        tl.store(_hint(out + offs, HINT_IO), y, mask=m)
-        if ALSO:
-            tl.store(_hint(also + offs, HINT_WS), y, mask=m)
-
-
-@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
-def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, op_id, fprint, epoch, timeout_ns,
-                    max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
-                    RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
-                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
-    """One-shot all_reduce of elements [0, n) in one launch.  Block b (elements
-    [b * per, (b + 1) * per)): copy them from ``inp`` into this rank's slot (at
-    ``slot_off`` in its workspace), barrier of block b at ``epoch``, then
-    ``out`` = op over every rank's slot, in rank order (the same bits on every rank)."""
-    host = host_addr.to(tl.pointer_type(tl.int64))
-    if tl.load(host + 1, volatile=True) == 0:  # STATUS: not broken
-        controls = controls_addr.to(tl.pointer_type(tl.int64))
-        blk = tl.program_id(0)
-        lo = blk.to(tl.int64) * per
-        hi = tl.maximum(tl.minimum(lo + per, n), lo)
-        mine = tl.load(controls + rank) + slot_off
-        _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
-        tl.debug_barrier()  # every thread's copy is done before the release
-        state = _block_sync(controls, rank, blk, epoch, fprint, host, op_id, timeout_ns, max_spins, W, WP,
-                            INTERPRET)
-        tl.debug_barrier()
-        if state == 0:
-            _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
-                          HINT_WS, False)
-
-
-@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
-def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host_addr, op_id, fprint, epoch,
-                    timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
-                    RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
-                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
-    """Two-shot all_reduce of elements [0, n) in one launch, two barriers (epochs
-    ``epoch`` and ``epoch + 1``).  Slice s = elements [s * piece, (s + 1) * piece); block
-    b owns elements [b * per, (b + 1) * per) of every slice::
-
-        copy:           my slot[every slice, my range] <- inp
-        barrier 1
-        reduce-scatter: my slot[slice rank] = out[slice rank] = op over r of slot_r[slice rank]
-        barrier 2
-        all-gather:     out[slice s] <- slot_s[slice s] for every s != rank
-
-    Every slice is reduced once (by its owner) and copied: the same bits everywhere."""
-    host = host_addr.to(tl.pointer_type(tl.int64))
-    if tl.load(host + 1, volatile=True) == 0:
-        controls = controls_addr.to(tl.pointer_type(tl.int64))
-        blk = tl.program_id(0)
-        start = blk.to(tl.int64) * per
-        mine = tl.load(controls + rank) + slot_off
-        for s in tl.static_range(W):
-            lo = s * piece + start
-            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
-            _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
-        tl.debug_barrier()
-        state = _block_sync(controls, rank, blk, epoch, fprint, host, op_id, timeout_ns, max_spins, W, WP,
-                            INTERPRET)
-        tl.debug_barrier()
-        if state == 0:
-            lo = rank * piece + start
-            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (rank + 1) * piece), n), lo)
-            _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
-                          HINT_WS, True)
-            tl.debug_barrier()
-            state = _block_sync(controls, rank, blk, epoch + 1, fprint, host, op_id, timeout_ns, max_spins, W,
-                                WP, INTERPRET)
-            tl.debug_barrier()
-            if state == 0:
-                for s in tl.static_range(W):
-                    if s != rank:
-                        lo = s * piece + start
-                        hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
-                        _copy(tl.load(controls + s) + slot_off, out, lo, hi, RAW, BLOCK, HINT_WS, HINT_IO, True)

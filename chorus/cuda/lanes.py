@@ -97,7 +97,7 @@ class Lanes:
 
     def all_reduce_fused(self, kind: str, inp: int, out: int, n: int) -> None:
         """One launch: ``out[:n]`` = op over ranks of ``inp[:n]`` through this round's
-        slots (``kind`` "one_shot" or "two_shot": chorus.cuda.kernels), with its own
+        slots (``kind`` "one_shot" or "two_shot": chorus.cuda.fused), with its own
         barrier(s) at the group's next epoch(s)."""
         if n <= 0:
             return
@@ -116,11 +116,13 @@ class Lanes:
         s = self.sent[peer] = self.sent[peer] + 1
         me = self.bases[self.rank]
         if s > 2:
-            self.k.wait(me + L.ACK + 8 * peer, s - 2, peer, self.host, self.op_id, L.WAIT_ACK, self.timeout_ns)
+            self.k.wait(me + L.ACK + 8 * peer, s - 2, peer, self.host, self.op_id, L.WAIT_ACK, self.timeout_ns,
+                        mirror_addr=me + L.BROKEN)
         hdr = me + self.layout.channel_at(peer, s & 1)
         if nbytes > 0:
             self.memcpy(hdr + L.CHANNEL_HEADER, src, nbytes, self.stream)
-        self.k.post(self.bases[peer] + L.READY + 8 * self.rank, s, self.host, hdr, tag, total)
+        self.k.post(self.bases[peer] + L.READY + 8 * self.rank, s, self.host, hdr, tag, total,
+                    mirror_addr=me + L.BROKEN)
         if recorder.current is not None:
             recorder.transfer("copy", self.ctx, "cuda", t, nbytes, self._global(peer), direction="send")
 
@@ -130,11 +132,12 @@ class Lanes:
         t = time.perf_counter()
         s = self.received[peer] = self.received[peer] + 1
         hdr = self.bases[peer] + self.layout.channel_at(self.rank, s & 1)
-        self.k.wait(self.bases[self.rank] + L.READY + 8 * peer, s, peer, self.host, self.op_id, L.WAIT_READY,
-                     self.timeout_ns, hdr, tag, total)
+        me = self.bases[self.rank]
+        self.k.wait(me + L.READY + 8 * peer, s, peer, self.host, self.op_id, L.WAIT_READY, self.timeout_ns, hdr, tag,
+                    total, mirror_addr=me + L.BROKEN)
         if nbytes > 0:
             self.memcpy(dst, hdr + L.CHANNEL_HEADER, nbytes, self.stream)
-        self.k.post(self.bases[peer] + L.ACK + 8 * self.rank, s, self.host)
+        self.k.post(self.bases[peer] + L.ACK + 8 * self.rank, s, self.host, mirror_addr=me + L.BROKEN)
         if recorder.current is not None:
             recorder.transfer("copy", self.ctx, "cuda", t, nbytes, self._global(peer), direction="recv")
 

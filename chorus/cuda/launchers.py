@@ -1,4 +1,4 @@
-"""Host-side launches of chorus.cuda's Triton kernels (chorus.cuda.kernels), on torch's
+"""Host-side launches of chorus.cuda's Triton kernels (chorus.cuda.kernels, chorus.cuda.fused), on torch's
 current stream of the current device: the barrier, the channel's post and wait, the
 reduction of W rows, the fused one-shot and two-shot all_reduce, and the cached launch
 path that skips Triton's per-call argument binding.  chorus.cuda.lanes calls these (tests
@@ -13,14 +13,13 @@ import triton.language as tl
 
 from chorus import config
 from chorus.cuda import layout as L
+from chorus.cuda.fused import one_shot_kernel, two_shot_kernel
 from chorus.cuda.kernels import (
     INTERPRET,
     NEVER,
     barrier_kernel,
-    one_shot_kernel,
     post_kernel,
     reduce_kernel,
-    two_shot_kernel,
     wait_kernel,
 )
 
@@ -50,15 +49,18 @@ def signed64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def post(flag_addr: int, value: int, host_addr: int, hdr_addr: int = 0, tag: int = 0, nbytes: int = 0) -> None:
-    post_kernel[(1,)](flag_addr, value, hdr_addr, tag, nbytes, host_addr, HEADER=hdr_addr != 0,
+def post(flag_addr: int, value: int, host_addr: int, hdr_addr: int = 0, tag: int = 0, nbytes: int = 0,
+         mirror_addr: int = 0) -> None:
+    """``mirror_addr``: this rank's BROKEN word (0: the kernel reads the control page)."""
+    post_kernel[(1,)](flag_addr, value, hdr_addr, tag, nbytes, host_addr, mirror_addr, HEADER=hdr_addr != 0,
                       INTERPRET=INTERPRET, num_warps=1)
 
 
 def wait(flag_addr: int, target: int, peer: int, host_addr: int, op_id: int, what: int, timeout_ns: int,
-         hdr_addr: int = 0, tag: int = 0, nbytes: int = 0, max_spins: int = NEVER) -> None:
-    wait_kernel[(1,)](flag_addr, target, hdr_addr, tag, nbytes, peer, host_addr, op_id, what, timeout_ns,
-                      max_spins, HEADER=hdr_addr != 0, INTERPRET=INTERPRET, num_warps=1)
+         hdr_addr: int = 0, tag: int = 0, nbytes: int = 0, max_spins: int = NEVER, mirror_addr: int = 0) -> None:
+    """``mirror_addr``: as post's."""
+    wait_kernel[(1,)](flag_addr, target, hdr_addr, tag, nbytes, peer, host_addr, mirror_addr, op_id, what,
+                      timeout_ns, max_spins, HEADER=hdr_addr != 0, INTERPRET=INTERPRET, num_warps=1)
 
 
 #: torch dtype name -> (element type, storage type, accumulator, bytes read as bool)
@@ -132,6 +134,11 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
         return all_reduce_fused(kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
                                 epoch, timeout_ns, op, dtype, max_spins, stream)
     return barriers
+
+
+def clear_plans() -> None:
+    """Forget all_reduce_fused's plans (a tool that changes the layout's geometry)."""
+    _PLANS.clear()
 
 
 def _fused_plan(pkey: tuple) -> tuple:
@@ -209,7 +216,7 @@ def launch(kernel, key, grid: int, args: tuple, num_warps: int, stream: int | No
             _COMPILED[key] = False
 
 
-assert (L.BARRIER, L.STATUS, L.FAIL_OP, L.FAIL_WHAT, L.FAIL_PEERS, L.ABORT) == (512, 1, 2, 3, 4, 0), \
+assert (L.BARRIER, L.BROKEN, L.STATUS, L.FAIL_OP, L.FAIL_WHAT, L.FAIL_PEERS, L.ABORT) == (512, 8, 1, 2, 3, 4, 0), \
     "the kernels hard-code these offsets"
 assert (L.FAIL_EXPECT, L.FAIL_GOT, L.TAG_OP, L.TAG_PEER, L.TAG_EXPECT, L.TAG_GOT) == (5, 6, 8, 9, 10, 11)
 assert (L.FPRINT, L.FPRINT_PARITY, L.FAIL_FP, L.MISMATCH) == (2560, 512, 7, 4)

@@ -6,6 +6,11 @@ for group size W::
     offset
     0          control (4 KiB)   word 0: this rank's barrier epoch (read and written only
                                  by its own barrier kernel: the count of barriers so far)
+    BROKEN     1 word            nonzero once a kernel of this rank gave up: its STATUS,
+                                 also written to the control page; every kernel reads it
+                                 here at its start (the page is host memory: a read costs
+                                 microseconds, and the GPU serves the reads of a kernel's
+                                 blocks one after another)
     BARRIER    W words           [r] = the latest barrier epoch rank r reached (written by r)
     READY      W words           [q] = chunks rank q has posted to this rank's channel from q
     ACK        W words           [r] = chunks rank r has consumed from this rank's channel to r
@@ -13,7 +18,7 @@ for group size W::
     FPRINT     2 x W words       [p][r] = the fingerprint of rank r's op at its latest barrier
                                  of parity p (written by r with its epoch; the barrier
                                  kernel compares them: a mismatched collective)
-    BLOCKS     per-block words   the fused all_reduce kernels (chorus.cuda.kernels) sync
+    BLOCKS     per-block words   the fused all_reduce kernels (chorus.cuda.fused) sync
                                  block by block: block b >= 1 of every rank has its own
                                  BARRIER and 2 x FPRINT words here (BLOCK_STRIDE bytes per
                                  block); block 0 uses the words above, so a fused kernel
@@ -40,6 +45,7 @@ from typing import NamedTuple
 
 MAX_WORLD = 64
 EPOCH = 0
+BROKEN = 8
 BARRIER = 512
 READY = BARRIER + 8 * MAX_WORLD
 ACK = READY + 8 * MAX_WORLD

@@ -76,7 +76,11 @@ normalize() {  # normalize FILE IGNORE_REGEX
     python3 - "$1" "$2" <<'EOF'
 import re, sys
 path, ignore = sys.argv[1], sys.argv[2]
-lines = [re.sub(r"^\[(default)?rank\d+\]:", "", ln) for ln in open(path, errors="replace").read().splitlines()]
+text = open(path, errors="replace").read()
+# two ranks' prints can share a line when their writes interleave: a "rank N: " that does
+# not start its line starts a new one (and the empty line left behind is dropped)
+text = re.sub(r"(?<=[^\s:])(?=rank \d+: )", "\n", text)
+lines = [re.sub(r"^\[(default)?rank\d+\]:", "", ln) for ln in text.splitlines() if ln.strip()]
 lines = [ln for ln in lines if not (ignore and re.search(ignore, ln))]
 lines = [re.sub(r"\d+\.\d{5,}", lambda m: f"{float(m[0]):.4g}", ln) for ln in lines]
 print("\n".join(sorted(lines)))

@@ -212,9 +212,11 @@ def case_async(rank, world, pg, comp):
     recorder.attach(events.append)
     try:
         issue(comp, pg, "all_reduce", {"data": x}, count=x.numel(), dtype="float32", reduce_op="MAX")
+        issue(comp, pg, "broadcast", {"data": x}, count=x.numel(), dtype="float32", root=0)
     finally:
         recorder.detach()
     kinds = {(e.what, e.component) for e in events}
+    # all_reduce: one fused kernel per round ("reduce"); broadcast: copies and barriers
     assert {("begin", "cuda"), ("copy", "cuda"), ("sync", "cuda"), ("reduce", "cuda"), ("end", "cuda")} <= kinds
 
 

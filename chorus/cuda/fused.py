@@ -1,0 +1,353 @@
+"""The fused all_reduce kernels of chorus.cuda (launched by chorus.cuda.launchers): one
+launch per round of the slot does the copy into this rank's slot, the barrier and the
+reduction (one-shot), or the copy, a barrier, the reduce-scatter, a barrier and the
+all-gather (two-shot).
+
+The barrier is per block: block b of every rank copies, syncs and reads the same element
+range, so block b needs only the other ranks' block b (chorus.cuda.layout's per-block
+words; block 0 uses the group's BARRIER/FPRINT words, where it meets
+chorus.cuda.kernels.barrier_kernel: a rank in another op is a MISMATCH, as ever).  The
+memory-model helpers, the control page's words and the reduction ops are
+chorus.cuda.kernels'.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from chorus.cuda.kernels import (
+    combine,
+    give_up,
+    host_due,
+    is_broken,
+    load_acquire,
+    now,
+    store_pair_release,
+)
+
+
+@triton.jit
+def _spin_block(addrs, mask, target, host, mirror, timeout_ns, max_spins, INTERPRET: tl.constexpr):
+    """As _spin, and also ends when another block of this rank already broke the group
+    (STATUS set): 0 OK, 1 TIMEOUT, 2 ABORTED, 3 broken elsewhere.  (The interpreter's
+    form; on a GPU _spin_peers.)"""
+    state = 0
+    spins = tl.zeros([], tl.int64)
+    start = now(INTERPRET)
+    while state == 0:
+        late = mask & ((load_acquire(addrs, INTERPRET) - target) < 0)
+        spins += 1
+        if tl.sum(late.to(tl.int32)) == 0:
+            state = 1
+        elif spins % 32 == 0:
+            state = _host_says(host, mirror, start, timeout_ns, spins, max_spins, INTERPRET)
+    return state - 1
+
+
+@triton.jit
+def _host_says(host, mirror, start, timeout_ns, spins, max_spins, INTERPRET: tl.constexpr):
+    """0: keep spinning; 2 TIMEOUT, 3 ABORTED, 4 broken elsewhere (a spin's state + 1).
+    Called every 32 polls; reads the host page's ABORT when host_due."""
+    state = 0
+    if host_due(spins, INTERPRET):
+        if tl.load(host + 0, volatile=True) != 0:  # ABORT
+            state = 3
+    if state == 0:
+        if is_broken(host, mirror):  # another block gave up
+            state = 4
+        elif ((now(INTERPRET) - start) > timeout_ns) | (spins >= max_spins):
+            state = 2
+    return state
+
+
+# On a GPU a block's barrier is one thread per peer, as in hand-written CUDA (thread t < W
+# pushes to peer t and polls the word peer t writes) and one block-wide vote (bar.red) per
+# poll.  Every thread of the block runs these (scalar) asm statements; the %tid.x
+# predicate picks the W that touch memory.  Block-wide tensors of W words would be held,
+# stored and polled by every thread of a warp (Triton replicates small tensors), each
+# poll a system-scope acquire, and each block would spend microseconds per barrier.
+@triton.jit
+def _push_peers(controls_addr, world, fp_off, fprint, bar_off, epoch):
+    """Thread t < ``world``: peer t's word at ``fp_off`` = ``fprint`` (plain), then its
+    word at ``bar_off`` = ``epoch`` (release, system scope).  ``controls_addr``: the int64
+    addresses of every rank's workspace; the offsets are from each one's base."""
+    tl.inline_asm_elementwise(
+        """{ .reg .u32 %t; .reg .pred %w; .reg .u64 %a, %p;
+             mov.u32 %t, %tid.x; setp.lt.u32 %w, %t, $1;
+             @%w mul.wide.u32 %a, %t, 8; @%w add.u64 %a, %a, $2; @%w ld.global.u64 %p, [%a];
+             @%w add.u64 %a, %p, $3; @%w st.global.b64 [%a], $4;
+             @%w add.u64 %a, %p, $5; @%w st.release.sys.global.b64 [%a], $6;
+             mov.u32 $0, 0; }""",
+        "=r,r,l,l,l,l,l", [world, controls_addr, fp_off, fprint, bar_off, epoch], dtype=tl.int32,
+        is_pure=False, pack=1)
+
+
+@triton.jit
+def _peers_arrived(words, world, target):
+    """Thread t < ``world`` reads the word at ``words`` + 8 t (acquire, system scope);
+    every thread gets 1 when each of them is >= ``target``, else 0 (a block-wide vote)."""
+    return tl.inline_asm_elementwise(
+        """{ .reg .u32 %t; .reg .pred %w, %ok, %all; .reg .u64 %a; .reg .s64 %v;
+             mov.u32 %t, %tid.x; setp.lt.u32 %w, %t, $1; setp.eq.u32 %ok, %t, %t;
+             @%w mul.wide.u32 %a, %t, 8; @%w add.u64 %a, %a, $2;
+             @%w ld.acquire.sys.global.b64 %v, [%a]; @%w sub.s64 %v, %v, $3; @%w setp.ge.s64 %ok, %v, 0;
+             bar.red.and.pred %all, 15, %ok; selp.u32 $0, 1, 0, %all; }""",
+        "=r,r,l,l", [world, words, target], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _peers_differ(words, world, value):
+    """1 in every thread when some word at ``words`` + 8 t (t < ``world``) != ``value``."""
+    return tl.inline_asm_elementwise(
+        """{ .reg .u32 %t; .reg .pred %w, %no, %any; .reg .u64 %a; .reg .s64 %v;
+             mov.u32 %t, %tid.x; setp.lt.u32 %w, %t, $1; setp.ne.u32 %no, %t, %t;
+             @%w mul.wide.u32 %a, %t, 8; @%w add.u64 %a, %a, $2;
+             @%w ld.relaxed.sys.global.b64 %v, [%a]; @%w setp.ne.s64 %no, %v, $3;
+             bar.red.or.pred %any, 15, %no; selp.u32 $0, 1, 0, %any; }""",
+        "=r,r,l,l", [world, words, value], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _spin_peers(words, world, target, host, mirror, timeout_ns, max_spins, INTERPRET: tl.constexpr):
+    """_spin_block's states, polling one word per peer thread (_peers_arrived)."""
+    state = 0
+    spins = tl.zeros([], tl.int64)
+    start = now(INTERPRET)
+    while state == 0:
+        spins += 1
+        if _peers_arrived(words, world, target) != 0:
+            state = 1
+        elif spins % 32 == 0:
+            state = _host_says(host, mirror, start, timeout_ns, spins, max_spins, INTERPRET)
+    return state - 1
+
+
+@triton.jit
+def _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins,
+                W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr):
+    """Block ``blk``'s barrier at ``epoch``: push (fingerprint, epoch) into every rank's
+    words of this block (release), spin on mine (acquire), compare the fingerprints.
+    0: go on; else the block stops (block 0 reports a MISMATCH; a timeout or abort is
+    reported by the block that saw it).  Needs at least W threads in the block."""
+    lanes = tl.arange(0, WP)
+    mask = lanes < W
+    extra = 4096 + (blk - 1).to(tl.int64) * 1536  # BLOCKS + (b - 1) * BLOCK_STRIDE
+    bar = tl.where(blk == 0, 512, extra)
+    prints = tl.where(blk == 0, 2560, extra + 512) + (epoch & 1) * 512
+    base = tl.load(controls + rank)
+    if blk == 0:
+        tl.store(base.to(tl.pointer_type(tl.int64)), epoch.to(tl.int64))  # EPOCH: barriers so far
+    mine = base + bar + lanes * 8
+    e = tl.zeros([WP], tl.int64) + epoch
+    mine_fp = tl.zeros([WP], tl.int64) + fprint
+    if INTERPRET:
+        peers = tl.load(controls + lanes, mask=mask, other=0)
+        store_pair_release(peers + prints + rank * 8, mine_fp, peers + bar + rank * 8, e, mask, INTERPRET)
+        state = _spin_block(mine, mask, epoch, host, mirror, timeout_ns, max_spins, INTERPRET)
+    else:
+        world = tl.full([], W, tl.int32)
+        _push_peers(controls.to(tl.int64), world, prints + rank * 8, fprint.to(tl.int64), bar + rank * 8,
+                    epoch.to(tl.int64))
+        state = _spin_peers(base + bar, world, epoch.to(tl.int64), host, mirror, timeout_ns, max_spins, INTERPRET)
+    one = tl.full([WP], 1, tl.int64) << lanes.to(tl.int64)
+    if (state == 1) | (state == 2):
+        late = mask & ((load_acquire(mine, INTERPRET) - epoch) < 0)
+        give_up(host, mirror, state, op_id, 0, tl.sum(tl.where(late, one, 0)))
+    elif state == 0:
+        if INTERPRET:
+            differ = 1
+        else:
+            differ = _peers_differ(base + prints, tl.full([], W, tl.int32), fprint.to(tl.int64))
+        if differ != 0:  # (the interpreter always looks; a GPU, after the vote says so)
+            theirs = load_acquire(base + prints + lanes * 8, INTERPRET)
+            other = mask & (theirs != mine_fp)
+            if tl.sum(other.to(tl.int32)) != 0:
+                state = 4
+                if blk == 0:
+                    first = tl.min(tl.where(other, lanes, WP))
+                    tl.store(host + 7, tl.sum(tl.where(lanes == first, theirs, 0)))  # FAIL_FP
+                    give_up(host, mirror, 4, op_id, 0, tl.sum(tl.where(other, one, 0)))  # MISMATCH
+    return state
+
+
+# The 16-byte alignment hint (tl.multiple_of) must be given to a pointer computed in the
+# function that applies it: on a function's argument it is silently dropped, and every
+# load falls back to one element.  So _get and _put take the base and the offsets.
+@triton.jit
+def _get(base, offs, mask, MASKED: tl.constexpr, PEER: tl.constexpr, HINT: tl.constexpr):
+    """Load ``base[offs]``; a peer's memory bypasses L1 (written by another GPU since we
+    last looked).  ``HINT``: ``base + offs`` is a contiguous run that starts 16-byte aligned."""
+    ptrs = base + offs
+    if HINT:
+        ptrs = tl.multiple_of(ptrs, 16)
+    if MASKED:
+        if PEER:
+            x = tl.load(ptrs, mask=mask, other=0, cache_modifier=".cg")
+        else:
+            x = tl.load(ptrs, mask=mask, other=0)
+    else:
+        if PEER:
+            x = tl.load(ptrs, cache_modifier=".cg")
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _put(base, offs, values, mask, MASKED: tl.constexpr, HINT: tl.constexpr):
+    """``base[offs] = values`` (``HINT`` as _get's)."""
+    ptrs = base + offs
+    if HINT:
+        ptrs = tl.multiple_of(ptrs, 16)
+    if MASKED:
+        tl.store(ptrs, values, mask=mask)
+    else:
+        tl.store(ptrs, values)
+
+
+@triton.jit
+def _copy(src_addr, dst_addr, lo, hi, RAW: tl.constexpr, BLOCK: tl.constexpr, HS: tl.constexpr,
+          HD: tl.constexpr, PEER: tl.constexpr):
+    """dst[lo:hi] = src[lo:hi] (elements of RAW; addresses as int64)."""
+    src = src_addr.to(tl.pointer_type(RAW))
+    dst = dst_addr.to(tl.pointer_type(RAW))
+    full = (hi - lo) // BLOCK
+    for i in range(0, full):
+        offs = lo + i * BLOCK + tl.arange(0, BLOCK)
+        _put(dst, offs, _get(src, offs, offs < hi, False, PEER, HS), offs < hi, False, HD)
+    tail = lo + full * BLOCK
+    if tail < hi:
+        offs = tail + tl.arange(0, BLOCK)
+        m = offs < hi
+        _put(dst, offs, _get(src, offs, m, True, PEER, HS), m, True, HD)
+
+
+@triton.jit
+def _row_at(controls, r, slot_off, offs, mask, MASKED: tl.constexpr, DT: tl.constexpr, RAW: tl.constexpr,
+            ACC: tl.constexpr, BOOL: tl.constexpr, HINT: tl.constexpr):
+    row = (tl.load(controls + r) + slot_off).to(tl.pointer_type(RAW))
+    x = _get(row, offs, mask, MASKED, True, HINT)
+    if RAW != DT:
+        x = x.to(DT, bitcast=True)
+    x = x.to(ACC)
+    if BOOL:
+        x = (x != 0).to(ACC)
+    return x
+
+
+@triton.jit
+def _reduce_step(controls, slot_off, offs, mask, MASKED: tl.constexpr, W: tl.constexpr, OP: tl.constexpr,
+                 DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, HINT: tl.constexpr):
+    acc = _row_at(controls, 0, slot_off, offs, mask, MASKED, DT, RAW, ACC, BOOL, HINT)
+    for r in tl.static_range(1, W):
+        acc = combine(acc, _row_at(controls, r, slot_off, offs, mask, MASKED, DT, RAW, ACC, BOOL, HINT), OP)
+    out = acc.to(DT)
+    if RAW != DT:
+        out = out.to(RAW, bitcast=True)
+    return out
+
+
+@triton.jit
+def _reduce_range(controls, slot_off, out_addr, also_addr, lo, hi, W: tl.constexpr, OP: tl.constexpr,
+                  DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr,
+                  BLOCK: tl.constexpr, HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, ALSO: tl.constexpr):
+    """out[lo:hi] = op over ranks r of slot_r[lo:hi] (rank order, in ACC); when ALSO, the
+    result goes to ``also_addr`` (this rank's slot) too."""
+    out = out_addr.to(tl.pointer_type(RAW))
+    also = also_addr.to(tl.pointer_type(RAW))
+    full = (hi - lo) // BLOCK
+    for i in range(0, full):
+        offs = lo + i * BLOCK + tl.arange(0, BLOCK)
+        m = offs < hi
+        y = _reduce_step(controls, slot_off, offs, m, False, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
+        _put(out, offs, y, m, False, HINT_IO)
+        if ALSO:
+            _put(also, offs, y, m, False, HINT_WS)
+    tail = lo + full * BLOCK
+    if tail < hi:
+        offs = tail + tl.arange(0, BLOCK)
+        m = offs < hi
+        y = _reduce_step(controls, slot_off, offs, m, True, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
+        _put(out, offs, y, m, True, HINT_IO)
+        if ALSO:
+            _put(also, offs, y, m, True, HINT_WS)
+
+
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
+def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, op_id, fprint, epoch, timeout_ns,
+                    max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
+                    RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
+                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
+    """One-shot all_reduce of elements [0, n) in one launch.  Block b (elements
+    [b * per, (b + 1) * per)): copy them from ``inp`` into this rank's slot (at
+    ``slot_off`` in its workspace), barrier of block b at ``epoch``, then
+    ``out`` = op over every rank's slot, in rank order (the same bits on every rank)."""
+    host = host_addr.to(tl.pointer_type(tl.int64))
+    controls = controls_addr.to(tl.pointer_type(tl.int64))
+    base = tl.load(controls + rank)
+    mirror = base + 8  # BROKEN
+    broken = is_broken(host, mirror)
+    blk = tl.program_id(0)
+    lo = blk.to(tl.int64) * per
+    hi = tl.maximum(tl.minimum(lo + per, n), lo)
+    mine = base + slot_off
+    _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
+    tl.debug_barrier()  # every thread's copy is done before the release
+    if not broken:  # (a broken group's kernel copies into its own slot only)
+        state = _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
+                            INTERPRET)
+        tl.debug_barrier()
+        if state == 0:
+            _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
+                          HINT_WS, False)
+
+
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
+def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host_addr, op_id, fprint, epoch,
+                    timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
+                    RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
+                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Two-shot all_reduce of elements [0, n) in one launch, two barriers (epochs
+    ``epoch`` and ``epoch + 1``).  Slice s = elements [s * piece, (s + 1) * piece); block
+    b owns elements [b * per, (b + 1) * per) of every slice::
+
+        copy:           my slot[every slice, my range] <- inp
+        barrier 1
+        reduce-scatter: my slot[slice rank] = out[slice rank] = op over r of slot_r[slice rank]
+        barrier 2
+        all-gather:     out[slice s] <- slot_s[slice s] for every s != rank
+
+    Every slice is reduced once (by its owner) and copied: the same bits everywhere."""
+    host = host_addr.to(tl.pointer_type(tl.int64))
+    controls = controls_addr.to(tl.pointer_type(tl.int64))
+    base = tl.load(controls + rank)
+    mirror = base + 8  # BROKEN
+    broken = is_broken(host, mirror)
+    blk = tl.program_id(0)
+    start = blk.to(tl.int64) * per
+    mine = base + slot_off
+    for s in tl.static_range(W):
+        lo = s * piece + start
+        hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
+        _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
+    tl.debug_barrier()
+    if not broken:
+        state = _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
+                            INTERPRET)
+        tl.debug_barrier()
+        if state == 0:
+            lo = rank * piece + start
+            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (rank + 1) * piece), n), lo)
+            _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
+                          HINT_WS, True)
+            tl.debug_barrier()
+            state = _block_sync(controls, rank, blk, epoch + 1, fprint, host, mirror, op_id, timeout_ns, max_spins, W,
+                                WP, INTERPRET)
+            tl.debug_barrier()
+            if state == 0:
+                for s in tl.static_range(W):
+                    if s != rank:
+                        lo = s * piece + start
+                        hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
+                        _copy(tl.load(controls + s) + slot_off, out, lo, hi, RAW, BLOCK, HINT_WS, HINT_IO, True)
