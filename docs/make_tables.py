@@ -1,4 +1,4 @@
-"""Markdown tables for docs/benchmarks.md and README.md from the result files in
+"""Markdown tables for docs/benchmarks.md, docs/algorithms.md and README.md from the result files in
 docs/results/, so that every number those pages show comes from a result file.
 
 usage: python3 docs/make_tables.py            rewrite the tables in both pages
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 DOCS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(DOCS)
 RESULTS = os.path.join(DOCS, "results")
-PAGES = (os.path.join(DOCS, "benchmarks.md"), os.path.join(ROOT, "README.md"))
+PAGES = (os.path.join(DOCS, "benchmarks.md"), os.path.join(DOCS, "algorithms.md"), os.path.join(ROOT, "README.md"))
 
 XEON = "16-vcpu-xeon"
 EPYC = "2-vcpu-epyc"
@@ -335,6 +335,70 @@ class Ddp:
                             + files_line([p for p, _ in self.runs])])
 
 
+@dataclass
+class Gpu:
+    """One ``chorus bench --device cuda --json`` run: GPU time per call of chorus (its
+    CPU time per call too), NCCL and torch's symmetric-memory kernels where the run had
+    them; chorus's and NCCL's bus bandwidth; NCCL's time over chorus's; wrong elements
+    (against NCCL's result, every library of the row)."""
+    path: str
+    command: str  # the command line (the file does not record -b/-e/-f)
+
+    def render(self) -> str:
+        doc = load(self.path)
+        present = {r["library"] for r in doc["rows"]}
+        rows_by = by_gpu_size(doc)
+        factor = BUS_FACTOR[doc["collective"]](doc["world"])
+        extra = [lib for lib in ("symm-1shot", "symm-2shot") if lib in present]
+        names = {"symm-1shot": "symm-mem one-shot (us)", "symm-2shot": "symm-mem two-shot (us)"}
+        head = ["size", "chorus (us)", "chorus CPU (us)", "NCCL (us)", "NCCL / chorus"]
+        head += [names[lib] for lib in extra] + ["chorus busbw (GB/s)", "NCCL busbw (GB/s)", "#wrong"]
+        rows = []
+        for n, e in sorted(rows_by.items()):
+            c, x = e.get("chorus"), e.get("nccl")
+            row = [size(n), us(c["seconds"] * 1e6) if c else "-", us(c["cpu_seconds"] * 1e6) if c else "-",
+                   us(x["seconds"] * 1e6) if x else "-", ratio(x["seconds"] / c["seconds"]) if c and x else "-"]
+            row += [us(e[lib]["seconds"] * 1e6) if lib in e else "-" for lib in extra]
+            row += [f"{n / r['seconds'] * factor / 1e9:.1f}" if r else "-" for r in (c, x)]
+            wrong = [r["wrong"] for r in e.values() if r["wrong"] >= 0]
+            row.append(str(sum(wrong)) if wrong else "-")
+            rows.append(row)
+        note = (f"{doc['world']} x {doc['device']}, {doc['dtype']}, torch {doc['torch']}; {doc['timing']}; "
+                f"{doc['iters']} calls per size after {doc['warmup']} warm-up ones"
+                + (", fewer above 1 MiB" if doc.get("scale_iters") else "") + ". " + files_line([self.path]))
+        return "\n\n".join([code(self.command), table(head, rows), note])
+
+
+@dataclass
+class GpuAlgorithms:
+    """One ``chorus bench --device cuda --algorithm a,b,.. --json`` run: GPU time per call
+    of each chorus algorithm, and the fastest."""
+    path: str
+    command: str
+
+    def render(self) -> str:
+        doc = load(self.path)
+        algos = sorted({r["library"] for r in doc["rows"] if r["library"].startswith("chorus:")})
+        head = ["size"] + [f"{a[len('chorus:'):]} (us)" for a in algos] + ["fastest"]
+        rows = []
+        for n, e in sorted(by_gpu_size(doc).items()):
+            got = {a: e[a]["seconds"] for a in algos if a in e}
+            rows.append([size(n)] + [us(got[a] * 1e6) if a in got else "-" for a in algos]
+                        + [min(got, key=got.get)[len("chorus:"):] if got else "-"])
+        note = (f"{doc['world']} x {doc['device']}, {doc['dtype']}, torch {doc['torch']}; GPU time per call on "
+                f"rank 0; {doc['iters']} calls per size after {doc['warmup']} warm-up ones. "
+                + files_line([self.path]))
+        return "\n\n".join([code(self.command), table(head, rows), note])
+
+
+def by_gpu_size(doc: dict) -> dict[int, dict[str, dict]]:
+    """{nbytes: {library: row}} of a ``--device cuda`` file."""
+    out: dict[int, dict[str, dict]] = {}
+    for r in doc["rows"]:
+        out.setdefault(r["nbytes"], {})[r["library"]] = r
+    return out
+
+
 KILO, MEGA = 1 << 10, 1 << 20
 
 TABLES = {
@@ -349,6 +413,12 @@ TABLES = {
                    (f"{XEON}/ddp-w8-private-buckets.json", {"CHORUS_TORCH_SHARE": "0"}),
                    (f"{XEON}/ddp-w8-bucket-view-malloc.json", {})]),
     "w2-mpich": Runs([f"{EPYC}/all_reduce-w2-mpich-{i}.json" for i in (1, 2, 3, 4)]),
+    "h200-all_reduce": Gpu("4xh200/all_reduce-bf16-w4.json",
+                           "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 1G -f 4 "
+                           "-n 200 -w 20 --scale-iters"),
+    "h200-calibrate": GpuAlgorithms("4xh200/calibrate-bf16-w4.json",
+                                    "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 16K "
+                                    "-e 16M -f 2 -n 200 -w 20 --baseline none --algorithm one_shot,two_shot,copy_reduce"),
     "readme": Summary([f"{XEON}/{c}-w8-gloo.json" for c in SWEEP_W8], by_collective=True,
                       sizes=(64, KILO, 64 * KILO, MEGA, 4 * MEGA, 16 * MEGA, 256 * MEGA)),
 }
