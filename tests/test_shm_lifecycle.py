@@ -59,6 +59,37 @@ def test_segment_create_attach_unlink_and_sweep(job):
     assert sweep("") == []  # never sweeps jobs without an id
 
 
+def test_a_segment_whose_creator_died_is_swept_by_the_next_one_whatever_the_launcher(job):
+    """Names carry the creator's pid: the next segment created on the host removes this
+    user's files whose creator is dead (torchrun, mp.spawn and manual launches have no
+    chorusrun to sweep by job), and only those."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    pid = int(dead.stdout)  # exited: no such process (unless the pid came round again: then kept)
+    mine = Segment.create(4096, 5)  # a live creator: this process
+    ns = os.path.basename(mine.path).split("-")[-2].split(".")[0]
+    names = {"dead": f"/dev/shm/chorus-nojob-g1-{ns}.{pid}-0123456789ab",
+             "other namespace": f"/dev/shm/chorus-nojob-g1-{int(ns) + 1}.{pid}-0123456789ab",
+             "old style": "/dev/shm/chorus-nojob-g1-0123456789ab"}
+    try:
+        for path in names.values():
+            with open(path, "wb"):
+                pass
+        fresh = Segment.create(4096, 6)
+        left = {k for k, path in names.items() if os.path.exists(path)}
+        assert left == {"other namespace", "old style"}, left  # the dead creator's file is gone
+        assert os.path.exists(mine.path)  # a live creator's file stays
+        fresh.unlink(), fresh.close()
+    finally:
+        for path in (*names.values(), mine.path):
+            if os.path.exists(path):
+                os.unlink(path)
+        mine.close()
+
+
 # -- when a group gets a window ----------------------------------------------------------------
 
 def _transport_of_groups(rank, world):

@@ -7,9 +7,11 @@ and disappears with them — after a normal exit, an exception or ``kill -9`` al
 
 The one window where a name exists is between creation and the unlink (the members'
 ``open`` + ``mmap``, milliseconds).  A process killed inside it can leave a file
-behind; files are named ``chorus-<job id>-g<group>-<random>`` so that ``chorusrun``
-removes them with :func:`sweep` when the job ends (its janitor, ``chorus.launch.janitor``,
-does it when ``chorusrun`` itself is SIGKILLed).
+behind; files are named ``chorus-<job id>-g<group>-<pid namespace>.<pid>-<random>`` (the creator's
+pid) so that ``chorusrun`` removes them with :func:`sweep` when the job ends (its janitor,
+``chorus.launch.janitor``, does it when ``chorusrun`` itself is SIGKILLed), and so that,
+whatever launched the job (torchrun, mp.spawn, by hand), the next segment created on the
+host first removes this user's files whose creator is dead (:func:`sweep_dead`).
 
 Why not ``multiprocessing.shared_memory``: before Python 3.13 it registers every
 segment with a resource tracker that unlinks it when the process that *opened* it
@@ -52,7 +54,8 @@ class Segment:
     @classmethod
     def create(cls, size: int, group_id: int) -> Segment:
         """Create, size, reserve and map a new file; on any error nothing is left behind."""
-        path = os.path.join(SHM_DIR, f"{PREFIX}{job_tag()}-g{group_id}-{secrets.token_hex(6)}")
+        sweep_dead()
+        path = os.path.join(SHM_DIR, f"{PREFIX}{job_tag()}-g{group_id}-{_pid_tag()}-{secrets.token_hex(6)}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, size)
@@ -106,6 +109,52 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (its inode): a pid means something only inside it."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _pid_tag(pid: int | None = None) -> str:
+    return f"{_pid_namespace()}.{os.getpid() if pid is None else pid}"
+
+
+_CREATOR = re.compile(r"-(\d+)\.(\d+)-[0-9a-f]{12}$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    return True
+
+
+def sweep_dead() -> list[str]:
+    """Remove this user's chorus files in ``/dev/shm`` whose creator has died (a rank
+    killed between creating a segment and unlinking it, under any launcher).  Only files
+    whose creator's pid belongs to this pid namespace and no longer exists; the members
+    that mapped such a file keep their mappings.  Returns the paths removed."""
+    removed = []
+    ns, uid = str(_pid_namespace()), os.getuid()
+    for path in glob.glob(os.path.join(SHM_DIR, f"{PREFIX}*")):
+        m = _CREATOR.search(path)
+        if m is None or m.group(1) != ns or _alive(int(m.group(2))):
+            continue
+        try:
+            if os.lstat(path).st_uid != uid:
+                continue
+        except FileNotFoundError:
+            continue
+        _unlink(path)
+        removed.append(path)
+    return removed
 
 
 def sweep(job_id: str) -> list[str]:
