@@ -229,6 +229,11 @@ SETTINGS: dict[str, Setting] = _declare(
             meaning="chorus bench --device cuda on CPU tensors, with gloo standing in for NCCL (tests)"),
     Setting("CHORUS_BENCH_VERBOSE", "bool", False,
             meaning="chorus bench --device cuda prints each rank's progress"),
+    Setting("CHORUS_CUDA_FUSED_WARPS", "int", 4, minimum=1, maximum=16, unit="warps",
+            meaning="warps a block of the fused all_reduce kernels (chorus.cuda.fused): each thread "
+                    "moves 8 elements a step; raised to a thread per rank for groups over 32"),
+    Setting("CHORUS_CUDA_FUSED_BLOCKS", "int", 128, minimum=1, maximum=128, unit="blocks",
+            meaning="most blocks of a fused all_reduce kernel (each meets the same block of the peers)"),
     Setting("CHORUS_CUDA_STAGING", "bool", False,
             meaning="never map peers' GPU memory: stage CUDA tensors through pinned host memory "
                     "and the CPU components (what a failed CUDA IPC check falls back to)"),

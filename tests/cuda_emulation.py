@@ -104,7 +104,7 @@ class FakeKernels:
 
     # -- the fused all_reduce kernels, block by block (the blocks of one rank in order) ------
     def all_reduce_fused(self, kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
-                         epoch, timeout_ns, op, dtype, max_spins=None, stream=None):
+                         epoch, timeout_ns, op, dtype, max_spins=None, stream=None, warps=4, blocks=L.MAX_BLOCKS):
         barriers = 1 if kind == "one_shot" else 2
         if self.host[L.STATUS]:
             return barriers
@@ -120,16 +120,16 @@ class FakeKernels:
 
         slots = [b + slot_off for b in bases]
         if kind == "one_shot":
-            blocks, per = L.one_shot_geometry(n)
-            for b in range(blocks):
+            count, per = L.one_shot_geometry(n, blocks, 256 * warps)
+            for b in range(count):
                 lo, hi = b * per, min((b + 1) * per, n)
                 view(slots[rank], lo, hi).copy_(view(inp, lo, hi))
                 if not self.block_sync(bases, rank, world, b, epoch, fprint, op_id):
                     continue
                 view(out, lo, hi).copy_(reference([view(s, lo, hi) for s in slots], op))
             return barriers
-        blocks, per, piece = L.two_shot_geometry(n, world)
-        for b in range(blocks):
+        count, per, piece = L.two_shot_geometry(n, world, blocks, 256 * warps)
+        for b in range(count):
             ranges = [(s * piece + b * per, min(s * piece + (b + 1) * per, (s + 1) * piece, n)) for s in range(world)]
             for lo, hi in ranges:
                 view(slots[rank], lo, hi).copy_(view(inp, lo, hi))

@@ -177,10 +177,10 @@ class Fused:
                         self.ws[r][L.block_barrier(b) // 8 + q] = e
                         self.ws[r][L.block_fprint(b, e & 1) // 8 + q] = K.signed64(fprint)
 
-    def run(self, kind, r, inp, out, parity, epoch, fprint, op="SUM", max_spins=200):
+    def run(self, kind, r, inp, out, parity, epoch, fprint, op="SUM", max_spins=200, warps=4, blocks=L.MAX_BLOCKS):
         return K.all_reduce_fused(kind, inp.data_ptr(), out.data_ptr(), inp.numel(), self.controls.data_ptr(),
                                   L.CONTROL_BYTES + parity * self.slot, r, self.world, self.hosts[r].data_ptr(), 9,
-                                  fprint, epoch, 10**12, op, str(inp.dtype)[6:], max_spins)
+                                  fprint, epoch, 10**12, op, str(inp.dtype)[6:], max_spins, warps=warps, blocks=blocks)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int32", "bool", "float16"])
@@ -212,6 +212,28 @@ def test_one_shot_kernel(dtype, world):
             assert int(f.ws[r][0]) == 7  # EPOCH, from block 0
             for b in range(blocks):
                 assert f.ws[r][L.block_barrier(b) // 8: L.block_barrier(b) // 8 + world].tolist() == [7] * world
+
+
+@pytest.mark.parametrize("warps,blocks", [(1, 128), (2, 2), (8, 128)])
+def test_one_shot_kernel_of_other_shapes(warps, blocks):
+    """CHORUS_CUDA_FUSED_WARPS / _BLOCKS: a step of 256 x warps elements, at most
+    ``blocks`` blocks; the same result, and the same blocks' words pushed."""
+    world, n, dt = 2, 2500, torch.float32
+    ins = [((torch.arange(n) * (r + 2) + r) % 4 - 1).to(dt) for r in range(world)]
+    count, _ = L.one_shot_geometry(n, blocks, 256 * warps)
+    assert count == min(blocks, -(-n // (256 * warps)))
+    f = Fused(world)
+    for q in range(world):
+        f.slot_view(q, 0, dt, n).copy_(ins[q])
+    f.arrive(count, [3], 5)
+    outs = [torch.empty_like(ins[0]) for _ in range(world)]
+    for r in range(world):
+        assert f.run("one_shot", r, ins[r], outs[r], 0, 3, 5, warps=warps, blocks=blocks) == 1
+        assert f.hosts[r][L.STATUS] == 0 and torch.equal(outs[r], reference(ins, "SUM"))
+        for b in range(count):
+            assert f.ws[r][L.block_barrier(b) // 8: L.block_barrier(b) // 8 + world].tolist() == [3] * world
+    with pytest.raises(ValueError, match="needs 40 threads"):
+        Fused(40).run("one_shot", 0, ins[0], outs[0], 0, 3, 5, warps=1)
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from chorus import recorder
+from chorus import config, recorder
 from chorus.cuda import layout as L
 from chorus.cuda import runtime
 
@@ -43,6 +43,9 @@ class Lanes:
         self.rows = [torch.tensor([b + self.layout.slot_at(p) for b in self.bases], dtype=torch.int64,
                                   device=dev) for p in (0, 1)]
         self.timeout_ns = int(timeout_s * 1e9)
+        # the fused all_reduce kernels' shape: warps a block (at least a thread per rank), blocks
+        self.fused = (max(config.get("CHORUS_CUDA_FUSED_WARPS"), -(-self.world // 32)),
+                      config.get("CHORUS_CUDA_FUSED_BLOCKS"))
         self.rounds = 0
         # barriers enqueued so far (every rank enqueues the same ones: the epochs agree);
         # the workspace's check made the first ones
@@ -105,7 +108,7 @@ class Lanes:
         self.epoch += self.k.all_reduce_fused(
             kind, inp, out, n, self.controls_addr, self.layout.slot_at(self.rounds & 1), self.rank, self.world,
             self.host, self.op_id, self.fprint, self.epoch + 1, self.timeout_ns, self.reduce_op, self.dtype,
-            stream=self.stream)
+            stream=self.stream, warps=self.fused[0], blocks=self.fused[1])
         if recorder.current is not None:
             recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype), algorithm=kind)
 

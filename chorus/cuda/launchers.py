@@ -97,8 +97,8 @@ def reduce(rows, offset: int, out_addr: int, n: int, world: int, op: str, dtype:
     launch(reduce_kernel, key, triton.cdiv(n, BLOCK), args, 8, stream)
 
 
-#: the fused kernels' warps (BLOCK elements per step: 8 per thread)
-FUSED_WARPS = 4
+#: elements a thread of a fused kernel moves per step (a block's step: 256 x its warps)
+PER_THREAD = 8
 #: vectorisation hints in the fused kernels (CHORUS_CUDA_HINTS=0: none, for a compiler that
 #: refuses them; a compile failure with hints also retries without)
 HINTS = config.get("CHORUS_CUDA_HINTS")
@@ -110,14 +110,17 @@ _SMALL = (1 << 31) - 2
 
 def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, slot_off: int, rank: int,
                      world: int, host_addr: int, op_id: int, fprint: int, epoch: int, timeout_ns: int, op: str,
-                     dtype: str, max_spins: int = NEVER, stream: int | None = None) -> int:
+                     dtype: str, max_spins: int = NEVER, stream: int | None = None, warps: int = 4,
+                     blocks: int = L.MAX_BLOCKS) -> int:
     """Launch the one-shot (``kind`` "one_shot") or two-shot ("two_shot") all_reduce
     kernel of ``n`` elements from ``inp`` into ``out`` (addresses on this device) through
     this rank's slot at ``slot_off``; its barriers are epochs ``epoch`` (and ``epoch`` +
-    1: two-shot).  Returns the number of barriers it uses (1 or 2).  What depends only on
-    the shape is planned once (geometry, types, the launch key's fixed part)."""
+    1: two-shot).  Returns the number of barriers it uses (1 or 2).  ``warps`` per block
+    (at least ``world`` threads), at most ``blocks`` blocks.  What depends only on the
+    shape is planned once (geometry, types, the launch key's fixed part)."""
     aligned = not (inp | out) & 15
-    pkey = (kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS)
+    pkey = (kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS, warps,
+            blocks)
     plan = _PLANS.get(pkey)
     if plan is None:
         plan = _fused_plan(pkey)
@@ -126,13 +129,13 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
     args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, *tail)
     key = (pkey, slot_off <= _SMALL and op_id <= _SMALL and epoch <= _SMALL, _fits(fprint))
     try:
-        launch(kernel, key, grid, args, FUSED_WARPS, stream)
+        launch(kernel, key, grid, args, warps, stream)
     except Exception as exc:  # noqa: BLE001 - a compiler that refuses the hints: once more without
         if not HINTS or key in _COMPILED:
             raise
         _no_hints(exc)
         return all_reduce_fused(kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
-                                epoch, timeout_ns, op, dtype, max_spins, stream)
+                                epoch, timeout_ns, op, dtype, max_spins, stream, warps, blocks)
     return barriers
 
 
@@ -142,18 +145,22 @@ def clear_plans() -> None:
 
 
 def _fused_plan(pkey: tuple) -> tuple:
-    kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, hints = pkey
+    kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, hints, warps, blocks \
+        = pkey
     if len(_PLANS) >= 4096:
         _PLANS.clear()
+    if warps * 32 < world or not 1 <= blocks <= L.MAX_BLOCKS:
+        raise ValueError(f"a fused all_reduce of {world} ranks needs {world} threads a block and 1..{L.MAX_BLOCKS} "
+                         f"blocks, not {warps} warps and {blocks} blocks")
     dt, raw, acc, is_bool, red = _ops(op, dtype)
     wp = max(2, _pow2(world))
-    tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, L.FUSED_BLOCK, hints and aligned, hints,
-            INTERPRET)
+    step = 32 * PER_THREAD * warps
+    tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, step, hints and aligned, hints, INTERPRET)
     if kind == "one_shot":
-        grid, per = L.one_shot_geometry(n)
+        grid, per = L.one_shot_geometry(n, blocks, step)
         plan = (one_shot_kernel, grid, (n, per, rank, host_addr), tail, 1)
     else:
-        grid, per, piece = L.two_shot_geometry(n, world)
+        grid, per, piece = L.two_shot_geometry(n, world, blocks, step)
         plan = (two_shot_kernel, grid, (n, per, piece, rank, host_addr), tail, 2)
     _PLANS[pkey] = plan
     return plan

@@ -106,21 +106,23 @@ def _up(n: int, m: int) -> int:
     return _cdiv(n, m) * m
 
 
-def one_shot_geometry(n: int, max_blocks: int = MAX_BLOCKS) -> tuple[int, int]:
+def one_shot_geometry(n: int, max_blocks: int = MAX_BLOCKS, step: int = FUSED_BLOCK) -> tuple[int, int]:
     """(blocks, elements per block) of a one-shot all_reduce of ``n`` elements: block b
     copies, syncs and reduces elements [b * per, (b + 1) * per), the same range on every
-    rank (so a per-block barrier is enough); ``per`` is a multiple of GRAIN."""
-    blocks = max(1, min(max_blocks, _cdiv(n, FUSED_BLOCK)))
+    rank (so a per-block barrier is enough); ``per`` is a multiple of GRAIN.  ``step``:
+    the elements a block moves at a time (a block per step, up to ``max_blocks``)."""
+    blocks = max(1, min(max_blocks, _cdiv(n, step)))
     per = max(GRAIN, _up(_cdiv(n, blocks), GRAIN))
     return max(1, _cdiv(n, per)), per
 
 
-def two_shot_geometry(n: int, world: int, max_blocks: int = MAX_BLOCKS) -> tuple[int, int, int]:
+def two_shot_geometry(n: int, world: int, max_blocks: int = MAX_BLOCKS,
+                      step: int = FUSED_BLOCK) -> tuple[int, int, int]:
     """(blocks, elements per block, slice) of a two-shot all_reduce of ``n`` elements:
     slice s = elements [s * slice, (s + 1) * slice) (the last ones shorter or empty);
     block b owns elements [b * per, (b + 1) * per) of every slice, on every rank."""
     piece = max(GRAIN, _up(_cdiv(n, world), GRAIN))
-    blocks = max(1, min(max_blocks, _cdiv(piece, FUSED_BLOCK)))
+    blocks = max(1, min(max_blocks, _cdiv(piece, step)))
     per = _up(_cdiv(piece, blocks), GRAIN)
     return _cdiv(piece, per), per, piece
 

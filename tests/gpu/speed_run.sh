@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# chorus.cuda's speed run, for one multi-GPU host (all pairs NVLink), in about 330 s:
+# chorus.cuda's speed run, for one multi-GPU host (all pairs NVLink), in about 390 s:
 #
 #     bash tests/gpu/speed_run.sh        logs and JSON in $OUT (else ./speed-logs)
 #
 # Parts (each in its own process group, bounded by `timeout` and by the bench's own
 # --time-limit, its leftovers killed; a part that fails does not stop the next; a part
-# reached with under 15 s of CHORUS_SPEED_BUDGET_S (330) left is NOT RUN):
+# reached with under 15 s of CHORUS_SPEED_BUDGET_S (390) left is NOT RUN):
 #   1. smoke: all_reduce bf16/fp32, 8 B .. 64 MiB and odd counts, every algorithm and
 #      the lane, bit for bit against NCCL on integer data (tests/gpu/speed_smoke.py)
 #   2. all_reduce bf16, 4 B .. 1 GiB (x4): chorus, chorus's lane, NCCL, symm-mem 1/2-shot
 #   3. calibrate: chorus's all_reduce one_shot vs two_shot vs copy_reduce, 16 KiB .. 8 MiB
-#      (the ONE_SHOT_MAX_BYTES threshold of chorus/cuda/algorithms.py)
+#      (the ONE_SHOT_MAX_BYTES threshold of chorus/cuda/algorithms.py); then all_reduce
+#      1 MiB .. 256 MiB with 8 and 16 warps a block of the fused kernels
 #   4. all_gather, reduce_scatter bf16, 1 KiB .. 256 MiB (x4)
 #   5. broadcast and all_to_all bf16, 1 KiB .. 64 MiB (x8)
 # then a compact table per part: size, chorus us (GPU), chorus cpu us, nccl us, nccl/chorus,
@@ -23,7 +24,7 @@ export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 LOGS="${OUT:-$PWD/speed-logs}"
 mkdir -p "$LOGS"
-BUDGET="${CHORUS_SPEED_BUDGET_S:-330}"
+BUDGET="${CHORUS_SPEED_BUDGET_S:-390}"
 START=$(date +%s)
 FAILED=0
 PIDS=()
@@ -88,6 +89,9 @@ grep -E "^ *(bfloat16|float32)|SMOKE|only" "$LOGS/smoke.log" | head -20
 bench all_reduce 95 --collective all_reduce -b 4 -e 1G -f 4 -n 200 -w 20 --scale-iters --lane
 bench calibrate 30 --collective all_reduce -b 16K -e 8M -f 2 -n 200 -w 20 --baseline none \
     --algorithm one_shot,two_shot,copy_reduce
+# the fused kernels' shape (CHORUS_CUDA_FUSED_WARPS, default 4) where bandwidth rules
+CHORUS_CUDA_FUSED_WARPS=8 bench warps8 30 --collective all_reduce -b 1M -e 256M -f 4 -n 50 -w 5 --scale-iters
+CHORUS_CUDA_FUSED_WARPS=16 bench warps16 30 --collective all_reduce -b 1M -e 256M -f 4 -n 50 -w 5 --scale-iters
 bench all_gather 35 --collective all_gather -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
 bench reduce_scatter 35 --collective reduce_scatter -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
 bench broadcast 20 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
@@ -110,7 +114,7 @@ def load(name):
     except (OSError, ValueError):
         return None
 
-for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
+for name in ("all_reduce", "warps8", "warps16", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
     doc = load(name)
     if doc is None:
         print(f"\n== {name}: no results (see {name}.log)")
