@@ -15,7 +15,7 @@ from chorus.api.calls import (
     root_rank,
     writable,
 )
-from chorus.buffers import clone
+from chorus.buffers import clone, is_torch_tensor
 from chorus.errors import CommTimeoutError
 from chorus.reductions import ReduceOp, check_op, combiner, divide, scale
 from chorus.wire.fingerprint import fingerprint
@@ -64,10 +64,15 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
             window = lane(group)
             if window is not None and window.all_reduce_now(tensor, op):
                 return None
-        elif getattr(tensor, "is_cuda", False):
-            gpu = device_lane(group, "cuda")
-            if gpu is not None and gpu.all_reduce_now(tensor, op):
-                return None
+        elif is_torch_tensor(tensor):
+            if tensor.is_cuda:
+                gpu = device_lane(group, "cuda")
+                if gpu is not None and gpu.all_reduce_now(tensor, op):
+                    return None
+            else:  # (a tensor of another device: numpy has no view of it, the lane steps aside)
+                window = lane(group)
+                if window is not None and window.all_reduce_tensor_now(tensor, op):
+                    return None
     pg = member_group(group, "all_reduce")
     if pg is None:
         return not_member(async_op)

@@ -6,7 +6,8 @@ a time in its own sequence of syncs (chorus.shm.group.ShmGroup).
 
 Two latency lanes skip the Call altogether, because building one is a visible share of
 the op they serve: a small synchronous ``all_reduce`` of a numpy array
-(``all_reduce_now``) and a synchronous ``all_to_all_single`` of numpy arrays in equal
+(``all_reduce_now``; a torch CPU tensor through a numpy view of its memory,
+``all_reduce_tensor_now``) and a synchronous ``all_to_all_single`` of numpy arrays in equal
 blocks that fit one round of the window (``all_to_all_now``).  Each keeps a plan per
 (dtype, shape, op), here, and runs from it: the same algorithm, bits and sequence number
 as the general path, with the op's context built only to wait or to raise.  They step
@@ -34,6 +35,9 @@ from chorus.wire.fingerprint import fingerprint
 from chorus.work import Work
 
 PLANS = 256  # plans kept per group before the cache starts over
+#: a torch CPU tensor of up to this many bytes keeps its numpy view between calls (making
+#: one costs about a microsecond; the view keeps the tensor's memory until another replaces it)
+TENSOR_VIEW_BYTES = 1 << 16
 
 
 class ShmComponent(Component):
@@ -49,6 +53,7 @@ class ShmComponent(Component):
         self.plans: dict = {}
         self.last_one_shot = None  # (dtype, op, shape, plan): the last all_reduce plan used
         self.last_exchange = None  # (dtype, shape, plan): the last all_to_all plan used
+        self.tensor_view = None  # (tensor, its data_ptr, numpy view): the last small torch tensor
         self.flight = ring = flight.attach(pg)  # the group's flight recorder, or None (turned off)
         self.reduce_log, self.exchange_log = ring.lanes if ring is not None else (None, None)
         self.reduce_keys, self.exchange_keys = ring.keys if ring is not None else (None, None)
@@ -74,7 +79,7 @@ class ShmComponent(Component):
         """Drop the latency lanes' plans (made again at the next call): for a window whose
         settings changed under them."""
         self.plans.clear()
-        self.last_one_shot = self.last_exchange = None
+        self.last_one_shot = self.last_exchange = self.tensor_view = None
 
     # -- latency lanes ---------------------------------------------------------------------
     def all_reduce_now(self, arr: np.ndarray, op) -> bool:
@@ -119,6 +124,21 @@ class ShmComponent(Component):
         if plan.average:
             divide(arr, arr.dtype.name, pg.size())
         return True
+
+    def all_reduce_tensor_now(self, t, op) -> bool:
+        """all_reduce_now for a torch CPU tensor ``t``, through a numpy view of its memory
+        (the same plans, results and errors); False where numpy has no view of it (bfloat16,
+        a tensor that requires grad, a conjugate view...) or the lane steps aside."""
+        view = self.tensor_view
+        if view is not None and view[0] is t and view[1] == t.data_ptr() and view[2].size == t.numel():
+            return self.all_reduce_now(view[2], op)
+        try:
+            arr = t.numpy()
+        except (RuntimeError, TypeError):
+            return False
+        if arr.nbytes <= TENSOR_VIEW_BYTES:
+            self.tensor_view = (t, t.data_ptr(), arr)
+        return self.all_reduce_now(arr, op)
 
     def _one_shot_plan(self, arr: np.ndarray, op):
         """The cached OneShot for ``arr``'s dtype and shape and ``op``, or False."""
