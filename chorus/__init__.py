@@ -37,13 +37,14 @@ _EXPORTS = {
     "chorus.errors": ["AbortedError", "AuthenticationError", "BufferMismatchError", "ChorusError",
                       "CollectiveMismatchError", "CommTimeoutError", "InvalidArgumentError",
                       "InvalidTensorError", "NotInitializedError", "PeerLostError", "ProtocolError",
-                      "RendezvousError", "StoreTimeoutError"],
+                      "RendezvousError", "StoreTimeoutError", "UnsafeObjectError"],
     "chorus.process_group": ["ProcessGroup"],
     "chorus.launch": ["get_start_method", "set_start_method", "spawn"],
     "chorus.mesh": ["DeviceMesh", "init_device_mesh"],
     "chorus.store": ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore"],
     "chorus.work": ["Future", "Work"],
     "chorus.shm.registered": ["empty_shared"],
+    "chorus.api.safe_pickle": ["add_safe_globals", "clear_safe_globals", "get_safe_globals"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 # torch.distributed's submodules that scripts reach as attributes: dist.device_mesh.init_device_mesh

@@ -190,6 +190,11 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("CHORUS_TOKEN", "str", secret=True,
             meaning="job token every connection proves (HMAC) before it is trusted; chorusrun and "
                     "spawn set one per job; unset: connections are not authenticated"),
+    Setting("CHORUS_OBJECT_PICKLE", "choice", "auto", choices=("auto", "safe", "full"),
+            meaning="how object collectives unpickle what peers send: auto = only allow-listed globals "
+                    "(containers, scalars, numpy, torch tensors, chorus.add_safe_globals) when the job has "
+                    "no token, any pickle with one; safe = always only allow-listed; full = any pickle "
+                    "(runs whatever code the bytes name)"),
     Setting("CHORUS_JOB_ID", "str",
             meaning="job id (set by chorusrun and spawn); names the job's shared-memory segments "
                     "and tells rendezvous that chorusrun launched the rank; unset: 'nojob'"),

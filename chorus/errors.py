@@ -9,6 +9,8 @@ Each message says what happened, to which op and ranks, and what to do next.
 
 from __future__ import annotations
 
+import pickle
+
 
 class ChorusError(RuntimeError):
     """Root of every error chorus raises."""
@@ -60,6 +62,22 @@ class ProtocolError(ChorusError):
 
 class AuthenticationError(ChorusError):
     """A connection did not prove knowledge of the job token."""
+
+
+class UnsafeObjectError(ChorusError, pickle.UnpicklingError):
+    """A peer's pickled object needs a global that is not on the allow-list of safe
+    globals (``chorus.add_safe_globals``); nothing of it was run.
+
+    ``global_name`` is the refused ``module.name``, ``op`` the object collective and
+    ``sender`` the global rank that sent the object (None if not known).  Also a
+    ``pickle.UnpicklingError``, as ``torch.load(weights_only=True)`` raises.
+    """
+
+    def __init__(self, message: str, global_name: str = "", op: str = "", sender: int | None = None):
+        super().__init__(message)
+        self.global_name = global_name
+        self.op = op
+        self.sender = sender
 
 
 class BufferMismatchError(ChorusError, ValueError):

@@ -117,10 +117,67 @@ def test_token_and_run_id_flags_and_env():
     for info in rank_envs(r.stdout).values():
         assert info["env"]["CHORUS_TOKEN"] == "s3cret"
         assert info["env"]["CHORUS_JOB_ID"] == info["env"]["TORCHELASTIC_RUN_ID"] == "job42"
+    # the value is in the launcher's /proc/PID/cmdline: one warning line says so and what instead
+    (warning,) = [ln for ln in r.stderr.splitlines() if ln.startswith("chorusrun: warning")]
+    assert "/proc/PID/cmdline" in warning and "--token-file" in warning and "CHORUS_TOKEN" in warning
     r = chorusrun("--nproc-per-node", "2", "--standalone", "print_env.py",
                   env={"CHORUS_TOKEN": "from-env"})
     assert r.returncode == 0, r.stderr
     assert {i["env"]["CHORUS_TOKEN"] for i in rank_envs(r.stdout).values()} == {"from-env"}
+
+
+def test_token_file_gives_the_ranks_the_token_through_their_environment_only(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("  from-a-file\n")
+    path.chmod(0o600)
+    r = chorusrun("--nproc-per-node", "2", "--master-port", "0", "--token-file", str(path), "print_env.py",
+                  env={"CHORUS_TOKEN": "from-env"})  # the file wins
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr
+    envs = rank_envs(r.stdout)
+    assert sorted(envs) == [0, 1]
+    for info in envs.values():
+        assert info["env"]["CHORUS_TOKEN"] == "from-a-file" and "from-a-file" not in info["argv"]
+    # the ranks prove the file's token to the store the launcher hosts with it
+    r = chorusrun("--nproc-per-node", "2", "--master-port", "0", "--token-file", str(path), "store_count.py")
+    assert r.returncode == 0, r.stderr
+    assert sorted(by_rank(r.stdout)) == [0, 1]
+
+
+@pytest.mark.parametrize("content, hint", [
+    (None, "cannot read it (No such file or directory)"),
+    ("  \n", "the file is empty"),
+    (b"\xff\xfe", "cannot read it"),
+])
+def test_an_unusable_token_file_is_refused_before_any_rank_starts(tmp_path, capsys, content, hint):
+    from chorus.launch.cli import main
+
+    path = tmp_path / "token"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    assert main(["--token-file", str(path), "print_env.py"]) == 2
+    captured = capsys.readouterr()
+    assert f"--token-file {path}: {hint}" in captured.err and "chmod 600" in captured.err
+    assert "ENV" not in captured.out
+
+
+def test_a_token_file_others_can_read_warns_and_token_with_token_file_is_refused(tmp_path, capsys):
+    from chorus.launch.cli import Job, UsageError, build_parser, main
+
+    path = tmp_path / "token"
+    path.write_text("tok\n")
+    path.chmod(0o640)
+    job = Job(build_parser().parse_args(["--token-file", str(path), "print_env.py"]))
+    assert job.token == "tok"
+    assert job.warnings == [f"the token file {path} can be read by other users (mode 640); chmod 600 {path}"]
+    path.chmod(0o600)
+    assert Job(build_parser().parse_args(["--token-file", str(path), "x.py"])).warnings == []
+    with pytest.raises(UsageError, match="either --token-file or --token"):
+        Job(build_parser().parse_args(["--token-file", str(path), "--token", "t", "x.py"]))
+    assert main(["--token-file", str(path), "--token", "t", "print_env.py"]) == 2
+    assert "not both" in capsys.readouterr().err
 
 
 def test_log_dir_writes_one_raw_file_per_rank(tmp_path):

@@ -11,13 +11,15 @@ metrics, strings); move tensors with the tensor collectives.
     rank 0: objs = ["foo", 12, {1: 2}]   rank 1: objs = [None, None, None]
     broadcast_object_list(objs, src=0)   ->   rank 1: objs = ["foo", 12, {1: 2}]
 
-.. warning:: Security.  These functions use :mod:`pickle`, and unpickling runs whatever
-   code the bytes ask for.  chorus only accepts bytes from peers of this job that
-   proved the job token in the connection handshake (``chorusrun`` and ``chorus.spawn``
-   generate one; pass ``--token``/``CHORUS_TOKEN`` to multi-host jobs).  A job started
-   without a token accepts any process that can reach its ports, as torch.distributed
-   does: then only use these functions on a network you trust.  Never unpickle data
-   from an untrusted peer: it can run arbitrary code.
+.. warning:: Security.  The objects travel pickled, and unpickling runs whatever code
+   the bytes ask for.  So a receiver unpickles anything only from peers that proved the
+   job token in the connection handshake (``chorusrun`` and ``chorus.spawn`` generate
+   one; give multi-host jobs ``--token-file``/``CHORUS_TOKEN``).  In a job without a
+   token it accepts only safe globals: builtin containers and scalars, datetime,
+   Decimal, Fraction, numpy arrays, torch tensors, dtypes, devices and sizes, and what
+   ``chorus.add_safe_globals([...])`` registered; any other global raises
+   ``UnsafeObjectError`` naming it, and nothing of the object runs.
+   ``CHORUS_OBJECT_PICKLE=safe|full`` chooses either way (``chorus.api.safe_pickle``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from chorus.api.calls import member_group, root_rank
 from chorus.api.collectives import broadcast
 from chorus.api.gathering import all_gather_into_tensor, gather, scatter
 from chorus.api.p2p import recv, send
+from chorus.api.safe_pickle import ObjectDecoder
 from chorus.errors import BufferMismatchError, CollectiveMismatchError, InvalidArgumentError
 
 
@@ -39,8 +42,9 @@ def _pickled(obj: Any) -> np.ndarray:
     return np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
 
 
-def _unpickled(block: np.ndarray) -> Any:
-    return pickle.loads(memoryview(block))
+def _decoder(pg, op: str) -> ObjectDecoder:
+    """How this call unpickles: anything only if the peers proved the job token."""
+    return ObjectDecoder(op, pg.transport.authenticated)
 
 
 def _concat(blobs: list[np.ndarray]) -> np.ndarray:
@@ -54,14 +58,17 @@ def _pickle_each(objects: list) -> tuple[np.ndarray, list[np.ndarray]]:
     return np.array([b.size for b in blobs], np.int64), blobs
 
 
-def _unpickle_each(blocks, sizes: np.ndarray) -> list[Any]:
-    """Unpickle ``blocks[i][:sizes[i]]`` for every i: padded rows, or a payload's pieces."""
-    return [_unpickled(block[:size]) for block, size in zip(blocks, sizes, strict=True)]
+def _unpickle_each(decode: ObjectDecoder, blocks, sizes: np.ndarray, senders) -> list[Any]:
+    """Unpickle ``blocks[i][:sizes[i]]``, sent by global rank ``senders[i]``, for every i:
+    padded rows, or a payload's pieces."""
+    return [decode(memoryview(block[:size]), sender)
+            for block, size, sender in zip(blocks, sizes, senders, strict=True)]
 
 
-def _split(payload: np.ndarray, sizes: np.ndarray) -> list[Any]:
+def _split(decode: ObjectDecoder, payload: np.ndarray, sizes: np.ndarray, sender: int) -> list[Any]:
     """Unpickle the back-to-back objects of ``payload`` whose lengths are ``sizes``."""
-    return _unpickle_each((payload[start:] for start in np.cumsum(sizes) - sizes), sizes)
+    return _unpickle_each(decode, (payload[start:] for start in np.cumsum(sizes) - sizes), sizes,
+                          [sender] * len(sizes))
 
 
 def _sizes_and_row(obj: Any, group, world: int) -> tuple[np.ndarray, np.ndarray]:
@@ -100,9 +107,8 @@ def broadcast_object_list(object_list: list, src: int | None = None, group=None,
     Every rank passes a list of the same length; ``device`` is accepted for torch
     compatibility and ignored (chorus moves CPU memory).
 
-    .. warning:: The objects travel pickled: unpickling bytes from an untrusted peer can
-       run arbitrary code.  chorus only accepts them from peers that proved the job
-       token (see the module docstring).
+    .. warning:: The objects travel pickled.  Without a job token only safe globals are
+       unpickled (``chorus.add_safe_globals``; see the module docstring).
     """
     op = "broadcast_object_list"
     pg = member_group(group, op)
@@ -126,7 +132,7 @@ def broadcast_object_list(object_list: list, src: int | None = None, group=None,
     payload = _concat(blobs) if pg.rank() == root else np.empty(total, np.uint8)
     broadcast(payload, group=group, group_src=root)
     if pg.rank() != root:
-        object_list[:] = _split(payload, sizes)
+        object_list[:] = _split(_decoder(pg, op), payload, sizes, pg.members[root])
     return None
 
 
@@ -137,9 +143,8 @@ def all_gather_object(object_list: list, obj: Any, group=None) -> None:
 
     ``object_list`` must have one entry per rank of the group.
 
-    .. warning:: The objects travel pickled: unpickling bytes from an untrusted peer can
-       run arbitrary code.  chorus only accepts them from peers that proved the job
-       token (see the module docstring).
+    .. warning:: The objects travel pickled.  Without a job token only safe globals are
+       unpickled (``chorus.add_safe_globals``; see the module docstring).
     """
     op = "all_gather_object"
     pg = member_group(group, op)
@@ -150,7 +155,7 @@ def all_gather_object(object_list: list, obj: Any, group=None) -> None:
     sizes, mine = _sizes_and_row(obj, group, world)
     rows = np.empty((world, mine.size), np.uint8)
     all_gather_into_tensor(rows, mine, group=group)
-    object_list[:] = _unpickle_each(rows, sizes)
+    object_list[:] = _unpickle_each(_decoder(pg, op), rows, sizes, pg.members)
     return None
 
 
@@ -160,9 +165,8 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
 
     rank 0: obj="foo"   rank 1: obj=12   --dst=0-->   rank 0: object_gather_list = ["foo", 12]
 
-    .. warning:: The objects travel pickled: unpickling bytes from an untrusted peer can
-       run arbitrary code.  chorus only accepts them from peers that proved the job
-       token (see the module docstring).
+    .. warning:: The objects travel pickled.  Without a job token only safe globals are
+       unpickled (``chorus.add_safe_globals``; see the module docstring).
     """
     op = "gather_object"
     pg = member_group(group, op)
@@ -182,7 +186,7 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
         return None
     rows = np.empty((world, mine.size), np.uint8)
     gather(mine, list(rows), group=group, group_dst=root)
-    object_gather_list[:] = _unpickle_each(rows, sizes)
+    object_gather_list[:] = _unpickle_each(_decoder(pg, op), rows, sizes, pg.members)
     return None
 
 
@@ -193,9 +197,8 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
 
     rank 0: input = ["foo", 12]   --src=0-->   rank 0: output[0] = "foo"   rank 1: output[0] = 12
 
-    .. warning:: The objects travel pickled: unpickling bytes from an untrusted peer can
-       run arbitrary code.  chorus only accepts them from peers that proved the job
-       token (see the module docstring).
+    .. warning:: The objects travel pickled.  Without a job token only safe globals are
+       unpickled (``chorus.add_safe_globals``; see the module docstring).
     """
     op = "scatter_object_list"
     pg = member_group(group, op)
@@ -217,7 +220,7 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     mine = np.empty(width, np.uint8)
     blocks = list(_padded(blobs, width)) if pg.rank() == root else None
     scatter(mine, blocks, group=group, group_src=root)
-    scatter_object_output_list[0] = _unpickled(mine[:sizes[pg.rank()]])
+    scatter_object_output_list[0] = _decoder(pg, op)(memoryview(mine[:sizes[pg.rank()]]), pg.members[root])
     return None
 
 
@@ -230,9 +233,8 @@ def send_object_list(object_list: list, dst: int | None = None, group=None, devi
 
     ``device`` is accepted for torch compatibility and ignored.
 
-    .. warning:: The objects travel pickled: unpickling bytes from an untrusted peer can
-       run arbitrary code.  chorus only accepts them from peers that proved the job
-       token (see the module docstring).
+    .. warning:: The objects travel pickled.  Without a job token only safe globals are
+       unpickled (``chorus.add_safe_globals``; see the module docstring).
     """
     op = "send_object_list"
     if member_group(group, op) is None:
@@ -253,9 +255,8 @@ def recv_object_list(object_list: list, src: int | None = None, group=None, devi
     ``group``.  ``src=None`` (and no ``group_src``) receives from any rank; both messages
     then come from the rank that sent the first.  ``device`` is ignored.
 
-    .. warning:: The objects travel pickled: unpickling bytes from an untrusted peer can
-       run arbitrary code.  chorus only accepts them from peers that proved the job
-       token (see the module docstring).
+    .. warning:: The objects travel pickled.  Without a job token only safe globals are
+       unpickled (``chorus.add_safe_globals``; see the module docstring).
     """
     op = "recv_object_list"
     pg = member_group(group, op)
@@ -274,5 +275,5 @@ def recv_object_list(object_list: list, src: int | None = None, group=None, devi
     if object_list:
         payload = np.empty(int(sizes.sum()), np.uint8)
         recv(payload, src=sender, group=group)
-        object_list[:] = _split(payload, sizes)
+        object_list[:] = _split(_decoder(pg, op), payload, sizes, sender)
     return sender

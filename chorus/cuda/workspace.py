@@ -36,6 +36,7 @@ import threading
 import numpy as np
 
 from chorus import config
+from chorus.api.safe_pickle import ObjectDecoder
 from chorus.cuda import launchers as kernels
 from chorus.cuda import layout as L
 from chorus.cuda import runtime
@@ -124,7 +125,8 @@ class Workspace:
         except Exception as exc:  # noqa: BLE001 - told to every member, then raised
             info, why = {}, f"{type(exc).__name__}: {exc}"
         store.set(f"{prefix}/info/{rank}", pickle.dumps(dict(info, error=why)))
-        infos = [pickle.loads(store.get(f"{prefix}/info/{r}", timeout)) for r in range(world)]
+        decode = ObjectDecoder("the CUDA workspace's set-up", pg.transport.authenticated)  # store values
+        infos = [decode(store.get(f"{prefix}/info/{r}", timeout), pg.members[r]) for r in range(world)]
         failed = next((f"rank {r}: {i['error']}" for r, i in enumerate(infos) if i["error"]), "")
         if not failed and len({i["host"] for i in infos}) > 1:
             failed = "the members are on several hosts"

@@ -4,8 +4,8 @@ Usage::
 
     chorusrun --nproc-per-node 4 train.py --lr 0.1
     chorusrun --standalone --nproc-per-node auto -m my_pkg.train
-    chorusrun --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --token $T train.py   # node 0
-    chorusrun --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --token $T train.py   # node 1
+    chorusrun --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --token-file ~/.job-token train.py  # node 0
+    chorusrun --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --token-file ~/.job-token train.py  # node 1
 
 Node 0's launcher hosts the rendezvous store (a ``chorus.store.TCPStoreServer``) on
 ``MASTER_ADDR:MASTER_PORT`` before starting its ranks, and every rank connects to it as
@@ -16,8 +16,13 @@ TORCHELASTIC_RUN_ID, ...) plus CHORUS_TOKEN and CHORUS_JOB_ID.
 Decisions (where torchrun has no exact counterpart):
 
 - ``--standalone`` means one node; combining it with ``--nnodes > 1`` is an error.
-- The job token is ``--token``, else ``$CHORUS_TOKEN``, else a fresh random one on a
-  single node; several nodes without a token run unauthenticated (with a warning).
+- The job token is ``--token-file``'s content (surrounding whitespace stripped), else
+  ``--token``, else ``$CHORUS_TOKEN``, else a fresh random one on a single node; several
+  nodes without a token run unauthenticated (with a warning).  The ranks get it in their
+  environment, never on their command line.  ``--token VALUE`` warns: every local user
+  can read the launcher's command line (``/proc/PID/cmdline``, ``ps``).  A token file
+  that cannot be read or is empty is an error before any rank starts; one that group or
+  other users can read gives a warning.
 - The job id is ``--run-id``/``--rdzv-id``, else random on one node; on several nodes
   it is derived from the token and master address so that all nodes agree.
 - Output is always shown on the console (prefixed ``[rankN]:``); ``--log-dir`` also
@@ -73,9 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="single-node job on a free local port (ignores master addr/port)")
     p.add_argument("--run-id", "--rdzv-id", "--rdzv_id", dest="run_id", default=None,
                    help="job id (CHORUS_JOB_ID, TORCHELASTIC_RUN_ID); random if not given")
+    p.add_argument("--token-file", "--token_file", dest="token_file", default=None,
+                   help="file holding the job token that authenticates every connection "
+                        "(default: $CHORUS_TOKEN, or a random one on a single node); "
+                        "make it readable by you only (chmod 600)")
     p.add_argument("--token", default=None,
-                   help="job token that authenticates every connection "
-                        "(default: $CHORUS_TOKEN, or a random one on a single node)")
+                   help="the job token itself; other local users can read it in the process "
+                        "list, so prefer --token-file or $CHORUS_TOKEN")
     p.add_argument("--log-dir", "--log_dir", dest="log_dir", default=None,
                    help="also write each rank's raw output to LOG_DIR/rank{N}.log")
     p.add_argument("-m", "--module", action="store_true",
@@ -118,6 +127,26 @@ def parse_nnodes(value: str) -> int:
     return lo_n
 
 
+def read_token_file(path: str, warnings: list[str]) -> str:
+    """The token in ``path`` (surrounding whitespace stripped); UsageError naming the file
+    if it cannot be read or holds no token; a warning if group or other users can read it."""
+    fix = (f"write the job token into it, readable by you only (e.g. python3 -c 'import secrets; "
+           f"print(secrets.token_hex(16))' > {path}; chmod 600 {path})")
+    try:
+        with open(path, encoding="utf-8") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            token = f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UsageError(f"--token-file {path}: cannot read it ({reason}); {fix}") from None
+    if not token:
+        raise UsageError(f"--token-file {path}: the file is empty; {fix}")
+    if mode & 0o044:
+        warnings.append(f"the token file {path} can be read by other users (mode {mode & 0o777:03o}); "
+                        f"chmod 600 {path}")
+    return token
+
+
 class Job:
     """The resolved settings of one launcher invocation."""
 
@@ -149,7 +178,18 @@ class Job:
                              "other nodes need node 0's real port")
         if args.module and args.no_python:
             raise UsageError("-m/--module and --no-python cannot be combined")
-        self.token = args.token or config.get("CHORUS_TOKEN") or None
+        self.warnings: list[str] = []
+        if args.token_file is not None and args.token is not None:
+            raise UsageError("pass either --token-file or --token, not both")
+        if args.token_file is not None:
+            self.token = read_token_file(args.token_file, self.warnings)
+        else:
+            if args.token:
+                self.warnings.append(
+                    "--token on the command line can be read by every user of this machine "
+                    "(/proc/PID/cmdline, ps); pass --token-file PATH (a file only you can read) "
+                    "or set CHORUS_TOKEN instead")
+            self.token = args.token or config.get("CHORUS_TOKEN") or None
         if self.token is None and self.nnodes == 1:
             self.token = secrets.token_hex(16)
         self.run_id = args.run_id
@@ -233,9 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"chorusrun: error: {e}", file=sys.stderr)
         return 2
+    for warning in job.warnings:
+        print(f"chorusrun: warning: {warning}", file=sys.stderr)
     if job.token is None:
-        print(f"chorusrun: warning: no --token or $CHORUS_TOKEN for a {job.nnodes}-node job; "
-              f"connections are unauthenticated (pass the same --token on every node)",
+        print(f"chorusrun: warning: no --token-file or $CHORUS_TOKEN for a {job.nnodes}-node job; "
+              f"connections are unauthenticated (pass the same --token-file on every node)",
               file=sys.stderr)
     server = None
     port = job.master_port

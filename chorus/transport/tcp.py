@@ -118,6 +118,7 @@ class TcpTransport(Transport):
                  timeout: float, host: str | None = None):
         super().__init__(rank, world_size)
         self._token = token
+        self.authenticated = token is not None  # every connection proves it (net.*_handshake)
         self._conns: dict[int, _Connection] = {}
         self._conns_cv = threading.Condition()
         self._timeout = timeout

@@ -59,7 +59,7 @@ _PROOF = struct.Struct(f"!B{PROOF_SIZE}s")
 HEADER_SIZE = _HEADER.size
 _NO_PROOF = bytes(PROOF_SIZE)
 
-TOKEN_ADVICE = "pass the same --token (or CHORUS_TOKEN) to every rank and to the launcher"
+TOKEN_ADVICE = "pass the same token to every rank and launcher (chorusrun --token-file, or CHORUS_TOKEN)"
 
 
 @dataclass(frozen=True)
