@@ -35,7 +35,7 @@ _EXPORTS = {
     "chorus.api.objects": ["all_gather_object", "broadcast_object_list", "gather_object", "recv_object_list",
                            "scatter_object_list", "send_object_list"],
     "chorus.errors": ["AbortedError", "AuthenticationError", "BufferMismatchError", "ChorusError",
-                      "CollectiveMismatchError", "CommTimeoutError", "InvalidArgumentError",
+                      "CollectiveMismatchError", "CommTimeoutError", "ConcurrentCallError", "InvalidArgumentError",
                       "InvalidTensorError", "NotInitializedError", "PeerLostError", "ProtocolError",
                       "RendezvousError", "StoreTimeoutError", "UnsafeObjectError"],
     "chorus.process_group": ["ProcessGroup"],

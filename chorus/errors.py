@@ -88,5 +88,10 @@ class CollectiveMismatchError(ChorusError):
     """Ranks of one group called different collectives at the same sequence number."""
 
 
+class ConcurrentCallError(ChorusError):
+    """A thread called a collective on a group while another thread of this rank was
+    inside one of that group's collectives."""
+
+
 class AbortedError(ChorusError):
     """The process group was aborted or destroyed while the op was pending."""

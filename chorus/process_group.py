@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chorus.engine import Combine, OpContext, Workspace, run_schedule
-from chorus.errors import InvalidArgumentError
+from chorus.errors import ConcurrentCallError, InvalidArgumentError
 from chorus.schedules.base import Schedule
 from chorus.transport.base import Transport
 from chorus.transport.handles import Handle
@@ -43,6 +43,11 @@ class ProcessGroup:
         self.name = name or str(group_id)
         self.backend = backend
         self._seq = 0
+        # One entry token: the thread inside one of the group's collectives holds it (enter);
+        # the latency lanes pop and push it themselves (a list's pop and append are atomic).
+        self.entry: list[None] = [None]
+        self.inside = 0  # the ident of the thread that took the token through enter()
+        self.inside_op = ""
         self.queue: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._queue_cv = threading.Condition()
         self._worker: threading.Thread | None = None
@@ -106,6 +111,39 @@ class ProcessGroup:
     def next_context(self, name: str, fingerprint: int, timeout: float | None = None) -> OpContext:
         """Take the next sequence number for a collective issued now."""
         return self.context(name, self.take_seq(), fingerprint, timeout)
+
+    def enter(self, op: str) -> bool:
+        """The calling thread is about to issue collective ``op`` of this group: take the
+        group's entry token (True), or, when this thread holds it already (an op made of
+        several collectives), False.  While another thread holds it, raise
+        ConcurrentCallError: two threads inside one group's collectives at once would take
+        each other's sequence numbers and mix their data.  ``leave()`` when True."""
+        try:
+            self.entry.pop()
+        except IndexError:
+            if self.inside == threading.get_ident():
+                return False
+            raise self._concurrent(op) from None
+        self.inside = threading.get_ident()
+        self.inside_op = op
+        return True
+
+    def leave(self) -> None:
+        """Give the entry token back (after enter() returned True)."""
+        self.inside = 0
+        self.entry.append(None)
+
+    def _concurrent(self, op: str) -> ConcurrentCallError:
+        me = threading.current_thread().name
+        holder = next((t.name for t in threading.enumerate() if self.inside and t.ident == self.inside), None)
+        # (a latency lane takes the token without naming its thread: it is the cheapest path)
+        who = (f"thread {holder!r} is inside {self.inside_op}" if holder else
+               "another thread of this rank is inside one of its collectives")
+        return ConcurrentCallError(
+            f"{op} on group {self.name} from thread {me!r} while {who} on the same "
+            f"group: one thread at a time may call a group's collectives, and every rank must call them "
+            f"in the same order (as with torch.distributed).  Serialize the threads' calls (a lock, the "
+            f"same order on every rank) or give each thread a group of its own (new_group).")
 
     def take_seq(self) -> int:
         """The next sequence number, taken (collectives call in issue order)."""

@@ -55,8 +55,14 @@ def root_rank(pg: ProcessGroup, root: int | None, group_root: int | None, op: st
 def collective(pg: ProcessGroup, name: str, **fields: Any) -> Work | None:
     """Issue collective ``name`` on ``pg`` now: build its Call (chorus.call.make: the fields
     are the Call's, the sequence number is taken here, in issue order) and hand it to the
-    group's components (chorus.components.select)."""
-    return start(make(pg, name, **fields))
+    group's components (chorus.components.select).  One thread at a time per group
+    (ProcessGroup.enter)."""
+    took = pg.enter(name)
+    try:
+        return start(make(pg, name, **fields))
+    finally:
+        if took:
+            pg.leave()
 
 
 def lane(group: Any):

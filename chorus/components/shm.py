@@ -107,20 +107,28 @@ class ShmComponent(Component):
         pg = self.pg
         if pg.queue or recorder.current is not None or not arr.flags.carray:
             return False
-        seq = pg.take_seq()
-        ring = self.flight
-        if ring is None:
-            self.shm.all_reduce_one_shot(pg, seq, plan, arr)
-        else:  # the flight recorder: the sequence number (the clock at times)
-            self.reduce_log.append(seq)
-            if seq >= ring.clock_at:
-                flight.tick(ring, seq)
-            try:
+        entry = pg.entry
+        try:
+            token = entry.pop()  # the group's entry (ProcessGroup.enter) ...
+        except IndexError:
+            return False  # ... another thread holds: the general path raises ConcurrentCallError
+        try:
+            seq = pg.take_seq()
+            ring = self.flight
+            if ring is None:
                 self.shm.all_reduce_one_shot(pg, seq, plan, arr)
-            except BaseException as exc:
-                flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
-                raise
-            ring.done = seq
+            else:  # the flight recorder: the sequence number (the clock at times)
+                self.reduce_log.append(seq)
+                if seq >= ring.clock_at:
+                    flight.tick(ring, seq)
+                try:
+                    self.shm.all_reduce_one_shot(pg, seq, plan, arr)
+                except BaseException as exc:
+                    flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
+                    raise
+                ring.done = seq
+        finally:
+            entry.append(token)
         if plan.average:
             divide(arr, arr.dtype.name, pg.size())
         return True
@@ -183,20 +191,28 @@ class ShmComponent(Component):
         pg = self.pg
         if pg.queue or recorder.current is not None:
             return False
-        seq = pg.take_seq()
-        ring = self.flight
-        if ring is None:
-            self.shm.all_to_all_fast(pg, seq, plan, inp, out)
-        else:  # as in all_reduce_now
-            self.exchange_log.append(seq)
-            if seq >= ring.clock_at:
-                flight.tick(ring, seq)
-            try:
+        entry = pg.entry
+        try:
+            token = entry.pop()  # as in all_reduce_now
+        except IndexError:
+            return False
+        try:
+            seq = pg.take_seq()
+            ring = self.flight
+            if ring is None:
                 self.shm.all_to_all_fast(pg, seq, plan, inp, out)
-            except BaseException as exc:
-                flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
-                raise
-            ring.done = seq
+            else:  # as in all_reduce_now
+                self.exchange_log.append(seq)
+                if seq >= ring.clock_at:
+                    flight.tick(ring, seq)
+                try:
+                    self.shm.all_to_all_fast(pg, seq, plan, inp, out)
+                except BaseException as exc:
+                    flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
+                    raise
+                ring.done = seq
+        finally:
+            entry.append(token)
         return True
 
     def _exchange_plan(self, inp: np.ndarray):

@@ -210,13 +210,21 @@ class CudaComponent(Component):
                 or self._torch._C._cuda_getDevice() != self._device_index
                 or self._torch._C._cuda_getCurrentRawStream(self._device_index) != self._last_raw):
             return False  # (another stream than the group's last op's: the general path orders them)
-        seq = pg.take_seq()
-        self.check("all_reduce")
-        op_id = self._name_op(None, seq, plan[1], "all_reduce")
-        stream = self._torch._C._cuda_getCurrentRawStream(self._device_index)
-        with self._lock:
-            lanes.begin(op_id, None, stream, plan[0], plan[2], plan[1])
-            A.all_reduce(lanes, tensor.data_ptr(), plan[3], plan[4], plan[5])
+        entry = pg.entry
+        try:
+            token = entry.pop()  # the group's entry (ProcessGroup.enter) ...
+        except IndexError:
+            return False  # ... another thread holds: the general path raises ConcurrentCallError
+        try:
+            seq = pg.take_seq()
+            self.check("all_reduce")
+            op_id = self._name_op(None, seq, plan[1], "all_reduce")
+            stream = self._torch._C._cuda_getCurrentRawStream(self._device_index)
+            with self._lock:
+                lanes.begin(op_id, None, stream, plan[0], plan[2], plan[1])
+                A.all_reduce(lanes, tensor.data_ptr(), plan[3], plan[4], plan[5])
+        finally:
+            entry.append(token)
         if plan[6]:
             tensor.div_(pg.size())  # AVG (floating dtypes only: see _plan)
         return True
