@@ -206,7 +206,25 @@ SETTINGS: dict[str, Setting] = _declare(
                     "the local address that reaches MASTER_ADDR (127.0.0.1 on one host)"),
     Setting("CHORUS_HEARTBEAT_TIMEOUT", "float", 20.0, minimum=1.0, unit="seconds",
             meaning="a peer that sends nothing for this long is declared lost (heartbeats go "
-                    "every second, so at least 1)"),
+                    "every second, so at least 1); a payload still arriving counts as heard"),
+    # -- limits: what a peer or a stranger may make this process hold -------------------
+    Setting("CHORUS_MAX_MESSAGE_BYTES", "int", minimum=1, unit="bytes",
+            meaning="the most payload one frame from a peer may claim when it must be buffered "
+                    "(no receive posted) or skipped (it does not fit the receive); a frame "
+                    "claiming more is refused before anything is allocated and its sender is "
+                    "disconnected, so every rank fails; unset: this host's physical memory"),
+    Setting("CHORUS_HANDSHAKE_TIMEOUT", "float", 10.0, minimum=0.1, unit="seconds",
+            meaning="an incoming transport connection must finish its whole handshake (token "
+                    "proof, HELLO, shared-memory offer) within this time, or it is closed"),
+    Setting("CHORUS_MAX_PENDING_CONNECTIONS", "int", 64, minimum=1, unit="connections",
+            meaning="incoming transport connections a rank handshakes at once; more wait in the "
+                    "listen backlog until one finishes or times out (a flood costs no more)"),
+    Setting("CHORUS_STORE_MAX_VALUE_BYTES", "int", 1 * MIB, minimum=0, unit="bytes",
+            meaning="the largest value (and, plus 64 KiB for keys, request) the store accepts "
+                    "from a client that did not prove the job token; larger ones get an error"),
+    Setting("CHORUS_STORE_MAX_BYTES", "int", 64 * MIB, minimum=0, unit="bytes",
+            meaning="clients that did not prove the job token may not grow the store's keys and "
+                    "values beyond this many bytes in all; such writes get an error"),
     # -- algorithms ------------------------------------------------------------------
     *(Setting(f"CHORUS_ALGO_{name}", "str",
               meaning=f"{name.lower()}'s algorithm unless algorithm= is passed: {names}; unset: "

@@ -148,17 +148,26 @@ def connect(host: str, port: int, timeout: float) -> socket.socket:
     ) from last_error
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    """Read exactly ``n`` bytes; raise ConnectionError if the peer closes first."""
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """Read exactly ``n`` bytes; raise ConnectionError if the peer closes first.
+
+    ``deadline`` (time.monotonic()): TimeoutError once it passes, however the bytes trickle
+    in (a socket timeout alone bounds each read, not the whole)."""
     buf = bytearray(n)
-    recv_into_exact(sock, memoryview(buf))
+    recv_into_exact(sock, memoryview(buf), deadline)
     return bytes(buf)
 
 
-def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` from the socket; raise ConnectionError if the peer closes first."""
+def recv_into_exact(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fill ``view`` from the socket; raise ConnectionError if the peer closes first (and
+    TimeoutError when ``deadline`` passes, see :func:`recv_exact`)."""
     got, n = 0, len(view)
     while got < n:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"got {got} of {n} expected bytes before the deadline")
+            sock.settimeout(remaining)
         k = sock.recv_into(view[got:])
         if k == 0:
             raise ConnectionError(
@@ -193,15 +202,17 @@ def client_handshake(sock: socket.socket, token: bytes | None, purpose: bytes,
                      timeout: float) -> None:
     """Run the connecting side of the handshake; return once the server is accepted.
 
-    Raises ProtocolError (wrong magic, version or purpose; no answer in ``timeout``
-    seconds) or AuthenticationError (token differs, or is set on one side only).
+    Raises ProtocolError (wrong magic, version or purpose; no complete answer within
+    ``timeout`` seconds in all) or AuthenticationError (token differs, or is set on one
+    side only).
     """
     hs = ClientHandshake(token, purpose)
+    deadline = time.monotonic() + timeout
     with _socket_timeout(sock, timeout):
         try:
             sock.sendall(hs.initial_bytes())
             while not hs.done:
-                out = hs.receive(recv_exact(sock, hs.bytes_needed()))
+                out = hs.receive(recv_exact(sock, hs.bytes_needed(), deadline))
                 if out:
                     sock.sendall(out)
         except TimeoutError:
@@ -222,14 +233,16 @@ def server_handshake(sock: socket.socket, token: bytes | None, purpose: bytes,
                      timeout: float) -> None:
     """Run the accepting side of the handshake; return once the client is accepted.
 
-    Raises ProtocolError (wrong magic, version or purpose; silent client) or
+    Raises ProtocolError (wrong magic, version or purpose; a client silent or too slow to
+    finish within ``timeout`` seconds in all, however it trickles its bytes) or
     AuthenticationError (bad proof, or a token on one side only).
     """
     hs = ServerHandshake(token, purpose)
+    deadline = time.monotonic() + timeout
     with _socket_timeout(sock, timeout):
         try:
             while not hs.done:
-                out = hs.receive(recv_exact(sock, hs.bytes_needed()))
+                out = hs.receive(recv_exact(sock, hs.bytes_needed(), deadline))
                 if out:
                     sock.sendall(out)
                 if hs.error is not None:

@@ -316,3 +316,18 @@ def test_codec_custom_frame_limit():
 def test_store_is_abstract():
     with pytest.raises(TypeError):
         Store()
+
+
+def test_codec_refuses_long_frames_without_buffering_them_and_stays_in_step():
+    """refuse_over: a longer frame is dropped as it comes (never held), a Refused takes its
+    place, and the frames around it parse, however the bytes are cut."""
+    small = Request(Op.SET, (b"a", b"1"))
+    big = codec.pack_request(Request(Op.SET, (b"k", bytes(5000))))
+    blob = codec.pack_request(small) + big + codec.pack_request(small)
+    for step in (1, 7, 4096, len(blob)):
+        parser = RequestParser(refuse_over=1000)
+        seen = []
+        for i in range(0, len(blob), step):
+            seen += parser.feed(blob[i:i + step])
+            assert len(parser._buf) <= 1000 + 4  # noqa: SLF001 - what the parser holds
+        assert seen == [small, codec.Refused(len(big) - 4), small]

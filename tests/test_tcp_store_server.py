@@ -12,7 +12,7 @@ import time
 import pytest
 from store_support import TOKEN, tcp_client
 
-from chorus import net
+from chorus import config, net
 from chorus.errors import (
     AuthenticationError,
     ChorusError,
@@ -388,3 +388,45 @@ def test_token_from_environment(monkeypatch):
 
 
 # -- file store ------------------------------------------------------------------------
+
+
+def test_a_client_without_the_token_gets_a_clear_error_for_an_oversized_value(monkeypatch):
+    """Tokenless store: values over CHORUS_STORE_MAX_VALUE_BYTES and writes that would grow
+    the store over CHORUS_STORE_MAX_BYTES are refused with an error naming the limit; a
+    request far over the limit is dropped unread, and the connection goes on."""
+    monkeypatch.delenv("CHORUS_TOKEN", raising=False)
+    with config.override(CHORUS_STORE_MAX_VALUE_BYTES=1024, CHORUS_STORE_MAX_BYTES=8192):
+        srv = TCPStoreServer("127.0.0.1", 0)
+    c = TCPStore("127.0.0.1", srv.port, timeout=5)
+    try:
+        c.set("small", bytes(1000))
+        with pytest.raises(InvalidArgumentError, match=r"a value of 2048 bytes.*at most 1024 bytes "
+                                                       r"\(CHORUS_STORE_MAX_VALUE_BYTES\).*CHORUS_TOKEN"):
+            c.set("big", bytes(2048))
+        with pytest.raises(InvalidArgumentError, match=r"a request of \d+ bytes.*CHORUS_STORE_MAX_VALUE_BYTES"):
+            c.set("huge", bytes(64 << 20))
+        with pytest.raises(InvalidArgumentError, match="a value of 2000 bytes"):
+            c.compare_set("small", bytes(1000), bytes(2000))
+        stored = 1
+        with pytest.raises(InvalidArgumentError, match=r"beyond 8192 bytes \(CHORUS_STORE_MAX_BYTES\)"):
+            for i in range(10):
+                c.set(f"k{i}", bytes(1000))
+                stored += 1
+        assert stored == 8 and c.get("small") == bytes(1000) and not c.check(["big", "huge"])
+        c.delete_key("k0")
+        c.set("k0", bytes(1000))  # room again
+    finally:
+        c.close()
+        srv.close()
+
+
+def test_a_client_with_the_token_is_not_limited():
+    with config.override(CHORUS_STORE_MAX_VALUE_BYTES=1024):
+        srv = TCPStoreServer("127.0.0.1", 0, token=TOKEN)
+    c = tcp_client(srv)
+    try:
+        c.set("big", bytes(4 << 20))
+        assert len(c.get("big")) == 4 << 20
+    finally:
+        c.close()
+        srv.close()

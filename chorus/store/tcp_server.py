@@ -8,11 +8,18 @@ it is listed under each missing key and in a deadline heap, and is answered when
 last key is written or when its deadline passes - no polling, no thread per client.
 A connection that fails the handshake or sends a malformed frame is logged and closed;
 everyone else is unaffected.
+
+Limits.  A client that did not prove the job token (every client of a tokenless job) may
+send values of at most ``CHORUS_STORE_MAX_VALUE_BYTES`` (a longer request is dropped as it
+arrives, never buffered) and may not grow the store beyond ``CHORUS_STORE_MAX_BYTES`` of
+keys and values; either gets an ERROR answer naming the limit, and the connection goes on.
+Out of descriptors (EMFILE), the loop stops accepting for a moment instead of spinning.
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import heapq
 import itertools
 import logging
@@ -21,6 +28,7 @@ import socket
 import threading
 import time
 
+from chorus import config
 from chorus.errors import AuthenticationError, InvalidArgumentError, ProtocolError
 from chorus.net import get_token, listen, warn_unauthenticated_once
 from chorus.store.base import add_to, compare_set_result
@@ -28,6 +36,7 @@ from chorus.wire.handshake import TOKEN_ADVICE, ServerHandshake
 from chorus.wire.store_codec import (
     MAX_FRAME,
     Op,
+    Refused,
     Request,
     RequestParser,
     Response,
@@ -39,6 +48,9 @@ logger = logging.getLogger("chorus")
 
 _RECV_SIZE = 1 << 18
 _MAX_SLEEP = 3600.0  # the loop re-reads its deadlines at least this often
+_KEY_SLACK = 64 * 1024  # request bytes beyond the largest value an unproven client may send
+_ACCEPT_PAUSE_S = 0.1  # out of descriptors: how long the loop stops accepting
+_OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class _Conn:
@@ -54,6 +66,11 @@ class _Conn:
         self.queue: collections.deque[Request] = collections.deque()
         self.parked: _Parked | None = None
         self.closed = False
+        self.limited = False  # joined without proving the job token: the limits apply
+
+
+class _Resume:
+    """A deadline-heap entry: accept connections again (after running out of descriptors)."""
 
 
 class _Parked:
@@ -85,6 +102,10 @@ class TCPStoreServer:
         self._token = get_token(token)
         self._handshake_timeout = handshake_timeout
         self._max_frame = max_frame
+        self._max_value = config.get("CHORUS_STORE_MAX_VALUE_BYTES")
+        self._max_bytes = config.get("CHORUS_STORE_MAX_BYTES")
+        self._bytes = 0  # keys and values held
+        self._starved = False  # accepting is paused (out of descriptors)
         self._listener = listen(host, port)
         self._listener.setblocking(False)
         self.host = host
@@ -174,7 +195,10 @@ class TCPStoreServer:
             except BlockingIOError:
                 return
             except OSError as e:
-                logger.warning("chorus store server: accept failed: %s", e)
+                if e.errno in _OUT_OF_DESCRIPTORS:
+                    self._pause_accepting(e)
+                else:
+                    logger.warning("chorus store server: accept failed: %s", e)
                 return
             sock.setblocking(False)
             if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -184,6 +208,17 @@ class TCPStoreServer:
             self._conns.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, lambda m, c=conn: self._on_event(c, m))
             self._push_deadline(time.monotonic() + self._handshake_timeout, conn)
+
+    def _pause_accepting(self, error: OSError) -> None:
+        """Out of descriptors: the listener stays readable, so stop watching it for a
+        moment (else the loop spins); log the first time only."""
+        if not self._starved:
+            logger.warning("chorus store server on %s:%s: out of file descriptors (%s); pausing "
+                           "accepts and retrying (a flood of connections, or raise `ulimit -n`)",
+                           self.host, self.port, error)
+            self._starved = True
+        self._sel.unregister(self._listener)
+        self._push_deadline(time.monotonic() + _ACCEPT_PAUSE_S, _Resume())
 
     def _on_event(self, conn: _Conn, mask: int) -> None:
         try:
@@ -226,6 +261,9 @@ class TCPStoreServer:
             if not hs.done:
                 return
             self._on_joined(hs)
+            if not hs.authenticated:
+                conn.limited = True
+                conn.parser.refuse_over = self._max_value + _KEY_SLACK
             data = hs.leftover
         if data:
             conn.queue.extend(conn.parser.feed(data))
@@ -297,6 +335,10 @@ class TCPStoreServer:
             if isinstance(item, _Parked):
                 if item.active:
                     self._time_out(item)
+            elif isinstance(item, _Resume):
+                self._active_deadlines -= 1
+                if not self._closing:
+                    self._sel.register(self._listener, selectors.EVENT_READ, self._accept)
             else:
                 self._active_deadlines -= 1
                 if not item.closed and not item.handshake.done:
@@ -318,10 +360,18 @@ class TCPStoreServer:
             if response is not None:
                 self._send(conn, pack_response(response))
 
-    def _handle(self, conn: _Conn, request: Request) -> Response | None:
+    def _handle(self, conn: _Conn, request: Request | Refused) -> Response | None:
+        if isinstance(request, Refused):
+            return self._refusal(f"a request of {request.length} bytes: such clients may send requests of "
+                                 f"at most {self._max_value + _KEY_SLACK} bytes (CHORUS_STORE_MAX_VALUE_BYTES "
+                                 "plus 64 KiB for keys)")
         op, args = request.op, request.args
         if op in (Op.GET, Op.WAIT, Op.MULTI_GET):
             return self._blocking(conn, request)
+        if conn.limited and op in (Op.SET, Op.MULTI_SET, Op.COMPARE_SET, Op.ADD):
+            refused = self._over_limits(request)
+            if refused is not None:
+                return refused
         if op is Op.SET:
             self._write(args[0], args[1])
             return _ok()
@@ -345,8 +395,36 @@ class TCPStoreServer:
         if op is Op.CHECK:
             return _ok(number=int(all(k in self._data for k in args)))
         if op is Op.DELETE_KEY:
-            return _ok(number=int(self._data.pop(args[0], None) is not None))
+            old = self._data.pop(args[0], None)
+            if old is not None:
+                self._bytes -= len(args[0]) + len(old)
+            return _ok(number=int(old is not None))
         return _ok(number=len(self._data))  # Op.NUM_KEYS
+
+    def _over_limits(self, request: Request) -> Response | None:
+        """The ERROR answer to a write of a client without the token that breaks a limit."""
+        args = request.args
+        writes = (dict(zip(args[::2], args[1::2], strict=True)) if request.op is Op.MULTI_SET
+                  else {args[0]: args[2]} if request.op is Op.COMPARE_SET
+                  else {args[0]: b"0" * 20} if request.op is Op.ADD  # a counter: 20 digits at most
+                  else {args[0]: args[1]})
+        longest = max((len(value) for value in writes.values()), default=0)
+        if longest > self._max_value:
+            return self._refusal(f"a value of {longest} bytes: such clients may send values of at most "
+                                 f"{self._max_value} bytes (CHORUS_STORE_MAX_VALUE_BYTES)")
+        growth = sum(len(value) - (len(self._data[key]) if key in self._data else -len(key))
+                     for key, value in writes.items())
+        if growth > 0 and self._bytes + growth > self._max_bytes:
+            return self._refusal(f"to grow from {self._bytes} to {self._bytes + growth} bytes: such clients "
+                                 f"may not grow it beyond {self._max_bytes} bytes (CHORUS_STORE_MAX_BYTES)")
+        return None
+
+    @staticmethod
+    def _refusal(what: str) -> Response:
+        message = (f"the store refused {what}, since this client did not prove the job token. Give every "
+                   "rank and the launcher the same CHORUS_TOKEN (chorusrun and spawn make one), or raise "
+                   "the limit where the store is hosted")
+        return Response(Status.ERROR, (message.encode(),))
 
     def _blocking(self, conn: _Conn, request: Request) -> Response | None:
         """Answer a GET/WAIT/MULTI_GET now, or park it until its keys or its deadline."""
@@ -375,6 +453,8 @@ class TCPStoreServer:
 
     def _write(self, key: bytes, value: bytes) -> None:
         """Store ``key`` and answer the parked requests that were waiting only for it."""
+        old = self._data.get(key)
+        self._bytes += len(value) - (len(old) if old is not None else -len(key))
         self._data[key] = value
         for parked in self._waiters.pop(key, ()):
             if parked.active:

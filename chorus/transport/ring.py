@@ -25,7 +25,8 @@ the same, chorus.shm.sync).  A stale value only makes a side wait a little longe
 
 Waiting.  The writer, facing a full ring, yields for ``yield_s`` then sleeps 50 µs
 doubling to 1 ms, and every 2 ms calls ``check()``, which raises when the reader can
-never drain the ring (its process died or left).  The reader must not burn a core
+never drain the ring (its process died or left); given a patience, a writer whose ring
+stayed full that long returns how far it got, and a later call goes on from there.  The reader must not burn a core
 either, nor sleep through the data: after ``yield_s`` it raises SLEEPS and calls
 ``doze(seconds)``, which blocks on the connection's socket; a writer that raises HEAD
 and sees SLEEPS changed since it last looked rings ``bell()`` (a HEARTBEAT frame on the
@@ -96,8 +97,8 @@ class _Ring:
         self.bytes = 0  # payload bytes moved through this end (statistics: tests, benches)
         self.sleeps = 0  # times this end slept (statistics)
 
-    def _wait(self, ready: Callable[[], int]) -> int:
-        """Back off until ``ready()`` is non-zero; return it."""
+    def _wait(self, ready: Callable[[], int], patience: float | None = None) -> int:
+        """Back off until ``ready()`` is non-zero; return it (0 after ``patience`` seconds)."""
         start = time.monotonic()
         next_check = start + CHECK_S
         nap = NAP_MIN
@@ -109,6 +110,8 @@ class _Ring:
             if now >= next_check:
                 self.check()
                 next_check = now + CHECK_S
+            if patience is not None and now - start >= patience:
+                return 0
             if now - start < self.yield_s:
                 os.sched_yield()
                 continue
@@ -137,23 +140,33 @@ class RingWriter(_Ring):
     def _sleep(self, ready: Callable[[], int], nap: float) -> None:
         time.sleep(nap)
 
-    def write(self, view: memoryview, announce: Callable[[], None] = _never) -> None:
+    def write(self, view: memoryview, announce: Callable[[], None] = _never, done: int = 0,
+              patience: float | None = None) -> int:
         """Append one message, ``view`` (any size: it streams through in pieces as the
         reader drains them).  ``announce()`` sends its header: called once the first
-        piece is in, so the reader finds data as soon as the header arrives."""
+        piece is in, so the reader finds data as soon as the header arrives.
+
+        Returns ``len(view)``, or with ``patience`` the bytes in so far once the ring
+        stayed full for that many seconds: call again with ``done`` = that to go on
+        (``announce`` was called if and only if it is > 0)."""
         src = np.frombuffer(view, np.uint8)
-        pad = (ALIGN_AT - self.head) % ALIGN
-        while self._free() < pad:
-            self._wait(lambda: self._free() >= pad)
-        self.head += pad  # published with the first piece
-        n, done = src.size, 0
+        if not done:
+            pad = (ALIGN_AT - self.head) % ALIGN
+            while self._free() < pad:
+                if not self._wait(lambda: self._free() >= pad, patience):
+                    return 0
+            self.head += pad  # published with the first piece (0 on a second call)
+        n = src.size
         while done < n:
-            free = self._free() or self._wait(self._free)
+            free = self._free() or self._wait(self._free, patience)
+            if not free:
+                return done
+            first = not done
             done = self._put(src, done, min(free, n - done, self.piece))
-            if announce is not _never:
+            if first:
                 announce()
-                announce = _never
         self.bytes += n
+        return n
 
     def _put(self, src: np.ndarray, done: int, k: int) -> int:
         """Copy ``src[done: done + k]`` in at HEAD, publish it, ring if the reader sleeps."""

@@ -163,9 +163,11 @@ def connector_side(sock: socket.socket, rank: int, world_size: int) -> Pairing |
     return None if segment is None else Pairing(segment, ring, min_bytes, 0)
 
 
-def acceptor_side(sock: socket.socket, rank: int, peer: int, world_size: int) -> Pairing | None:
-    """Run the acceptor's part (rank ``rank`` accepting rank ``peer``) on ``sock``."""
-    digest, their_ring = _WANT.unpack(recv_exact(sock, _WANT.size))
+def acceptor_side(sock: socket.socket, rank: int, peer: int, world_size: int,
+                  deadline: float | None = None) -> Pairing | None:
+    """Run the acceptor's part (rank ``rank`` accepting rank ``peer``) on ``sock``; its
+    reads end by ``deadline`` (time.monotonic(); TimeoutError)."""
+    digest, their_ring = _WANT.unpack(recv_exact(sock, _WANT.size, deadline))
     ring = wanted_ring_bytes(world_size) if enabled() else 0
     ring = min(ring, their_ring)
     if not ring or digest == NO_HOST or digest != host_digest(rank):
@@ -185,7 +187,7 @@ def acceptor_side(sock: socket.socket, rank: int, peer: int, world_size: int) ->
         _SEG.pack_into(segment.buf, 0, MAGIC, ring, nonce)
         min_bytes = max(1, config.get("CHORUS_SHM_P2P_MIN"))
         sock.sendall(_OFFER.pack(size, ring, min_bytes, nonce, segment.path.encode()))
-        mapped = recv_exact(sock, 1) == b"\x01"
+        mapped = recv_exact(sock, 1, deadline) == b"\x01"
     except BaseException:
         segment.close()
         raise

@@ -5,18 +5,25 @@ Theory of operation
 Set-up: every rank listens on a free port of its host and publishes ``host:port`` in
 the store; rank ``i`` connects to every rank ``j < i`` and accepts from every ``j > i``.
 Each connection runs the token handshake (``chorus.net``) and then a HELLO frame naming
-the rank, so a stranger can neither read nor inject data.
+the rank, so a stranger can neither read nor inject data; ``tcp_accept`` bounds what
+strangers cost (a total handshake deadline, a cap on connections being admitted, and an
+accept loop that outlives running out of descriptors).
 
 Receiving: one reader thread per connection blocks in ``recv`` (the GIL is released).
 For each frame header it asks the matcher for the posted receive and reads the payload
 straight into that buffer; if none is posted it stashes the payload (for large messages
 it first waits a few milliseconds for the receive to be posted, which in a streaming
-loop saves copying the whole payload once more).
+loop saves copying the whole payload once more).  A frame that must be stashed, or
+skipped because it does not fit its receive, may claim at most ``max_message_bytes()``:
+a claim beyond it is refused before anything is allocated and the peer is cut off.
 
 Sending: a caller that will wait at once (``sync``), or any small message, is written by
 the calling thread — no thread hand-off.  Large asynchronous sends go to a per-peer
 sender thread so the caller can post its receives meanwhile.  Sends to one peer leave
-in the order they were posted.
+in the order they were posted.  Writes go in bounded slices (``tcp_writer``): a caller
+whose peer takes nothing for a slice hands the rest of its frame to the sender thread
+and goes back to wait with its op's deadline; the sender thread stops as soon as the
+peer is lost.
 
 Same host: two ranks that share a host (and /dev/shm) also share a pair of byte rings,
 set up right after the HELLO (``shm_link``).  Payloads of 256 KiB and more then go
@@ -27,28 +34,35 @@ differs.  ``CHORUS_SHM_P2P=0`` or ``CHORUS_TRANSPORT=tcp`` keep everything on th
 Failures: EOF or a reset on a connection whose peer did not say BYE means that peer
 died; this rank fails everything pending in that peer's groups and sends PEER_LOST to
 every other rank, which do the same — so all survivors fail within milliseconds of the
-kernel noticing.  A heartbeat every second on idle connections catches hung hosts.
+kernel noticing.  A heartbeat every second on idle connections catches hung hosts; a
+payload still arriving counts as a sign of life, one that stalls mid-way does not.  A
+lost peer's socket is shut down, which wakes any thread blocked on it, and a reader that
+fails on anything unforeseen cuts its peer off the same way (never silently).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import secrets
 import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
 from chorus import config, net
-from chorus.errors import ProtocolError, RendezvousError
+from chorus.errors import CollectiveMismatchError, ProtocolError, RendezvousError
 from chorus.transport import shm_link
 from chorus.transport.base import Transport, control_header
 from chorus.transport.handles import Handle
 from chorus.transport.ring import RingReader, RingWriter
+from chorus.transport.tcp_accept import Doorway
 from chorus.transport.tcp_reader import BELL, BufferedReader
+from chorus.transport.tcp_writer import SEND_SLICE_S, bound_sends, send_some
 from chorus.wire.frames import (
     HEADER_SIZE,
     LOST_REASON_TEXT,
@@ -67,11 +81,24 @@ POST_GRACE_S = 0.005  # how long a reader waits for a large message's receive to
 POST_GRACE_MIN = 256 * 1024
 HEARTBEAT_S = 1.0
 _EMPTY = memoryview(b"")
+_BUSY = float("inf")  # last_heard while the reader completes a receive (never "silent")
 
 
 def heartbeat_timeout() -> float:
     """Seconds of silence after which a peer is lost (``CHORUS_HEARTBEAT_TIMEOUT``)."""
     return config.get("CHORUS_HEARTBEAT_TIMEOUT")
+
+
+def max_message_bytes() -> int:
+    """The most bytes a frame may claim when it must be buffered or skipped
+    (``CHORUS_MAX_MESSAGE_BYTES``; unset: this host's physical memory)."""
+    limit = config.get("CHORUS_MAX_MESSAGE_BYTES")
+    if limit is None:
+        try:
+            limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            limit = MAX_PAYLOAD
+    return limit
 
 
 def local_address_towards(remote: str | None) -> str:
@@ -92,17 +119,21 @@ def local_address_towards(remote: str | None) -> str:
 
 
 class _Connection:
-    __slots__ = ("peer", "sock", "cv", "queue", "sender", "last_sent", "last_heard", "reading",
-                 "bye", "reader", "ring_out", "ring_in", "ring_min")
+    __slots__ = ("peer", "sock", "gone", "cv", "queue", "sender", "last_sent", "last_heard", "reading",
+                 "seen", "bye", "reader", "ring_out", "ring_in", "ring_min")
 
-    def __init__(self, peer: int, sock: socket.socket):
+    def __init__(self, peer: int, sock: socket.socket, gone: Callable[[], str | None]):
         self.peer = peer
         self.sock = sock
+        self.gone = gone  # why writes to the peer must stop (lost, or this rank closed), else None
         self.cv = threading.Condition()
-        self.queue: deque[tuple[bytes, memoryview, Handle | None]] = deque()
+        # Frames waiting for the sender thread: (header bytes still to send, payload, payload
+        # bytes already sent, handle).  The first one is being written while it is listed.
+        self.queue: deque[tuple[bytes, memoryview, int, Handle | None]] = deque()
         self.sender: threading.Thread | None = None
         self.last_sent = self.last_heard = time.monotonic()
-        self.reading = False
+        self.reading = False  # a payload is being read: progress, not frames, shows life
+        self.seen = -1  # bytes received by the time the heartbeat loop last looked
         self.bye = False
         self.reader = BufferedReader(sock)
         # Same-host peers: payloads of >= ring_min bytes go through shared memory (shm_link)
@@ -122,14 +153,18 @@ class TcpTransport(Transport):
         self._conns: dict[int, _Connection] = {}
         self._conns_cv = threading.Condition()
         self._timeout = timeout
+        self._max_message = max_message_bytes()
+        self._closing = threading.Event()  # set by close(): writes stop
         host = host or "127.0.0.1"
-        self._listener = net.listen(host, 0)
-        port = self._listener.getsockname()[1]
+        listener = net.listen(host, 0)
+        port = listener.getsockname()[1]
         if rank == 0:
             store.set("tcp/session", str(secrets.randbits(62)))
         self._session = int(store.get("tcp/session"))
         store.set(f"tcp/addr/{rank}", f"{host}:{port}")
-        threading.Thread(target=self._accept_loop, name=f"chorus-accept-r{rank}", daemon=True).start()
+        self._doorway = Doorway(listener, rank=rank, world_size=world_size, token=token, session=self._session,
+                                connected=self._conns.__contains__, register=self._register)
+        self._doorway.start()
         deadline = time.monotonic() + timeout
         # Fetch every address before connecting: rank 0's set-up (and so the store it
         # may host) then cannot finish while another rank still reads from the store.
@@ -156,44 +191,20 @@ class TcpTransport(Transport):
                 f"set-up ({exc}). Is it a rank of this job, started with the same store?") from None
         self._register(peer, sock, pairing)
 
-    def _accept_loop(self) -> None:
-        while self.closed_reason is None:
-            try:
-                sock, addr = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._admit, args=(sock, addr), daemon=True).start()
-
-    def _admit(self, sock: socket.socket, addr) -> None:
-        """Handshake an incoming connection; close and log anything that is not a rank."""
-        try:
-            net.server_handshake(sock, self._token, b"transport", 10.0)
-            sock.settimeout(10.0)
-            hello = unpack_header(net.recv_exact(sock, HEADER_SIZE))
-            session = int.from_bytes(net.recv_exact(sock, 8), "little")
-            peer = hello.tag
-            if hello.kind != Kind.HELLO or hello.group != self.world_size or session != self._session:
-                raise ProtocolError("first frame is not a HELLO of this job")
-            if not self.rank < peer < self.world_size:
-                raise ProtocolError(f"HELLO names rank {peer}, which must not connect to rank {self.rank}")
-            with self._conns_cv:
-                if peer in self._conns:
-                    raise ProtocolError(f"rank {peer} is already connected")
-            self._register(peer, sock, shm_link.acceptor_side(sock, self.rank, peer, self.world_size))
-        except (OSError, ConnectionError, ProtocolError, Exception) as exc:  # noqa: B014
-            log.warning("chorus rank %d: rejected a transport connection from %s: %s", self.rank, addr, exc)
-            sock.close()
-
     def _register(self, peer: int, sock: socket.socket, pairing: shm_link.Pairing | None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(None)
-        conn = _Connection(peer, sock)
+        bound_sends(sock)
+        conn = _Connection(peer, sock, self._gone_for(peer))
         if pairing is not None:
             dead, left = self.dead, self.left  # not self: no reference cycle through the rings
+
+            def gone() -> str | None:
+                return dead.get(peer) or ("left the job (destroy_process_group)" if peer in left else None)
+
             conn.ring_out, conn.ring_in = shm_link.ring_ends(
-                pairing, peer=peer, bell=lambda: sock.sendall(BELL), doze=conn.reader.doze,
-                gone=lambda: dead.get(peer) or ("left the job (destroy_process_group)"
-                                                if peer in left else None))
+                pairing, peer=peer, bell=lambda: send_some(sock, BELL, None, gone), doze=conn.reader.doze,
+                gone=gone)
             conn.ring_min = pairing.min_bytes
         with self._conns_cv:
             self._conns[peer] = conn
@@ -221,6 +232,8 @@ class TcpTransport(Transport):
                 conn.last_heard = time.monotonic()
                 if h.kind == Kind.DATA or h.kind == Kind.COLL:
                     self._read_payload(conn, reader, h)
+                elif conn.peer in self.dead:
+                    continue  # a rank given up on is not believed about the others
                 elif h.kind == Kind.PEER_LOST:
                     reason = LOST_REASON_TEXT.get(h.seq, "was lost")
                     self._lose(h.tag, f"{reason} (reported by rank {conn.peer})", h.seq)
@@ -239,8 +252,17 @@ class TcpTransport(Transport):
         except (OSError, ConnectionError) as exc:
             if self.closed_reason is None and not conn.bye:
                 self._lose(conn.peer, f"died (connection lost: {exc or 'EOF'})")
+        except Exception as exc:  # noqa: BLE001 - a reader must never die silently
+            log.exception("chorus rank %d: the reader of rank %d's connection failed", self.rank, conn.peer)
+            if self.closed_reason is None:
+                self._lose(conn.peer, f"could not be read from any more (rank {self.rank}'s reader failed: "
+                                      f"{type(exc).__name__}: {exc})", LostReason.UNREADABLE)
+            conn.sock.close()
 
     def _read_payload(self, conn: _Connection, reader: BufferedReader, h: Header) -> None:
+        """Read one payload into its posted receive, or stash it.  Its claimed length is
+        checked first: a frame that must be buffered or skipped may claim at most
+        ``max_message_bytes()``, else nothing is allocated and the peer is disconnected."""
         wait = POST_GRACE_S if h.nbytes >= POST_GRACE_MIN else 0.0
         source = conn.ring_in if h.nbytes >= conn.ring_min else reader  # where the payload is
         match = self._matcher.claim(conn.peer, h, wait)
@@ -249,26 +271,51 @@ class TcpTransport(Transport):
             if isinstance(match, Handle):
                 match.peer = conn.peer
                 error = self._fits(match, h, conn.peer)
-                if error is not None:
-                    source.discard(h.nbytes)
-                elif h.nbytes:
-                    source.read_into(match.view)
-                match.complete(h, error)
+                if error is None:
+                    if h.nbytes:
+                        source.read_into(match.view)
+                    conn.reading, conn.last_heard = False, _BUSY
+                    match.complete(h)  # may reduce for a while: this rank's work, not peer silence
+                    return
+                match.complete(h, error)  # the receive fails at once, before the skip
+                self._check_claim(h, "skip", error)
+                source.discard(h.nbytes)
                 return
             self.stashed(conn.peer, h)
-            data = memoryview(np.empty(h.nbytes, np.uint8)) if h.nbytes else _EMPTY
+            self._check_claim(h, "buffer")
+            try:
+                data = memoryview(np.empty(h.nbytes, np.uint8)) if h.nbytes else _EMPTY
+            except MemoryError:
+                raise MemoryError(f"a {Kind(h.kind).name} frame of {h.nbytes} bytes arrived before its "
+                                  "receive was posted and this rank has no memory to buffer it") from None
             if h.nbytes:
                 source.read_into(data)
+            conn.reading, conn.last_heard = False, _BUSY
             claimant = self._matcher.arrival_ready(match, data)
             if claimant is not None:
                 self._fill_from_stash(claimant, match)
-        except (OSError, ConnectionError) as exc:
-            if isinstance(match, Handle):
-                match.complete(error=self._lost_error(conn.peer, f"died mid-message ({exc})", h.group))
+        except Exception as exc:
+            if isinstance(match, Handle):  # claimed: no failure sweep finds it any more
+                why = (f"died mid-message ({exc})" if isinstance(exc, OSError)
+                       else f"could not be read from ({type(exc).__name__}: {exc})")
+                match.complete(error=self._lost_error(conn.peer, why, h.group))
             raise
         finally:
             conn.reading = False
             conn.last_heard = time.monotonic()
+
+    def _check_claim(self, h: Header, what: str, error: BaseException | None = None) -> None:
+        """ProtocolError if a frame that this rank must ``what`` ("buffer": no receive is
+        posted; "skip": it fails its receive with ``error``) claims too many bytes."""
+        if h.nbytes <= self._max_message:
+            return
+        why = ("no receive for it is posted" if error is None
+               else "it belongs to another collective call" if isinstance(error, CollectiveMismatchError)
+               else "it does not fit its posted receive")
+        raise ProtocolError(
+            f"a {Kind(h.kind).name} frame claims {h.nbytes} bytes, which this rank would have to {what} "
+            f"({why}): more than the limit of {self._max_message} bytes (CHORUS_MAX_MESSAGE_BYTES; "
+            "unset: this host's physical memory)")
 
     # -- sending -------------------------------------------------------------------------
     def _send_frame(self, peer: int, header: bytes, view: memoryview, handle: Handle, sync: bool) -> None:
@@ -277,19 +324,24 @@ class TcpTransport(Transport):
             raise ValueError(f"rank {self.rank} has no connection to rank {peer}")
         with conn.cv:
             if conn.queue or not (sync or len(view) <= INLINE_MAX):
-                self._enqueue(conn, header, view, handle)
+                self._enqueue(conn, (header, view, 0, handle))
                 return
             try:
-                self._write(conn, header, view)
+                rest = self._write(conn, header, view, 0, patient=False)
             except OSError as exc:
                 handle.complete(error=self._lost_error(peer, f"died (send failed: {exc})", handle.group))
                 self._lose(peer, f"died (send failed: {exc})")
                 return
+            if rest is not None:
+                # The peer took nothing for a whole slice: the sender thread writes the rest, so
+                # this caller goes back to wait with its op's deadline.
+                self._enqueue(conn, (*rest, handle))
+                return
         handle.complete()
 
-    def _enqueue(self, conn: _Connection, header: bytes, view: memoryview, handle: Handle | None) -> None:
+    def _enqueue(self, conn: _Connection, item: tuple[bytes, memoryview, int, Handle | None]) -> None:
         """Queue a frame for the peer's sender thread.  Caller holds ``conn.cv``."""
-        conn.queue.append((header, view, handle))
+        conn.queue.append(item)
         if conn.sender is None:
             conn.sender = threading.Thread(target=self._send_loop, args=(conn,),
                                            name=f"chorus-tx-r{self.rank}-to{conn.peer}", daemon=True)
@@ -297,49 +349,92 @@ class TcpTransport(Transport):
         conn.cv.notify()
 
     def _send_loop(self, conn: _Connection) -> None:
+        """Write queued frames in order.  The frame being written stays first in the queue
+        (so nobody else writes meanwhile) but ``conn.cv`` is free: failing, queueing and
+        relaying never wait for a slow peer."""
         while True:
             with conn.cv:
                 while not conn.queue:
                     if self.closed_reason is not None:
                         return
                     conn.cv.wait(1.0)
-                header, view, handle = conn.queue[0]
-                try:
-                    self._write(conn, header, view)
-                except OSError as exc:
+                header, view, done, handle = conn.queue[0]
+            try:
+                self._write(conn, header, view, done)
+            except OSError as exc:
+                with conn.cv:
                     failed = list(conn.queue)
                     conn.queue.clear()
-                    error = self._lost_error(conn.peer, f"died (send failed: {exc})", 0)
-                    for _, _, h in failed:
-                        if h is not None:
-                            h.complete(error=error)
-                    if self.closed_reason is None:
-                        threading.Thread(target=self._lose, args=(conn.peer, f"died (send failed: {exc})"),
-                                         daemon=True).start()
-                    return
+                    conn.cv.notify_all()
+                error = self._lost_error(conn.peer, f"died (send failed: {exc})", 0)
+                for *_, h in failed:
+                    if h is not None:
+                        h.complete(error=error)
+                if self.closed_reason is None:
+                    self._lose(conn.peer, f"died (send failed: {exc})")
+                return
+            with conn.cv:
                 conn.queue.popleft()
                 if not conn.queue:
                     conn.cv.notify_all()  # close() may be waiting for the queue to drain
             if handle is not None:
                 handle.complete()
 
-    def _write(self, conn: _Connection, header: bytes, view: memoryview) -> None:
-        if len(view) >= conn.ring_min:
-            conn.ring_out.write(view, lambda: conn.sock.sendall(header))
-        elif len(view) <= COALESCE_MAX:
-            conn.sock.sendall(header + view if len(view) else header)
-        else:
-            conn.sock.sendall(header)
-            conn.sock.sendall(view)
+    def _write(self, conn: _Connection, header: bytes, view: memoryview, done: int,
+               patient: bool = True) -> tuple[bytes, memoryview, int] | None:
+        """Write a frame: ``header`` (what is left of it), then ``view`` from byte ``done``.
+
+        None once all of it is out.  Not ``patient``: after a slice in which the peer took
+        nothing more, return what is left, (header, view, done), for the sender thread.
+        Raises ConnectionError as soon as the peer is known lost (see tcp_writer).
+        """
+        n = len(view)
+        if n >= conn.ring_min:
+            return self._write_ring(conn, header, view, done, patient)
+        until = None if patient else 0.0
+        if header:
+            if n <= COALESCE_MAX and not done:
+                header, view, n = (header + view if n else header), _EMPTY, 0
+            sent = send_some(conn.sock, header, until, conn.gone)  # small frames: one send()
+            if sent < len(header):
+                return header[sent:], view, done
+        if done < n:
+            done += send_some(conn.sock, view[done:], until, conn.gone)
+            if done < n:
+                return b"", view, done
         conn.last_sent = time.monotonic()
+        return None
+
+    def _write_ring(self, conn: _Connection, header: bytes, view: memoryview, done: int,
+                    patient: bool) -> tuple[bytes, memoryview, int] | None:
+        """``_write`` for a payload that goes through the shared-memory ring."""
+        def announce() -> None:
+            if header:
+                send_some(conn.sock, header, None, conn.gone)
+
+        done = conn.ring_out.write(view, announce, done, None if patient else SEND_SLICE_S)
+        if done < len(view):
+            return (b"" if done else header), view, done
+        conn.last_sent = time.monotonic()
+        return None
+
+    def _gone_for(self, peer: int) -> Callable[[], str | None]:
+        """``gone()`` for writes to ``peer``: why it will read no more, or None."""
+        dead, closing = self.dead, self._closing  # not self: no reference cycle through conns
+
+        def gone() -> str | None:
+            if closing.is_set():
+                return "is unreachable: this rank's transport is closed"
+            return dead.get(peer)
+        return gone
 
     def _fail_sends(self, pred, error_for) -> None:
         for conn in list(self._conns.values()):
-            with conn.cv:
-                doomed = [item for item in list(conn.queue)[1:] if item[2] is not None and pred(item[2])]
+            with conn.cv:  # the first frame is being written: its writer completes it
+                doomed = [item for item in list(conn.queue)[1:] if item[3] is not None and pred(item[3])]
                 for item in doomed:
                     conn.queue.remove(item)
-            for _, _, h in doomed:
+            for *_, h in doomed:
                 h.complete(error=error_for(h))
 
     def shm_p2p_stats(self) -> dict[int, tuple[int, int]]:
@@ -349,17 +444,27 @@ class TcpTransport(Transport):
 
     # -- failures ------------------------------------------------------------------------
     def _lose(self, peer: int, why: str, reason: int = LostReason.DIED) -> None:
-        """``peer`` is gone: tell every other rank (with why) and fail its groups here."""
-        self.peer_died(peer, why, reason)
+        """``peer`` is gone: tell every other rank (with why), fail its groups here, and
+        shut its socket down so that no thread stays blocked on it."""
+        if self.peer_died(peer, why, reason):
+            conn = self._conns.get(peer)
+            if conn is not None:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def _notify(self, ranks: list[int], frame: bytes) -> None:
         for other in ranks:
             conn = self._conns.get(other)
             if conn is not None and other not in self.dead and not conn.bye:
                 with conn.cv:
-                    self._enqueue(conn, frame, _EMPTY, None)
+                    self._enqueue(conn, (frame, _EMPTY, 0, None))
 
     def _heartbeat_loop(self) -> None:
+        """Every second: a heartbeat to each peer this rank has not written to lately, and
+        the liveness check of each peer — silent for CHORUS_HEARTBEAT_TIMEOUT, counting a
+        payload that still arrives (socket or ring) as heard."""
         beat = control_header(Kind.HEARTBEAT)
         limit = heartbeat_timeout()
         while self.closed_reason is None:
@@ -371,15 +476,29 @@ class TcpTransport(Transport):
                 if now - conn.last_sent >= HEARTBEAT_S and conn.cv.acquire(blocking=False):
                     try:
                         if not conn.queue:
-                            conn.sock.sendall(beat)
-                            conn.last_sent = now
-                    except OSError:
-                        pass  # the reader notices the broken connection
+                            self._beat(conn, beat, now)
                     finally:
                         conn.cv.release()
+                if conn.reading:
+                    progress = conn.reader.received + (conn.ring_in.tail if conn.ring_in is not None else 0)
+                    if progress != conn.seen:
+                        conn.seen, conn.last_heard = progress, now
                 silent = now - conn.last_heard
-                if silent > limit and not conn.reading:
+                if silent > limit:
                     self._lose(peer, f"stopped answering (no heartbeat for {silent:.0f} s)", LostReason.SILENT)
+
+    def _beat(self, conn: _Connection, beat: bytes, now: float) -> None:
+        """Send a heartbeat without waiting (caller holds ``conn.cv``; nothing is queued):
+        a full socket needs none, and a partly sent one is finished by the sender thread."""
+        try:
+            sent = conn.sock.send(beat, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            return  # the reader notices the broken connection
+        if sent < len(beat):
+            self._enqueue(conn, (beat[sent:], _EMPTY, 0, None))
+        conn.last_sent = now
 
     # -- shutdown ------------------------------------------------------------------------
     def close(self) -> None:
@@ -391,13 +510,15 @@ class TcpTransport(Transport):
             with conn.cv:
                 conn.cv.wait_for(lambda c=conn: not c.queue, timeout=max(0.0, deadline - time.monotonic()))
         super().close()
+        self._closing.set()
         bye = control_header(Kind.BYE)
         for conn in list(self._conns.values()):
             with conn.cv:
-                try:
-                    conn.sock.sendall(bye)
-                except OSError:
-                    pass
+                if not conn.queue:  # else a frame is half-written: the peer sees EOF instead
+                    try:
+                        send_some(conn.sock, bye, 0.0, lambda: None)
+                    except OSError:
+                        pass
                 conn.cv.notify_all()
         for conn in list(self._conns.values()):
             try:
@@ -405,4 +526,4 @@ class TcpTransport(Transport):
             except OSError:
                 pass
             conn.sock.close()
-        self._listener.close()
+        self._doorway.close()

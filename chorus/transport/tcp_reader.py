@@ -30,6 +30,7 @@ class BufferedReader:
         self._start = 0  # first unread byte
         self._end = 0  # one past the last received byte
         self._poller: select.poll | None = None
+        self.received = 0  # bytes ever received: the heartbeat loop watches it grow mid-payload
 
     def _fill(self, need: int) -> None:
         """Make at least ``need`` (<= buffer size) unread bytes available."""
@@ -42,6 +43,7 @@ class BufferedReader:
             if not got:
                 raise ConnectionError("connection closed by the peer (EOF)")
             self._end += got
+            self.received += got
 
     def read(self, n: int) -> memoryview:
         """The next ``n`` bytes (n <= buffer size); valid until the next call."""
@@ -62,11 +64,12 @@ class BufferedReader:
             if not got:
                 raise ConnectionError("connection closed by the peer (EOF) in the middle of a message")
             filled += got
+            self.received += got
         if self._start == self._end:
             self._start = self._end = 0
 
     def discard(self, n: int) -> None:
-        """Skip ``n`` bytes."""
+        """Skip ``n`` bytes (through the buffer: nothing is allocated, whatever ``n``)."""
         while n:
             chunk = min(n, len(self._buf))
             self.read(chunk)
@@ -92,6 +95,7 @@ class BufferedReader:
             raise ConnectionError("connection closed by the peer (EOF) in the middle of a message "
                                   "coming through shared memory")
         self._end += got
+        self.received += got
         return self._skip_bells()
 
     def _skip_bells(self) -> bool:

@@ -59,12 +59,14 @@ class LostReason(enum.IntEnum):
     DIED = 1  # its connection broke (EOF, reset): the process is gone
     SILENT = 2  # no frame, not even a heartbeat, within the heartbeat timeout
     INVALID = 3  # it sent bytes that are not valid frames
+    UNREADABLE = 4  # the reporter's reader of its connection failed (it is cut off all the same)
 
 
 LOST_REASON_TEXT = {
     LostReason.DIED: "died",
     LostReason.SILENT: "stopped answering (no heartbeat)",
     LostReason.INVALID: "sent invalid frames and was disconnected",
+    LostReason.UNREADABLE: "could not be read from any more and was disconnected",
 }
 
 

@@ -164,23 +164,49 @@ def parse_length(prefix: bytes, max_frame: int = MAX_FRAME) -> int:
 LENGTH_SIZE = _LENGTH.size
 
 
+@dataclass(frozen=True)
+class Refused:
+    """In a parser's output, in place of a request: a frame of ``length`` bytes that was
+    longer than the parser's ``refuse_over`` and was skipped unread (answer it with an
+    error; the connection stays in step)."""
+
+    length: int
+
+
 class RequestParser:
     """Incremental request parser: ``feed(bytes)`` returns the requests completed so far.
 
-    Raises ProtocolError on the first invalid frame; the parser is then unusable.
+    Raises ProtocolError on the first invalid frame (or one longer than ``max_frame``);
+    the parser is then unusable.  A frame longer than ``refuse_over`` (when set) is not
+    buffered: its bytes are dropped as they come and a :class:`Refused` takes its place.
     """
 
-    def __init__(self, max_frame: int = MAX_FRAME):
+    def __init__(self, max_frame: int = MAX_FRAME, refuse_over: int | None = None):
         self._buf = bytearray()
         self._max_frame = max_frame
+        self._skip = 0  # bytes of a refused frame still to drop
+        self.refuse_over = refuse_over
 
-    def feed(self, data: bytes) -> list[Request]:
+    def feed(self, data: bytes) -> list[Request | Refused]:
         """Append ``data``; return every request whose frame is now complete."""
+        if self._skip:
+            dropped = min(self._skip, len(data))
+            self._skip -= dropped
+            data = data[dropped:]
         self._buf += data
-        requests = []
+        requests: list[Request | Refused] = []
         pos = 0
         while len(self._buf) - pos >= LENGTH_SIZE:
             n = parse_length(self._buf[pos:pos + LENGTH_SIZE], self._max_frame)
+            if self.refuse_over is not None and n > self.refuse_over:
+                requests.append(Refused(n))
+                pos += LENGTH_SIZE
+                dropped = min(n, len(self._buf) - pos)
+                pos += dropped
+                self._skip = n - dropped
+                if self._skip:
+                    break
+                continue
             end = pos + LENGTH_SIZE + n
             if end > len(self._buf):
                 break
