@@ -30,13 +30,13 @@ def test_a_second_thread_is_refused_while_the_first_is_inside(kind):
     def body(rank, world):
         pg = dist.group.WORLD
         x = np.full(1000, float(rank + 1), np.float32)
-        op = dist.ReduceOp.SUM if kind == "lane" else dist.ReduceOp.MAX  # (MAX: still the lane) ...
+        op = dist.ReduceOp.SUM if kind == "lane" else dist.ReduceOp.MAX
 
         def call(arr):
             if kind == "lane":
                 dist.all_reduce(arr, op=op)
-            else:  # ... async: the general path
-                dist.all_reduce(arr, op=op, async_op=True).wait()
+            else:  # a named algorithm: the general path, run inline (synchronous) while it waits
+                dist.all_reduce(arr, op=op, algorithm="ring")
 
         if rank == 1:
             assert refused.wait(30)
