@@ -189,7 +189,16 @@ SETTINGS: dict[str, Setting] = _declare(
     # -- the job ---------------------------------------------------------------------
     Setting("CHORUS_TOKEN", "str", secret=True,
             meaning="job token every connection proves (HMAC) before it is trusted; chorusrun and "
-                    "spawn set one per job; unset: connections are not authenticated"),
+                    "spawn set one per job; unset: a job on one host derives one "
+                    "(CHORUS_LOCAL_SECRET), other jobs are not authenticated"),
+    Setting("CHORUS_LOCAL_SECRET", "choice", "auto", choices=("auto", "off"),
+            meaning="auto = a job without a token whose ranks all share this host (MASTER_ADDR is a "
+                    "loopback address, or LOCAL_WORLD_SIZE equals WORLD_SIZE) authenticates with a "
+                    "secret rank 0 writes to a file only this user can read (chorus.host.secret); "
+                    "off = such jobs run without a token"),
+    Setting("CHORUS_LOCAL_SECRET_DIR", "str",
+            meaning="the private directory (yours, mode 0700) of those secret files; unset: "
+                    "$XDG_RUNTIME_DIR/chorus, else /tmp/chorus-<uid>"),
     Setting("CHORUS_OBJECT_PICKLE", "choice", "auto", choices=("auto", "safe", "full"),
             meaning="how object collectives unpickle what peers send: auto = only allow-listed globals "
                     "(containers, scalars, numpy, torch tensors, chorus.add_safe_globals) when the job has "

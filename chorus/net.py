@@ -2,7 +2,8 @@
 
 Listening, connecting with retries, exact reads, and the blocking drivers of the
 connection handshake (whose messages live in ``chorus.wire.handshake``).  The job token
-comes from the caller, else the ``CHORUS_TOKEN`` environment variable.
+comes from the caller, else the ``CHORUS_TOKEN`` environment variable (rendezvous passes
+the secret it derives for a job on one host, ``chorus.host.secret``).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def warn_unauthenticated_once(what: str) -> None:
         if _warned:
             return
         _warned = True
-    logger.warning("chorus: no job token, so the %s is open to anyone who reaches its port; "
-                   "set CHORUS_TOKEN to one secret on every rank", what)
+    logger.warning("chorus: no job token, so the %s is open to anyone who reaches its port; set the "
+                   "same CHORUS_TOKEN on every rank (jobs on one host derive one: CHORUS_LOCAL_SECRET)", what)
 
 
 def _addresses(host: str, port: int, passive: bool) -> list[tuple]:

@@ -13,8 +13,11 @@ plus this process's rank and world size::
 For env:// and tcp://, rank 0 hosts the TCPStore server on HOST:PORT (bound to that
 address only) and every other rank connects to it, unless ``CHORUS_STORE_HOSTED=1``
 says a launcher already hosts it: then every rank is a client.  Connections carry the
-job token from ``CHORUS_TOKEN`` (see ``chorus.net.get_token``).  Every argument is
-checked before any connection is made.
+job token from ``CHORUS_TOKEN`` (see ``chorus.net.get_token``); without one, a job whose
+ranks all share this host derives one (``chorus.host.secret``: rank 0 writes it to a file
+only this user can read once its store listens, the others read it before they connect).
+``RendezvousInfo.token`` is the token the job's connections prove, either way.  Every
+argument is checked before any connection is made.
 
 Where no launcher says otherwise, ``local_rank`` is ``rank`` and ``local_world_size``
 is ``world_size`` (all ranks on one host).
@@ -32,6 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from chorus import config
 from chorus.errors import InvalidArgumentError, RendezvousError
+from chorus.host.secret import LocalSecret, job_secret
 from chorus.net import get_token
 from chorus.store import FileStore, Store, TCPStore
 
@@ -50,6 +54,13 @@ class RendezvousInfo:
     local_world_size: int
     master_addr: str | None
     master_port: int | None
+    #: the job token the store and transport connections prove: CHORUS_TOKEN, or the
+    #: secret derived for a job on one host (``secret``), or None (unauthenticated)
+    token: bytes | None = None
+    #: the derived secret, if any; rank 0 removes its file with ``secret.release()`` once
+    #: every rank has connected: rendezvous itself where rank 0 serves the store, else
+    #: (torchrun's agent store) init_process_group, after the transport's set-up
+    secret: LocalSecret | None = None
 
 
 # -- environment detection -------------------------------------------------------------
@@ -249,6 +260,7 @@ def rendezvous(init_method: str | None, rank: int = -1, world_size: int = -1,
     when rank 0 hosts the store and the other ranks do not join within ``timeout``.
     """
     env = detect_environment(environ)
+    env["token"] = get_token(config.get("CHORUS_TOKEN", environ))
     if store is not None:
         if init_method is not None:
             raise InvalidArgumentError("pass either init_method or store, not both")
@@ -311,21 +323,54 @@ def _torchrun_rendezvous(host: str, port: int, rank: int, world_size: int, timeo
                               f"torch.distributed: {exc}") from None
     restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = stores.agent_store(host, port, world_size, timeout, f"chorus/{restart}/")
-    return _info(store, rank, world_size, env, host, port)
+    # torch's store cannot prove a token, but the transport's connections can: rank 0
+    # writes the secret now and removes it once its transport is connected to every rank
+    try:
+        secret = _derived(env, rank, world_size, host, port, timeout, environ, publish=True,
+                          what=f"rank 0 of this torchrun job (the agent's store is {host}:{port})")
+    except BaseException:
+        store.close()
+        raise
+    return _info(store, rank, world_size, env, host, port, secret)
 
 
 def _tcp_rendezvous(host: str, port: int, rank: int, world_size: int, timeout: timedelta,
                     env: dict, environ: Mapping[str, str]) -> RendezvousInfo:
     hosted = config.get("CHORUS_STORE_HOSTED", environ)
     is_master = rank == 0 and not hosted
-    store = TCPStore(host, port, world_size, is_master=is_master, timeout=timeout,
-                     wait_for_workers=True, multi_tenant=True,
-                     token=get_token(config.get("CHORUS_TOKEN", environ)))
-    return _info(store, rank, world_size, env, host, store.port)
+    # a launcher's store proves the launcher's token or none: no derived secret there
+    secret = None if hosted else _derived(env, rank, world_size, host, port, timeout, environ,
+                                          publish=False, what=f"{host}:{port}")
+    try:
+        store = TCPStore(host, port, world_size, is_master=is_master, timeout=timeout,
+                         wait_for_workers=secret is None, multi_tenant=True,
+                         token=env["token"] if secret is None else secret.token)
+        if is_master and secret is not None:
+            try:  # the port is ours: only now may the file name this job's store
+                secret.publish()
+                store.wait_for_workers(world_size)
+            except BaseException:
+                store.close()
+                raise
+    finally:
+        if secret is not None:
+            secret.release()  # every rank connected (each read the file), or the job failed
+    return _info(store, rank, world_size, env, host, store.port, secret)
+
+
+def _derived(env: dict, rank: int, world_size: int, host: str, port: int, timeout: timedelta,
+             environ: Mapping[str, str], publish: bool, what: str) -> LocalSecret | None:
+    """The secret of a job without a token whose ranks share this host (chorus.host.secret)."""
+    if env["token"] is not None:
+        return None
+    return job_secret(rank, world_size, host, port, timeout.total_seconds(),
+                      local_world_size=env["local_world_size"], launcher_world_size=env["world_size"],
+                      environ=environ, publish=publish, what=what)
 
 
 def _info(store: Store, rank: int, world_size: int, env: dict, host: str | None,
-          port: int | None) -> RendezvousInfo:
+          port: int | None, secret: LocalSecret | None = None) -> RendezvousInfo:
     local_rank = env["local_rank"] if env["local_rank"] is not None else rank
     local_size = env["local_world_size"] if env["local_world_size"] is not None else world_size
-    return RendezvousInfo(store, rank, world_size, local_rank, local_size, host, port)
+    token = env["token"] if secret is None else secret.token
+    return RendezvousInfo(store, rank, world_size, local_rank, local_size, host, port, token, secret)

@@ -1,9 +1,11 @@
 """chorus scripts under the real torchrun: standalone, and two nodes over loopback.  The
 agent serves its (torch) store on MASTER_PORT; chorus rendezvouses through it instead of
-opening a second store there."""
+opening a second store there.  Without a token, a job on one host still authenticates
+its transport with a derived secret (chorus.host.secret)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -15,13 +17,15 @@ pytest.importorskip("torch", reason="torchrun is torch's launcher")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = os.path.join(ROOT, "examples", "quickstart.py")
+AUTH_REPORT = os.path.join(ROOT, "tests", "launch_scripts", "auth_report.py")
 pytestmark = pytest.mark.slow
 
 
-def torchrun(*args: str) -> subprocess.Popen:
+def torchrun(*args: str, script: str = QUICKSTART) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("CHORUS_TRANSPORT", None)
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args, QUICKSTART],
+    env.pop("CHORUS_TOKEN", None)
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args, script],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
@@ -48,3 +52,14 @@ def test_two_nodes_over_loopback():
     nodes = [torchrun(*common, f"--node-rank={n}") for n in (0, 1)]
     out = "".join(finish(p) for p in nodes)
     assert "gathered [0, 1, 2, 3]" in out and "all ranks passed the barrier" in out
+
+
+def test_standalone_without_a_token_is_authenticated():
+    """torch's store stays open, but the ranks' transport proves the derived secret: it refuses
+    a connection that proves nothing, trusts the peers' objects, and nothing warns."""
+    out = finish(torchrun("--standalone", "--nproc-per-node=2", script=AUTH_REPORT))
+    reports = sorted((json.loads(line.split("REPORT ", 1)[1]) for line in out.splitlines() if "REPORT " in line),
+                     key=lambda r: r["rank"])
+    assert reports == [{"rank": 0, "authenticated": True, "transport_refuses": True, "objects": [0, 1]},
+                       {"rank": 1, "authenticated": True, "objects": [0, 1]}], out
+    assert "no job token" not in out

@@ -77,16 +77,20 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     t = DEFAULT_TIMEOUT_S if t is None else t
     if t <= 0:
         raise InvalidArgumentError(f"init_process_group: timeout must be positive, got {t} s")
-    from chorus import net  # imported here so that `import chorus` stays fast
-    from chorus.rendezvous import rendezvous
+    from chorus.rendezvous import rendezvous  # imported here so that `import chorus` stays fast
     from chorus.store import PrefixStore
     from chorus.transport.tcp import TcpTransport, local_address_towards
 
     info = rendezvous(init_method, rank, world_size, timedelta(seconds=t), store)
-    generation = info.store.add(f"chorus/inits/{info.rank}", 1)
-    job_store = PrefixStore(f"chorus/{generation}", info.store)
-    transport = TcpTransport(info.rank, info.world_size, job_store, token=net.get_token(), timeout=t,
-                             host=local_address_towards(info.master_addr))
+    try:
+        generation = info.store.add(f"chorus/inits/{info.rank}", 1)
+        job_store = PrefixStore(f"chorus/{generation}", info.store)
+        # info.token: CHORUS_TOKEN, or the secret derived for a job on one host (chorus.host.secret)
+        transport = TcpTransport(info.rank, info.world_size, job_store, token=info.token, timeout=t,
+                                 host=local_address_towards(info.master_addr))
+    finally:
+        if info.secret is not None:
+            info.secret.release()  # rank 0: every rank has connected (each read it), or set-up failed
     install(world, transport, name, t, info.store, info.local_rank, info.local_world_size)
     flight.install_signal_dumps(info.rank)  # with CHORUS_FLIGHT_RECORDER_DIR: dump on SIGTERM/SIGINT
     trace.start(info.rank, info.world_size, PrefixStore(f"chorus/{generation}/trace", info.store))  # CHORUS_TRACE

@@ -14,7 +14,8 @@ metrics, strings); move tensors with the tensor collectives.
 .. warning:: Security.  The objects travel pickled, and unpickling runs whatever code
    the bytes ask for.  So a receiver unpickles anything only from peers that proved the
    job token in the connection handshake (``chorusrun`` and ``chorus.spawn`` generate
-   one; give multi-host jobs ``--token-file``/``CHORUS_TOKEN``).  In a job without a
+   one, a job whose ranks share one host derives one: ``chorus.host.secret``; give
+   multi-host jobs ``--token-file``/``CHORUS_TOKEN``).  In a job without a
    token it accepts only safe globals: builtin containers and scalars, datetime,
    Decimal, Fraction, numpy arrays, torch tensors, dtypes, devices and sizes, and what
    ``chorus.add_safe_globals([...])`` registered; any other global raises

@@ -189,8 +189,9 @@ class ObjectDecoder:
                          "CHORUS_OBJECT_PICKLE=auto with a job token, or CHORUS_OBJECT_PICKLE=full")
         else:
             why = "the job has no token, so any process that reaches its ports could have sent it"
-            ways = ("or give the job a token (chorusrun and chorus.spawn make one; otherwise set the same "
-                    "CHORUS_TOKEN on every rank), or set CHORUS_OBJECT_PICKLE=full to unpickle anything")
+            ways = ("or give the job a token (chorusrun and chorus.spawn make one, jobs on one host derive one "
+                    "unless CHORUS_LOCAL_SECRET=off; otherwise set the same CHORUS_TOKEN on every rank), or set "
+                    "CHORUS_OBJECT_PICKLE=full to unpickle anything")
         short = name.rpartition(".")[2]
         return (f"{self.op}: refused to unpickle the object sent by {who}: it needs the global {name}, "
                 f"which is not on chorus's list of safe globals ({why}; unpickling runs whatever code the "

@@ -116,12 +116,18 @@ class TCPStore(Store):
             self._sock = connect(_connect_host(host_name), port, self._timeout)
             client_handshake(self._sock, token, b"store", self._timeout)
             if is_master and wait_for_workers and world_size:
-                self._wait_for_workers(world_size)
+                self.wait_for_workers(world_size)
         except BaseException:
             self.close()
             raise
 
-    def _wait_for_workers(self, world_size: int) -> None:
+    def wait_for_workers(self, world_size: int) -> None:
+        """On the master: block until ``world_size`` clients (this one included) have
+        connected, StoreTimeoutError after the store's timeout.  What ``wait_for_workers=True``
+        does in the constructor, for a master that has something to do in between (rendezvous
+        publishes a job's derived secret once the port is bound)."""
+        if self._server is None:
+            raise InvalidArgumentError("wait_for_workers: only the master (is_master=True) can wait for workers")
         joined = self._server.wait_for_clients(world_size, self._timeout)
         if joined < world_size:
             raise StoreTimeoutError(

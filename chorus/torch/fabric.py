@@ -18,6 +18,13 @@ transport plus the chorus ``World`` that owns it — and a chorus ``ProcessGroup
 * a chorus group in a job whose default group is *not* chorus (e.g. gloo) gets a fabric
   of its own over its members, rendezvoused through its own store.
 
+Its connections prove the job token: ``CHORUS_TOKEN``; else the one chorus's own
+rendezvous used (``init_method="chorus://"``); else, for torch's default group of a job
+whose ranks all share this host (single-node torchrun, ``mp.spawn`` with a loopback
+MASTER_ADDR), a secret rank 0 derives and hands the others through a file only this user
+can read (``chorus.host.secret``) — torch's own store stays unauthenticated, chorus's
+transport does not.  A sub-group's own fabric proves ``CHORUS_TOKEN`` or nothing.
+
 Fabrics say goodbye to their peers at ``destroy_process_group`` (torch calls the
 group's ``shutdown``) and at a normal interpreter exit; after an uncaught exception they
 do not, so the peers see this rank as crashed (``PeerLostError``), as chorus does.
@@ -31,11 +38,15 @@ import os
 import sys
 import threading
 
-from chorus import net
+from chorus import config, net
 from chorus.api.init import attach_components, destroy_process_group, install
 from chorus.api.state import World, current, use_world
+from chorus.host.secret import LocalSecret, job_secret
 from chorus.process_group import ProcessGroup
+from chorus.rendezvous import detect_environment
 from chorus.store import PrefixStore, Store
+from chorus.torch import rendezvous
+from chorus.torch.stores import tcp_address
 from chorus.transport.tcp import TcpTransport, local_address_towards
 
 log = logging.getLogger("chorus")
@@ -61,11 +72,16 @@ class entered:  # noqa: N801 - used like a function: ``with entered(world): ...`
 class Fabric:
     """A chorus transport over ``size`` ranks and the World that owns it."""
 
-    def __init__(self, store: Store, rank: int, size: int, timeout: float):
-        generation = store.add(f"chorus/generation/{rank}", 1)  # equal on every rank of one set-up
-        self.store = PrefixStore(f"chorus/{generation}", store)
-        transport = TcpTransport(rank, size, self.store, token=net.get_token(), timeout=timeout,
-                                 host=local_address_towards(os.environ.get("MASTER_ADDR")))
+    def __init__(self, store: Store, rank: int, size: int, timeout: float, token: bytes | None = None,
+                 secret: LocalSecret | None = None):
+        try:
+            generation = store.add(f"chorus/generation/{rank}", 1)  # equal on every rank of one set-up
+            self.store = PrefixStore(f"chorus/{generation}", store)
+            transport = TcpTransport(rank, size, self.store, token=token, timeout=timeout,
+                                     host=local_address_towards(os.environ.get("MASTER_ADDR")))
+        finally:
+            if secret is not None:
+                secret.release()  # rank 0: every rank has connected (each read it), or set-up failed
         self.world = World()
         self.closed = False
         with entered(self.world):
@@ -185,7 +201,29 @@ def join(torch_store, group_rank: int, group_size: int, timeout: float, name: st
     if global_ranks and world is not None and not world.closed and max(global_ranks) < world.size \
             and global_ranks[group_rank] == world.rank:
         return Membership(world, world.add_group(store, group_rank, tuple(global_ranks), timeout, name), False)
-    fabric = Fabric(store, group_rank, group_size, timeout)
-    if not global_ranks:  # torch's default group: later chorus groups share this transport
+    if global_ranks:  # a sub-group of a job whose default group is not chorus
+        fabric = Fabric(store, group_rank, group_size, timeout, net.get_token())
+    else:  # torch's default group: later chorus groups share this transport
+        token, secret = world_token(torch_store, group_rank, group_size, timeout)
+        fabric = Fabric(store, group_rank, group_size, timeout, token, secret)
         _live.world = fabric
     return Membership(fabric, fabric.world.default_group, True)
+
+
+def world_token(torch_store, rank: int, size: int, timeout: float) -> tuple[bytes | None, LocalSecret | None]:
+    """The token the world fabric's connections prove, and the derived secret (if any) whose
+    file rank 0 removes once its transport is connected (see the module's docstring)."""
+    explicit = net.get_token()
+    handed = rendezvous.take_token()  # chorus://: what chorus's rendezvous proved
+    if explicit is not None or handed is not None:
+        return explicit or handed[0], None if handed is None else handed[1]
+    if config.get("CHORUS_STORE_HOSTED"):
+        return None, None
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not addr or not port.strip().isdigit():
+        addr, port = tcp_address(torch_store) or (None, None)
+    env = detect_environment()
+    secret = job_secret(rank, size, addr, None if port is None else int(port), timeout,
+                        local_world_size=env["local_world_size"], launcher_world_size=env["world_size"],
+                        what=f"rank 0 of this job (MASTER_ADDR {addr}, MASTER_PORT {port})")
+    return (None, None) if secret is None else (secret.token, secret)

@@ -35,6 +35,17 @@ SCHEME = "chorus"
 torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
 
+# The token chorus_handler's rendezvous proved (and its derived secret, chorus.host.secret),
+# for the backend's world fabric to prove too: its first taker gets it (take_token).
+_handed: list[tuple[bytes, object]] = []
+
+
+def take_token() -> tuple[bytes, object] | None:
+    """(token, derived secret or None) of this process's last ``chorus://`` rendezvous with a
+    token, once; None if there is none."""
+    return _handed.pop() if _handed else None
+
+
 # torch keeps only the C++ half of a Python store; once the Python object is collected its
 # methods are gone ("pure virtual function") while later new_group calls still use it.
 # Stores handed to torch therefore live as long as the process (one per init).
@@ -52,6 +63,9 @@ def chorus_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwarg
     rank = int(query.get("rank", ["-1"])[-1])
     world_size = int(query.get("world_size", ["-1"])[-1])
     info = rendezvous("env://", rank, world_size, timeout)
+    _handed.clear()
+    if info.token is not None:
+        _handed.append((info.token, info.secret))
     store = TorchView(info.store)
     store.set_timeout(timeout)
     _KEEP.append(store)

@@ -113,6 +113,18 @@ class TorchView(dist.Store):
         return timeout if timeout.total_seconds() > 0 else self.chorus_store.timeout
 
 
+def tcp_address(torch_store) -> tuple[str, int] | None:
+    """(host, port) of the torch TCPStore under ``torch_store`` (through PrefixStores), or
+    None when it is another kind of store."""
+    for _ in range(16):
+        if isinstance(torch_store, dist.TCPStore):
+            return torch_store.host, torch_store.port
+        torch_store = getattr(torch_store, "underlying_store", None)
+        if torch_store is None:
+            return None
+    return None
+
+
 def agent_store(host: str, port: int, world_size: int, timeout: timedelta, prefix: str) -> Store:
     """A chorus store over the torch TCPStore that torchrun's agent serves on HOST:PORT
     (``TORCHELASTIC_USE_AGENT_STORE=True``), under ``prefix``: chorus scripts under torchrun

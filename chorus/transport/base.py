@@ -47,7 +47,8 @@ class Transport:
         self.mismatched_at: dict[int, int] = {}  # group -> the op number where it broke
         self.finished_seq: dict[int, int] = {}  # group -> seq of the last collective finished here
         self.closed_reason: str | None = None
-        # Whether every peer proved the job token (the TCP transport with a token): object
+        # Whether every peer proved the job token (the TCP transport with a token, given or
+        # derived for a job on one host: chorus.host.secret): object
         # collectives unpickle anything only from authenticated peers (chorus.api.safe_pickle).
         self.authenticated = False
         self._listeners: list[Callable[[int, str], None]] = []
