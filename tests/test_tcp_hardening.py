@@ -346,11 +346,12 @@ _TRANSPORT_AFTER_STARVING = _STARVE + textwrap.dedent("""
     from chorus.wire.frames import Kind
 
     store, ranks = HashStore(), {}
-    r0 = threading.Thread(target=lambda: ranks.setdefault(0, TcpTransport(0, 2, store, token=b"t", timeout=20)))
+    # (generous timeouts: what counts is that the rank joins at all, also on a busy machine)
+    r0 = threading.Thread(target=lambda: ranks.setdefault(0, TcpTransport(0, 2, store, token=b"t", timeout=60)))
     r0.start()
     flood_then_go(store.get("tcp/addr/0").decode())
-    ranks[1] = TcpTransport(1, 2, store, token=b"t", timeout=20)
-    r0.join(20)
+    ranks[1] = TcpTransport(1, 2, store, token=b"t", timeout=60)
+    r0.join(60)
     out = np.zeros(4, np.int64)
     h = ranks[0].irecv(1, memoryview(out).cast("B"), kind=Kind.DATA, group=0, tag=3)
     ranks[1].isend(0, memoryview(np.arange(4, dtype=np.int64)).cast("B"), kind=Kind.DATA, group=0, tag=3)
@@ -363,7 +364,7 @@ _STORE_AFTER_STARVING = _STARVE + textwrap.dedent("""
 
     server = TCPStoreServer("127.0.0.1", 0, token=b"t")
     flood_then_go(f"127.0.0.1:{server.port}")
-    client = TCPStore("127.0.0.1", server.port, timeout=20, token=b"t")
+    client = TCPStore("127.0.0.1", server.port, timeout=60, token=b"t")
     client.set("k", b"v")
     print("ok" if client.get("k") == b"v" else "wrong", flush=True)
 """)
@@ -389,7 +390,7 @@ def test_accepting_survives_running_out_of_descriptors(tmp_path, script):
         proc.stdin.write("go\n")
         proc.stdin.flush()
         result = proc.stdout.readline().strip()
-        _, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=60)
     finally:
         for s in flood:
             s.close()

@@ -99,8 +99,10 @@ def test_ddp_example_under_chorusrun():
     assert sum(line.startswith("Rank ") for line in lines) == 2
 
 
-def test_device_mesh_example_under_torchrun_and_natively_under_chorusrun():
-    text = "\n".join(_launch("torchrun", 2, "device_mesh.py"))  # torchrun may interleave two ranks' prints
+def test_device_mesh_example_with_torch_s_mesh_and_natively():
+    """torch's DeviceMesh over backend "chorus", then chorus.DeviceMesh (chorusrun starts
+    both: torchrun interop has tests/test_torchrun.py)."""
+    text = "\n".join(_launch("chorusrun", 2, "device_mesh.py"))  # two ranks' prints may interleave
     assert "rank 1 at [1, 0]: dp group [0, 1] sum 1, tp group [1] sum 1 (chorus)" in text
     assert "round trip exact: True" in text
     lines = _launch("chorusrun", 4, "device_mesh.py", "--native")
