@@ -7,7 +7,9 @@ answered in order.  A ``get``/``wait``/``multi_get`` whose keys are missing is *
 it is listed under each missing key and in a deadline heap, and is answered when the
 last key is written or when its deadline passes - no polling, no thread per client.
 A connection that fails the handshake or sends a malformed frame is logged and closed;
-everyone else is unaffected.
+everyone else is unaffected.  A failed handshake is also written into the store, under
+REFUSED_KEY (why, the last one) and REFUSALS_KEY (how many): ranks waiting at rendezvous
+for a rank that will never join - one started with another token - read them there.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ from chorus.wire.store_codec import (
 logger = logging.getLogger("chorus")
 
 _RECV_SIZE = 1 << 18
+
+#: Keys where the server notes the connections it refused at the handshake.
+REFUSED_KEY = "chorus/store/refused"
+REFUSALS_KEY = "chorus/store/refusals"
 _MAX_SLEEP = 3600.0  # the loop re-reads its deadlines at least this often
 
 
@@ -194,6 +200,9 @@ class TCPStoreServer:
         except (ProtocolError, AuthenticationError) as e:
             logger.warning("chorus store server: closing the connection from %s: %s",
                            conn.peer, e)
+            if not conn.handshake.done or isinstance(e, AuthenticationError):
+                self._note_refusal(f"a connection from {conn.peer}: "
+                                   + str(e).replace(f"; {TOKEN_ADVICE}", ""))
             self._drop(conn)
         except OSError as e:
             logger.debug("chorus store server: connection from %s failed: %s", conn.peer, e)
@@ -237,6 +246,11 @@ class TCPStoreServer:
         with self._joined_cond:
             self._joined += 1
             self._joined_cond.notify_all()
+
+    def _note_refusal(self, why: str) -> None:
+        count = int(self._data.get(REFUSALS_KEY.encode(), b"0")) + 1
+        self._write(REFUSED_KEY.encode(), why.encode())
+        self._write(REFUSALS_KEY.encode(), str(count).encode())
 
     def _send(self, conn: _Conn, data: bytes) -> None:
         if conn.closed:

@@ -27,7 +27,10 @@ differs.  ``CHORUS_SHM_P2P=0`` or ``CHORUS_TRANSPORT=tcp`` keep everything on th
 Failures: EOF or a reset on a connection whose peer did not say BYE means that peer
 died; this rank fails everything pending in that peer's groups and sends PEER_LOST to
 every other rank, which do the same — so all survivors fail within milliseconds of the
-kernel noticing.  A heartbeat every second on idle connections catches hung hosts.
+kernel noticing.  A heartbeat every second on idle connections catches hung hosts.  A
+rank that fails by raising says so first (FAILED, with its error, passed on like
+PEER_LOST), so the survivors' errors name the cause; it leaves its connections open until
+its process exits, whose EOF then tells the peers it has (``wait_exited``).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from chorus.wire.frames import (
     Header,
     Kind,
     LostReason,
+    failed_text,
     unpack_header,
 )
 
@@ -93,7 +97,7 @@ def local_address_towards(remote: str | None) -> str:
 
 class _Connection:
     __slots__ = ("peer", "sock", "cv", "queue", "sender", "last_sent", "last_heard", "reading",
-                 "bye", "reader", "ring_out", "ring_in", "ring_min")
+                 "bye", "ended", "reader", "ring_out", "ring_in", "ring_min")
 
     def __init__(self, peer: int, sock: socket.socket):
         self.peer = peer
@@ -104,6 +108,7 @@ class _Connection:
         self.last_sent = self.last_heard = time.monotonic()
         self.reading = False
         self.bye = False
+        self.ended = threading.Event()  # set when the peer closed the connection (or it broke)
         self.reader = BufferedReader(sock)
         # Same-host peers: payloads of >= ring_min bytes go through shared memory (shm_link)
         self.ring_out: RingWriter | None = None
@@ -225,6 +230,8 @@ class TcpTransport(Transport):
                     self._lose(h.tag, f"{reason} (reported by rank {conn.peer})", h.seq)
                 elif h.kind == Kind.ABORT:
                     self.group_mismatch(h.group, h.tag, h.seq, h.fingerprint, conn.peer)
+                elif h.kind == Kind.FAILED:
+                    self.peer_failed(h.tag, failed_text(reader.read(h.nbytes)), conn.peer)
                 elif h.kind == Kind.BYE:
                     conn.bye = True
                     self.peer_left(conn.peer)
@@ -238,6 +245,8 @@ class TcpTransport(Transport):
         except (OSError, ConnectionError) as exc:
             if self.closed_reason is None and not conn.bye:
                 self._lose(conn.peer, f"died (connection lost: {exc or 'EOF'})")
+        finally:
+            conn.ended.set()
 
     def _read_payload(self, conn: _Connection, reader: BufferedReader, h: Header) -> None:
         wait = POST_GRACE_S if h.nbytes >= POST_GRACE_MIN else 0.0
@@ -341,6 +350,16 @@ class TcpTransport(Transport):
             for _, _, h in doomed:
                 h.complete(error=error_for(h))
 
+    def _flush(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for conn in list(self._conns.values()):
+            with conn.cv:
+                conn.cv.wait_for(lambda c=conn: not c.queue, timeout=max(0.0, deadline - time.monotonic()))
+
+    def wait_exited(self, rank: int, timeout: float) -> bool:
+        conn = self._conns.get(rank)
+        return conn is not None and conn.ended.wait(timeout)
+
     def shm_p2p_stats(self) -> dict[int, tuple[int, int]]:
         """Same-host peers with rings -> (payload bytes sent, received) through them."""
         return {peer: (c.ring_out.bytes, c.ring_in.bytes)
@@ -385,10 +404,7 @@ class TcpTransport(Transport):
         """Flush queued sends (up to 5 s), say BYE to every peer, close every socket."""
         if self.closed_reason is not None:
             return
-        deadline = time.monotonic() + 5.0
-        for conn in list(self._conns.values()):
-            with conn.cv:
-                conn.cv.wait_for(lambda c=conn: not c.queue, timeout=max(0.0, deadline - time.monotonic()))
+        self._flush(5.0)
         super().close()
         bye = control_header(Kind.BYE)
         for conn in list(self._conns.values()):
