@@ -210,6 +210,10 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("CHORUS_STORE_HOSTED", "bool", False,
             meaning="a launcher hosts the TCPStore (chorusrun sets 1): every rank, rank 0 "
                     "included, connects to it as a client"),
+    Setting("CHORUS_STORE_PORT", "int", minimum=1, maximum=65535,
+            meaning="port of the store a launcher hosts on MASTER_ADDR (chorusrun sets it, and "
+                    "leaves MASTER_PORT to torch.distributed's own env:// rendezvous); unset: "
+                    "MASTER_PORT"),
     Setting("CHORUS_SOCKET_HOST", "str",
             meaning="address this rank's TCP transport listens on and gives its peers; unset: "
                     "the local address that reaches MASTER_ADDR (127.0.0.1 on one host)"),

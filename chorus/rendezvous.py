@@ -12,15 +12,21 @@ plus this process's rank and world size::
 
 For env:// and tcp://, rank 0 hosts the TCPStore server on HOST:PORT (bound to that
 address only) and every other rank connects to it, unless ``CHORUS_STORE_HOSTED=1``
-says a launcher already hosts it: then every rank is a client.  Connections carry the
-job token from ``CHORUS_TOKEN`` (see ``chorus.net.get_token``); without one, a job whose
-ranks all share this host derives one (``chorus.host.secret``: rank 0 writes it to a file
-only this user can read once its store listens, the others read it before they connect).
-``RendezvousInfo.token`` is the token the job's connections prove, either way.  Every
-argument is checked before any connection is made.
+says a launcher already hosts it: then every rank is a client (for env://, of
+MASTER_ADDR:CHORUS_STORE_PORT where chorusrun set it, leaving MASTER_PORT to torch's own
+rendezvous).  Connections carry the job token from ``CHORUS_TOKEN`` (see
+``chorus.net.get_token``); without one, a job whose ranks all share this host derives one
+(``chorus.host.secret``: rank 0 writes it to a file only this user can read once its
+store listens, the others read it before they connect).  ``RendezvousInfo.token`` is the
+token the job's connections prove, either way.  Every argument is checked before any
+connection is made.
 
 Where no launcher says otherwise, ``local_rank`` is ``rank`` and ``local_world_size``
 is ``world_size`` (all ranks on one host).
+
+``rendezvous`` returns once every rank has joined through the store (:func:`agree`), and
+fails fast, on every rank, when they cannot form one job: ranks started with different
+world sizes, or a rank whose job token the store refused.
 """
 
 from __future__ import annotations
@@ -28,18 +34,29 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import parse_qs, urlsplit
 
 from chorus import config
-from chorus.errors import InvalidArgumentError, RendezvousError
+from chorus.errors import InvalidArgumentError, RendezvousError, StoreTimeoutError
 from chorus.host.secret import LocalSecret, job_secret
 from chorus.net import get_token
-from chorus.store import FileStore, Store, TCPStore
+from chorus.store import REFUSALS_KEY, REFUSED_KEY, FileStore, Store, TCPStore
 
 SUPPORTED = "env:// (MASTER_ADDR/MASTER_PORT), tcp://HOST:PORT, file:///PATH"
+#: Seconds between two looks at the store's refused connections while waiting at rendezvous.
+POLL_S = 1.0
+#: Seconds a rendezvous may stay incomplete once a waiting rank has seen that the store refused
+#: a connection (at any time: the refused rank often came first) before it gives up; a
+#: stranger's attempt must not fail a job whose ranks are about to arrive.
+REFUSED_GRACE_S = 4.0
+#: Seconds a store stays open after this rank's rendezvous failed: when it hosts the store,
+#: the other ranks (those still connecting too) read there why the job cannot start.
+LINGER_S = 5.0
 ENV_EXAMPLE = "e.g. MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 RANK=0 WORLD_SIZE=2"
 
 
@@ -256,9 +273,30 @@ def rendezvous(init_method: str | None, rank: int = -1, world_size: int = -1,
     """Find the other ranks; return the shared store, this rank and the world size.
 
     Raises InvalidArgumentError for bad or missing arguments (before connecting),
-    RendezvousError when the store cannot be hosted or reached, and StoreTimeoutError
-    when rank 0 hosts the store and the other ranks do not join within ``timeout``.
+    RendezvousError when the store cannot be hosted or reached or the ranks disagree
+    (:func:`agree`), and StoreTimeoutError when the other ranks do not join within
+    ``timeout``.
     """
+    info = _find_store(init_method, rank, world_size, timeout, store, environ)
+    try:
+        try:
+            agree(info.store, info.rank, info.world_size, timeout.total_seconds())
+        finally:
+            if info.secret is not None:
+                info.secret.release()  # every rank joined (each read the file), or the job failed
+    except BaseException:
+        close = getattr(info.store, "close", None)
+        if store is None and close is not None:
+            # not at once: where this rank hosts the store, the others still read why there
+            timer = threading.Timer(LINGER_S, close)
+            timer.daemon = True
+            timer.start()
+        raise
+    return info
+
+
+def _find_store(init_method: str | None, rank: int, world_size: int, timeout: timedelta,
+                store: Store | None, environ: Mapping[str, str]) -> RendezvousInfo:
     env = detect_environment(environ)
     env["token"] = get_token(config.get("CHORUS_TOKEN", environ))
     if store is not None:
@@ -284,6 +322,8 @@ def rendezvous(init_method: str | None, rank: int = -1, world_size: int = -1,
                 f"MASTER_PORT is not set: env:// needs the port rank 0 listens on ({ENV_EXAMPLE})"
             )
         port = _parse_port(env["master_port"], "MASTER_PORT", world_size)
+        if config.get("CHORUS_STORE_HOSTED", environ):
+            port = config.get("CHORUS_STORE_PORT", environ) or port
         if environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
             return _torchrun_rendezvous(host, port, rank, world_size, timeout, env, environ)
         return _tcp_rendezvous(host, port, rank, world_size, timeout, env, environ)
@@ -343,18 +383,19 @@ def _tcp_rendezvous(host: str, port: int, rank: int, world_size: int, timeout: t
                                           publish=False, what=f"{host}:{port}")
     try:
         store = TCPStore(host, port, world_size, is_master=is_master, timeout=timeout,
-                         wait_for_workers=secret is None, multi_tenant=True,
+                         wait_for_workers=False, multi_tenant=True,  # (agree() waits for the ranks)
                          token=env["token"] if secret is None else secret.token)
         if is_master and secret is not None:
             try:  # the port is ours: only now may the file name this job's store
                 secret.publish()
-                store.wait_for_workers(world_size)
             except BaseException:
                 store.close()
                 raise
-    finally:
+    except BaseException:
         if secret is not None:
-            secret.release()  # every rank connected (each read the file), or the job failed
+            secret.release()
+        raise
+    # (rendezvous() releases the secret once agree() saw every rank join: each read the file)
     return _info(store, rank, world_size, env, host, store.port, secret)
 
 
@@ -374,3 +415,75 @@ def _info(store: Store, rank: int, world_size: int, env: dict, host: str | None,
     local_size = env["local_world_size"] if env["local_world_size"] is not None else world_size
     token = env["token"] if secret is None else secret.token
     return RendezvousInfo(store, rank, world_size, local_rank, local_size, host, port, token, secret)
+
+
+# -- agreeing on one job ---------------------------------------------------------------
+
+def agree(store: Store, rank: int, world_size: int, timeout: float) -> None:
+    """Return once all ``world_size`` ranks have joined through ``store``; fail fast when
+    they cannot form one job.
+
+    Each rank's n-th call on a store meets the other ranks' n-th.  Every rank writes the
+    world size it was given; the first written is the job's.  A rank given another one
+    fails at once, and marks the round failed, which fails every rank waiting in it.  The
+    last rank to join marks it complete.  While waiting, a rank looks every POLL_S seconds
+    at the connections the store refused at the handshake (``chorus.store.REFUSED_KEY``);
+    if there was one (before this round, too: the refused rank may have come first) and
+    the round is still incomplete REFUSED_GRACE_S after the rank saw it, the rank gives
+    up, naming it: a rank started with another token never joins.
+    """
+    round_no = store.add(f"chorus/rdzv/rounds/{rank}", 1)
+    prefix = f"chorus/rdzv/{round_no}/"
+    claim = f"{world_size} {rank}".encode()
+    first = store.compare_set(prefix + "world_size", b"", claim)
+    if first != claim:
+        size, _, who = first.decode().partition(" ")
+        if int(size) != world_size:
+            why = f"rank {rank} says world_size {world_size}, rank {who} says {size}"
+            store.set(prefix + "verdict", why)
+            raise RendezvousError(_mismatch_message(why))
+    store.set(f"{prefix}rank/{rank}", b"")
+    if store.add(prefix + "joined", 1) == world_size:
+        store.set(prefix + "verdict", "ok")
+    verdict = _wait_for_verdict(store, prefix, world_size, timeout)
+    if verdict != b"ok":
+        raise RendezvousError(_mismatch_message(verdict.decode()))
+
+
+def _wait_for_verdict(store: Store, prefix: str, world_size: int, timeout: float) -> bytes:
+    start = time.monotonic()
+    # Only chorus's store server notes refused connections; a store of torch's (under torchrun)
+    # would also log every short wait that timed out.
+    watch = isinstance(store, TCPStore)
+    refused_at = None
+    while True:
+        left = timeout - (time.monotonic() - start)
+        try:
+            return store.get(prefix + "verdict", timeout=max(0.001, min(POLL_S, left) if watch else left))
+        except StoreTimeoutError:
+            pass
+        now = time.monotonic()
+        if watch and refused_at is None and store.add(REFUSALS_KEY, 0):
+            refused_at = now
+        if refused_at is not None and now - refused_at >= REFUSED_GRACE_S:
+            raise RendezvousError(
+                f"rendezvous: {_joined(store, prefix)} of {world_size} ranks joined, and the store "
+                f"refused {store.get(REFUSED_KEY).decode(errors='replace')}. A rank whose job token "
+                f"differs never joins: give every rank the same CHORUS_TOKEN (chorusrun: the same "
+                f"--token on every node)")
+        if now - start >= timeout:
+            missing = [r for r in range(world_size) if not store.check([f"{prefix}rank/{r}"])]
+            raise StoreTimeoutError(
+                f"rendezvous: after {timeout:g} s only {_joined(store, prefix)} of {world_size} ranks "
+                f"joined (missing: ranks {missing}); start every rank, check that they use the same "
+                f"MASTER_ADDR/MASTER_PORT, or pass a longer timeout")
+
+
+def _joined(store: Store, prefix: str) -> int:
+    return store.add(prefix + "joined", 0)
+
+
+def _mismatch_message(why: str) -> str:
+    return (f"rendezvous: the ranks disagree on the size of the job: {why}. Start every rank "
+            f"with the same WORLD_SIZE (chorusrun: the same --nnodes and --nproc-per-node on "
+            f"every node)")

@@ -100,6 +100,7 @@ def test_env_prefixes_and_streams_for_four_ranks():
         assert (e["MASTER_ADDR"], e["MASTER_PORT"]) == ("127.0.0.1", port)
         assert (e["CHORUS_TOKEN"], e["CHORUS_JOB_ID"], e["TORCHELASTIC_RUN_ID"]) == (token, job, job)
         assert (e["PYTHONUNBUFFERED"], e["CHORUS_STORE_HOSTED"]) == ("1", "1")
+        assert e["CHORUS_STORE_PORT"] != port  # MASTER_PORT is left to torch's env://
         assert info["argv"] == []
     out, err = by_rank(r.stdout), by_rank(r.stderr)
     for rank in range(4):
@@ -324,7 +325,7 @@ def test_two_nodes_number_ranks_by_node_and_agree_on_the_job_id():
                       "--master-port", "0", "--token", "tok", "print_env.py")
     assert node0.returncode == 0, node0.stderr
     env0 = rank_envs(node0.stdout)
-    port = env0[0]["env"]["MASTER_PORT"]
+    port = env0[0]["env"]["CHORUS_STORE_PORT"]  # the store's port, which node 0 picked
     node1 = chorusrun("--nnodes=2:2", "--node_rank=1", "--nproc_per_node=2",
                       f"--master_port={port}", "--token", "tok", "print_env.py")
     assert node1.returncode == 0, node1.stderr
@@ -333,7 +334,8 @@ def test_two_nodes_number_ranks_by_node_and_agree_on_the_job_id():
     for rank, info in {**env0, **env1}.items():
         e = info["env"]
         assert e["LOCAL_RANK"] == str(rank % 2) and e["GROUP_RANK"] == str(rank // 2)
-        assert (e["WORLD_SIZE"], e["MASTER_PORT"], e["CHORUS_TOKEN"]) == ("4", port, "tok")
+        assert (e["WORLD_SIZE"], e["CHORUS_STORE_PORT"], e["CHORUS_TOKEN"]) == ("4", port, "tok")
+        assert e["MASTER_PORT"] == str(int(port) + 1)  # torch's own rendezvous: the next port
     assert len({i["env"]["CHORUS_JOB_ID"] for i in [*env0.values(), *env1.values()]}) == 1
 
 
@@ -343,3 +345,31 @@ def test_several_nodes_without_token_warn_they_are_unauthenticated():
     assert r.returncode == 0, r.stderr
     assert "unauthenticated" in r.stderr
     assert rank_envs(r.stdout)[1]["env"]["CHORUS_TOKEN"] is None
+
+
+@pytest.mark.slow
+def test_a_plain_torch_gloo_script_runs_under_chorusrun():
+    """torch's own env:// rendezvous: its rank 0 binds MASTER_PORT, which the launcher leaves
+    free (its store is on CHORUS_STORE_PORT)."""
+    pytest.importorskip("torch")
+    r = chorusrun("--nproc-per-node", "2", "--master-port", "0", "torch_gloo.py", timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert by_rank(r.stdout) == {0: ["rank 0 of 2: 3"], 1: ["rank 1 of 2: 3"]}
+
+
+def test_nodes_started_with_different_sizes_fail_fast_naming_them():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    start = time.monotonic()
+    nodes = [subprocess.Popen([sys.executable, "-m", "chorus.run", "--nnodes", "2", "--node-rank", str(n),
+                               "--nproc-per-node", str(n + 1), "--master-port", port, "--token", "t",
+                               "all_reduce_job.py"], cwd=SCRIPTS, env=_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    outputs = [p.communicate(timeout=60) for p in nodes]
+    assert time.monotonic() - start < 10
+    for p, (_, err) in zip(nodes, outputs, strict=True):
+        assert p.returncode == 1
+        # node 0's rank 0 says 2 (1 rank per node), node 1's ranks 2 and 3 say 4
+        assert re.search(r"the ranks disagree on the size of the job: rank (0 says world_size 2, rank [23] says 4"
+                         r"|[23] says world_size 4, rank 0 says 2)", err), err

@@ -70,11 +70,12 @@ def test_one_host_is_decided_from_what_every_rank_knows(world, addr, local, laun
 def test_the_key_is_the_jobs():
     key = secret.job_key("127.0.0.1", 29500, 2, {})
     assert key == secret.job_key("127.0.0.1", 29500, 2, {}) and len(key) == 32
-    others = [secret.job_key("127.0.0.1", 29501, 2, {}), secret.job_key("127.0.0.1", 29500, 3, {}),
+    assert secret.job_key("127.0.0.1", 29500, 3, {}) == key  # a world-size mismatch meets (and is told)
+    others = [secret.job_key("127.0.0.1", 29501, 2, {}),
               secret.job_key("127.0.0.1", 29500, 2, {"TORCHELASTIC_RUN_ID": "x"}),
               secret.job_key("127.0.0.1", 29500, 2, {"TORCHELASTIC_RESTART_COUNT": "1"}),
               secret.job_key("127.0.0.1", 29500, 2, {"CHORUS_JOB_ID": "j"})]
-    assert len({key, *others}) == 6
+    assert len({key, *others}) == 5
 
 
 # -- the file ---------------------------------------------------------------------------------------

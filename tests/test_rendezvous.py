@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from datetime import timedelta
@@ -327,4 +328,54 @@ def test_non_master_gives_up_when_nobody_hosts():
     with pytest.raises(RendezvousError, match=f"could not connect to 127.0.0.1:{port}"):
         rendezvous(None, timeout=timedelta(seconds=0.3), environ=env)
     assert time.monotonic() - start < 3
+
+
+
+# -- ranks that cannot form one job fail fast, every one ---------------------------------------
+
+def fail_each(world: int, make_info) -> dict[int, tuple[BaseException, float]]:
+    """Run ``make_info(rank)`` in ``world`` threads, each expected to raise; return each
+    rank's error and the seconds it took."""
+    errors: dict = {}
+
+    def rank_main(rank: int) -> None:
+        start = time.monotonic()
+        try:
+            make_info(rank).store.close()
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            errors[rank] = (e, time.monotonic() - start)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(errors) == list(range(world))
+    return errors
+
+
+@pytest.mark.parametrize("sizes", [(2, 3), (3, 2)])
+def test_a_world_size_mismatch_fails_every_rank_naming_both_sizes(sizes):
+    port = free_port()
+    errors = fail_each(2, lambda r: rendezvous(f"tcp://127.0.0.1:{port}", rank=r, world_size=sizes[r],
+                                               timeout=timedelta(seconds=600), environ={}))
+    for error, seconds in errors.values():
+        assert isinstance(error, RendezvousError) and seconds < 5
+        assert re.search(rf"rank (0 says world_size {sizes[0]}, rank 1 says {sizes[1]}"
+                         rf"|1 says world_size {sizes[1]}, rank 0 says {sizes[0]})\. Start every rank with "
+                         rf"the same WORLD_SIZE", str(error)), error
+
+
+def test_a_token_mismatch_fails_every_rank_naming_the_token():
+    port = free_port()
+    tokens = ["ours", "another"]
+    errors = fail_each(2, lambda r: rendezvous(None, timeout=timedelta(seconds=600), environ={
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": "2",
+        "CHORUS_TOKEN": tokens[r]}))
+    (host_error, host_s), (client_error, client_s) = errors[0], errors[1]
+    assert isinstance(client_error, AuthenticationError) and client_s < 5
+    assert "the server proved a different job token" in str(client_error)
+    assert isinstance(host_error, RendezvousError) and host_s < 10
+    assert re.search(r"1 of 2 ranks joined, and the store refused a connection from 127\.0\.0\.1:\d+: .*token.*"
+                     r"give every rank the same CHORUS_TOKEN", str(host_error)), host_error
 

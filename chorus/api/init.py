@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
 import sys
 from datetime import timedelta
 
 from chorus import trace
+from chorus.api import crash
 from chorus.api.state import World, current, initialized_world
 from chorus.debug import flight
 from chorus.errors import InvalidArgumentError
 from chorus.process_group import ProcessGroup
 from chorus.work import seconds
-
-log = logging.getLogger("chorus")
 
 DEFAULT_TIMEOUT_S = 600.0
 #: Backend names accepted by init_process_group.  chorus serves all of them itself, on CPU
@@ -111,7 +108,7 @@ def install(world: World, transport, backend: str, timeout: float, store=None,
     world.default_group = ProcessGroup(0, tuple(range(transport.world_size)), transport.rank, transport,
                                        timeout, name="WORLD", backend=backend)
     world.groups = {0: world.default_group}
-    _close_at_exit()
+    crash.install(destroy_process_group)  # BYE at a normal exit; the cause to the peers at a failure
     try:
         attach_components(world.default_group)
     except BaseException:
@@ -208,35 +205,3 @@ def get_world_size(group=None) -> int:
 def get_backend(group=None) -> str:
     """The backend name given to init_process_group (chorus runs every one of them)."""
     return initialized_world("get_backend").backend
-
-
-# -- leaving cleanly at interpreter exit ------------------------------------------------------
-_exit_hook_installed = False
-_crashed = False
-
-
-def _close_at_exit() -> None:
-    """At a normal exit, say BYE to peers; after an uncaught exception, do not: the peers
-    must see this rank as crashed (their pending ops fail with PeerLostError)."""
-    global _exit_hook_installed
-    if _exit_hook_installed:
-        return
-    _exit_hook_installed = True
-    previous = sys.excepthook
-
-    def note_crash(*exc_info):
-        global _crashed
-        _crashed = True
-        previous(*exc_info)
-
-    sys.excepthook = note_crash
-    atexit.register(_leave)
-
-
-def _leave() -> None:
-    world = current()
-    if world.default_group is not None and not _crashed:
-        try:
-            destroy_process_group()
-        except Exception as exc:  # noqa: BLE001 - nothing to do at exit but log
-            log.debug("chorus: clean-up at exit failed: %s", exc)

@@ -96,9 +96,11 @@ def single_host(world_size: int, master_addr: str | None, local_world_size: int 
 
 def job_key(master_addr: str, master_port: int, world_size: int,
             environ: Mapping[str, str] | None = None) -> str:
-    """The name every rank of the job gives its secret (32 hex digits)."""
+    """The name every rank of the job gives its secret (32 hex digits).  Not the world
+    size: ranks started with different ones must still meet, so that the rendezvous
+    tells them so (chorus.rendezvous.agree) instead of each waiting for its own file."""
     env = os.environ if environ is None else environ
-    parts = (master_addr.strip().lower(), str(master_port), str(world_size),
+    parts = (master_addr.strip().lower(), str(master_port),
              env.get("TORCHELASTIC_RUN_ID", ""), env.get("TORCHELASTIC_RESTART_COUNT", ""),
              config.get("CHORUS_JOB_ID", environ) or "")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]

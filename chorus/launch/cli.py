@@ -8,10 +8,15 @@ Usage::
     chorusrun --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --token-file ~/.job-token train.py  # node 1
 
 Node 0's launcher hosts the rendezvous store (a ``chorus.store.TCPStoreServer``) on
-``MASTER_ADDR:MASTER_PORT`` before starting its ranks, and every rank connects to it as
-a client (``CHORUS_STORE_HOSTED=1``).  Each rank gets the torchrun environment (RANK,
-LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
-TORCHELASTIC_RUN_ID, ...) plus CHORUS_TOKEN and CHORUS_JOB_ID.
+``--master-addr:--master-port`` before starting its ranks, and every rank connects to it
+as a client (``CHORUS_STORE_HOSTED=1``, ``CHORUS_STORE_PORT``).  Each rank gets the
+torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, ...) plus CHORUS_TOKEN and CHORUS_JOB_ID.
+MASTER_PORT is not the store's port: it is left to torch.distributed's own ``env://``
+rendezvous, whose rank 0 binds it, so that plain torch scripts (gloo, nccl; no chorus
+import) run under chorusrun as under torchrun's static launch.  On one node it is a free
+port the launcher keeps reserved for the job; on several it is ``--master-port + 1``
+(every node must derive the same one: open both ports on node 0).
 
 Decisions (where torchrun has no exact counterpart):
 
@@ -39,6 +44,7 @@ import hashlib
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 
@@ -208,10 +214,11 @@ class Job:
         seed = f"{self.token}|{self.master_addr}|{master_port}".encode()
         return hashlib.sha256(seed).hexdigest()[:16]
 
-    def rank_specs(self, master_port: int) -> list[RankSpec]:
+    def rank_specs(self, master_port: int, torch_port: int) -> list[RankSpec]:
         """One :class:`RankSpec` per local rank, with the full environment.
 
-        ``master_port`` is the store's real port (node 0 may have picked it).
+        ``master_port`` is the store's real port (node 0 may have picked it); ``torch_port``
+        the ranks' MASTER_PORT (see the module docstring).
         """
         run_id = self.run_id or self._default_run_id(master_port)
         self.job_id = run_id  # the shared-memory segments of the job are named after it
@@ -222,7 +229,7 @@ class Job:
             WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.nproc),
             GROUP_RANK=str(self.node_rank), GROUP_WORLD_SIZE=str(self.nnodes),
             ROLE_NAME="default", ROLE_WORLD_SIZE=str(self.world_size),
-            MASTER_ADDR=self.master_addr, MASTER_PORT=str(master_port),
+            MASTER_ADDR=self.master_addr, MASTER_PORT=str(torch_port), CHORUS_STORE_PORT=str(master_port),
             CHORUS_JOB_ID=run_id, TORCHELASTIC_RUN_ID=run_id,
             TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0",
             CHORUS_STORE_HOSTED="1", PYTHONUNBUFFERED="1",
@@ -252,6 +259,24 @@ def host_store(job: Job):
             msg += (" If another job uses that port, pass --master-port 0 to pick a free "
                     "port (or choose another port).")
         raise RuntimeError(msg) from e
+
+
+def torch_port(job: Job, store_port: int) -> tuple[int, socket.socket | None]:
+    """The ranks' MASTER_PORT (see the module docstring), and on one node the socket that
+    reserves it: bound, not listening, with SO_REUSEADDR, so that no other process's bind
+    or outgoing connection takes it while the job runs, and the job's rank 0 can still
+    listen on it (torch's store server sets SO_REUSEADDR too)."""
+    if job.nnodes > 1:
+        return store_port + 1, None
+    family = socket.AF_INET6 if ":" in job.master_addr else socket.AF_INET
+    reserved = socket.socket(family)
+    try:
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        reserved.bind((job.master_addr, 0))
+    except OSError:
+        reserved.close()
+        raise
+    return reserved.getsockname()[1], reserved
 
 
 def _install_signal_handlers(sup: Supervisor) -> dict:
@@ -289,9 +314,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         port = server.port
     janitor = None
+    reserved = None
     started = time.time()
     try:
-        sup = Supervisor(job.rank_specs(port), log_dir=job.log_dir)
+        master_port, reserved = torch_port(job, port)
+        sup = Supervisor(job.rank_specs(port, master_port), log_dir=job.log_dir)
         janitor = _start_janitor(job.job_id)
         previous = _install_signal_handlers(sup)
         try:
@@ -308,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.close()
+        if reserved is not None:
+            reserved.close()
         _sweep_shared_memory(getattr(job, "job_id", None))
         if janitor is not None:
             janitor.dismiss()

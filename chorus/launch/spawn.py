@@ -10,7 +10,11 @@ The contract is ``torch.multiprocessing.spawn``'s::
 - ``join=True`` waits; the first child that raises or dies makes the parent stop the
   others (SIGTERM, then SIGKILL after a grace period: all stopped within 5 s) and
   raise :class:`ProcessRaisedException` (with the child's traceback) or
-  :class:`ProcessExitedException` (exit code or signal name).
+  :class:`ProcessExitedException` (exit code or signal name).  Of the children that
+  raised, the one reported is the first to raise an error of its own (not PeerLostError,
+  which says it failed because another did), whichever exited first.  Each child writes
+  its error (time, traceback) into a file of its own, whole or not at all, so that even
+  a child stopped meanwhile is read.
 - ``join=False`` returns a :class:`SpawnContext` to ``join()`` later.
 
 Each child sees ``CHORUS_TOKEN`` (the parent's, or a fresh random one shared by the
@@ -21,21 +25,23 @@ parent dies (``PR_SET_PDEATHSIG``), so that nothing outlives a ``kill -9``.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import multiprocessing.connection
 import os
 import secrets
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import traceback
 
 from chorus import config
-from chorus.errors import ChorusError, InvalidArgumentError
+from chorus.errors import ChorusError, InvalidArgumentError, PeerLostError
 from chorus.launch.supervisor import STOP_GRACE_S, die_with_parent, signal_name
 
-#: A traceback longer than this is cut (its tail kept) so that writing it into the
-#: error pipe can never block the dying child.
+#: A traceback longer than this is cut (its tail kept).
 _MAX_TRACEBACK_CHARS = 30_000
 
 
@@ -71,7 +77,7 @@ class ProcessExitedException(ProcessException):
                             self.signal_name)
 
 
-def _child_main(fn, i, args, error_queue, env, parent_pid, tie_to_parent):
+def _child_main(fn, i, args, error_file, env, parent_pid, tie_to_parent):
     """Entry point of a spawned process: set up, run ``fn(i, *args)``, report a raise."""
     if tie_to_parent:
         die_with_parent(parent_pid)
@@ -80,20 +86,24 @@ def _child_main(fn, i, args, error_queue, env, parent_pid, tie_to_parent):
         fn(i, *args)
     except KeyboardInterrupt:
         pass  # the parent is stopping the job; exit quietly
-    except Exception:
+    except Exception as exc:
         text = traceback.format_exc()
         if len(text) > _MAX_TRACEBACK_CHARS:
             text = "... (traceback cut)\n" + text[-_MAX_TRACEBACK_CHARS:]
-        error_queue.put(text)
+        # PeerLostError: this process fails because another did (which one: see join)
+        record = {"time": time.time(), "consequence": isinstance(exc, PeerLostError), "traceback": text}
+        with open(error_file + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.replace(error_file + ".tmp", error_file)  # whole or absent, even if killed meanwhile
         sys.exit(1)
 
 
 class SpawnContext:
     """The processes started by :func:`spawn`; ``join()`` them to wait and get errors."""
 
-    def __init__(self, processes, error_queues):
+    def __init__(self, processes, error_files):
         self.processes = processes
-        self.error_queues = error_queues
+        self.error_files = error_files
         self._pending = {p.sentinel: i for i, p in enumerate(processes)}
 
     def pids(self) -> list[int]:
@@ -119,10 +129,16 @@ class SpawnContext:
                 failed = index
                 break
         if failed is None:
+            if not self._pending:
+                self._forget_error_files()
             return not self._pending
+        seen_at = time.time()
         self._stop_others(grace_period)
         self._pending.clear()
-        raise self._error_for(failed)
+        try:
+            raise self._error_for(failed, seen_at)
+        finally:
+            self._forget_error_files()
 
     def _stop_others(self, grace_period: float) -> None:
         alive = [p for p in self.processes if p.is_alive()]
@@ -136,13 +152,17 @@ class SpawnContext:
                 p.kill()
                 p.join()
 
-    def _error_for(self, index: int) -> ProcessException:
+    def _error_for(self, index: int, seen_at: float) -> ProcessException:
+        """The error to raise: the exception of the process that raised first - not one
+        that failed because another did (PeerLostError) - else the failure of ``index``,
+        the first process seen to fail (at ``seen_at``)."""
+        raised = {i: r for i, r in enumerate(map(_read_error, self.error_files)) if r is not None}
+        causes = [i for i, r in raised.items() if not r["consequence"] and (index in raised or r["time"] <= seen_at)]
+        if causes or index in raised:
+            index = min(causes, key=lambda i: raised[i]["time"]) if causes else index
+            msg = f"\n\n-- Process {index} terminated with the following error:\n{raised[index]['traceback']}"
+            return ProcessRaisedException(msg, index, self.processes[index].pid)
         proc = self.processes[index]
-        queue = self.error_queues[index]
-        if not queue.empty():
-            text = queue.get()
-            msg = f"\n\n-- Process {index} terminated with the following error:\n{text}"
-            return ProcessRaisedException(msg, index, proc.pid)
         code = proc.exitcode
         if code < 0:
             name = signal_name(-code)
@@ -150,6 +170,19 @@ class SpawnContext:
                                           index, proc.pid, code, name)
         return ProcessExitedException(f"process {index} terminated with exit code {code}",
                                       index, proc.pid, code)
+
+    def _forget_error_files(self) -> None:
+        if self.error_files:
+            shutil.rmtree(os.path.dirname(self.error_files[0]), ignore_errors=True)
+
+
+def _read_error(path: str) -> dict | None:
+    """What a child wrote into its error file, or None (it did not raise)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def set_start_method(method: str, force: bool = False) -> None:
@@ -184,19 +217,21 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool
     # fork server's, not the caller's: they cannot be tied to it (the check that the parent
     # is still alive would see the fork server and kill them).
     tie_to_parent = threading.current_thread() is threading.main_thread() and start_method != "forkserver"
-    processes, queues = [], []
+    error_dir = tempfile.mkdtemp(prefix="chorus-spawn-")
+    error_files = [os.path.join(error_dir, f"{i}.json") for i in range(nprocs)]
+    processes = []
     try:
         for i in range(nprocs):
-            q = ctx.SimpleQueue()
             p = ctx.Process(target=_child_main, daemon=daemon,
-                            args=(fn, i, args, q, env, os.getpid(), tie_to_parent))
+                            args=(fn, i, args, error_files[i], env, os.getpid(), tie_to_parent))
             p.start()
             processes.append(p)
-            queues.append(q)
     except BaseException:
-        SpawnContext(processes, queues)._stop_others(grace_period=0.0)
+        context = SpawnContext(processes, error_files)
+        context._stop_others(grace_period=0.0)
+        context._forget_error_files()
         raise
-    context = SpawnContext(processes, queues)
+    context = SpawnContext(processes, error_files)
     if not join:
         return context
     while not context.join():

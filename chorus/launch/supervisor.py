@@ -15,19 +15,30 @@ whatever is still alive after ``grace_s`` seconds.  "First" is the order of exit
 rank numbers: when rank 2 is killed and ranks 0 and 1 exit with PeerLostError a few
 milliseconds later, rank 2 is reported.  Ranks first seen dead at the same look are
 ordered killed-by-a-signal first (a crash is a cause; an error exit is often a reaction
-to it), then by rank.  :meth:`Supervisor.run` returns an :class:`Outcome` that names the
-first failure; :func:`format_failure` turns it into the report printed to stderr.
+to it), then by rank.
+
+The order of exits starts the stop sequence; the report names the rank whose error came
+first in time.  Each rank gets ``TORCHELASTIC_ERROR_FILE`` (as under torchrun), where a
+chorus job's rank writes its own error when it fails (``chorus.api.crash``; a survivor's
+PeerLostError is not written there) and torch's ``@record`` writes any error.  The rank
+reported is the one whose file holds the earliest error - one written before the first
+exit was seen, unless that rank wrote one itself - else the first rank seen to fail.
+:meth:`Supervisor.run` returns an :class:`Outcome` that names it; :func:`format_failure`
+turns it into the report printed to stderr.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,6 +72,7 @@ class RankFailure:
     pid: int
     exit_code: int
     stderr_tail: list[str] = field(default_factory=list)
+    error: str | None = None  # "ValueError: ...", from the rank's error file
 
     @property
     def signal_name(self) -> str | None:
@@ -219,6 +231,8 @@ class Supervisor:
         self._ranks: list[_RankProcess] = []
         self._exits: list[_RankProcess] = []  # in the order they were seen to end
         self._signal: int | None = None
+        self._error_dir: str | None = None  # the ranks' TORCHELASTIC_ERROR_FILEs
+        self._first_seen_at = 0.0
 
     def request_stop(self, signum: int) -> None:
         """Called from a signal handler: forward ``signum`` and stop all ranks."""
@@ -230,13 +244,15 @@ class Supervisor:
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
         parent = os.getpid()
+        self._error_dir = tempfile.mkdtemp(prefix="chorusrun-errors-")
         try:
             for spec in self.specs:
                 log = None
                 if self.log_dir:
                     log = open(os.path.join(self.log_dir, f"rank{spec.rank}.log"), "wb")
+                env = dict(spec.env, TORCHELASTIC_ERROR_FILE=self._error_file(spec.rank))
                 popen = subprocess.Popen(
-                    spec.cmd, env=spec.env, stdin=subprocess.DEVNULL,
+                    spec.cmd, env=env, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     start_new_session=True, preexec_fn=lambda: die_with_parent(parent),
                 )
@@ -245,6 +261,7 @@ class Supervisor:
             self._stop_all(signal.SIGKILL)
             for r in self._ranks:
                 r.popen.wait()
+            shutil.rmtree(self._error_dir, ignore_errors=True)
             raise
         # Reader threads start only after every fork: forking next to running threads
         # with a preexec_fn is what the subprocess docs warn about.
@@ -265,6 +282,7 @@ class Supervisor:
         finally:
             for fd in pidfds:
                 os.close(fd)
+            shutil.rmtree(self._error_dir, ignore_errors=True)
 
     def _supervise(self, pidfds: dict[int, _RankProcess]) -> Outcome:
         first: RankFailure | None = None
@@ -274,6 +292,7 @@ class Supervisor:
             running = self._note_exits()
             if first is None and stopping_since is None:
                 first = self._first_failure()
+                self._first_seen_at = time.time()
             if stopping_since is None and (first is not None or self._signal is not None):
                 stopping_since = time.monotonic()
                 self._stop_all(self._signal or signal.SIGTERM)
@@ -289,6 +308,7 @@ class Supervisor:
         for r in self._ranks:
             r.finish(timeout=2.0)
         if first is not None:
+            first = self._first_cause(first)
             first.stderr_tail = list(self._rank_by_number(first.rank).stderr_tail)
             return Outcome(first.launcher_exit_code, first, self._signal)
         if self._signal is not None:
@@ -315,12 +335,48 @@ class Supervisor:
                 return RankFailure(r.spec.rank, r.spec.local_rank, r.popen.pid, code)
         return None
 
+    def _error_file(self, rank: int) -> str:
+        return os.path.join(self._error_dir, f"rank{rank}.json")
+
+    def _first_cause(self, first: RankFailure) -> RankFailure:
+        """The failed rank whose error file holds the earliest error (see the module
+        docstring), else ``first``."""
+        errors = {}
+        for r in self._ranks:
+            if r.popen.returncode:
+                error = read_error_file(self._error_file(r.spec.rank))
+                if error is not None:
+                    errors[r.spec.rank] = error
+        if first.rank not in errors:
+            errors = {rank: e for rank, e in errors.items() if e[0] <= self._first_seen_at}
+        if not errors:
+            return first
+        rank = min(errors, key=lambda rank: (errors[rank][0], rank))
+        r = self._rank_by_number(rank)
+        return RankFailure(rank, r.spec.local_rank, r.popen.pid, r.popen.returncode, error=errors[rank][1])
+
     def _rank_by_number(self, rank: int) -> _RankProcess:
         return next(r for r in self._ranks if r.spec.rank == rank)
 
     def _stop_all(self, signum: int) -> None:
         for r in self._ranks:
             r.signal_group(signum)
+
+
+def read_error_file(path: str) -> tuple[float, str] | None:
+    """(time, message) of the error a rank wrote into its ``TORCHELASTIC_ERROR_FILE`` (torch's
+    ``@record`` format, whose time is whole seconds; chorus adds it with a fraction), or None."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        message = data["message"]
+        if isinstance(message, str):
+            when, text = data.get("timestamp", 0), message
+        else:
+            when, text = message["extraInfo"]["timestamp"], message["message"]
+        return float(data.get("chorus", {}).get("time", when)), str(text)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _pidfds(ranks: list[_RankProcess]) -> dict[int, _RankProcess]:
@@ -355,6 +411,7 @@ def format_failure(failure: RankFailure, world_size: int) -> str:
         "=" * 72,
         f"chorusrun: rank {failure.rank} (local rank {failure.local_rank}, "
         f"pid {failure.pid}) failed first: {how}.",
+        *([f"chorusrun: its error: {_cut(failure.error)}"] if failure.error else []),
         f"chorusrun: stopped the other ranks of this node (world size {world_size}).",
     ]
     if failure.stderr_tail:
@@ -366,3 +423,9 @@ def format_failure(failure: RankFailure, world_size: int) -> str:
         lines.append(f"(rank {failure.rank} wrote nothing to stderr)")
     lines.append("=" * 72)
     return "\n".join(lines) + "\n"
+
+
+def _cut(text: str, limit: int = 300) -> str:
+    """The first line of ``text``, at most ``limit`` characters."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."

@@ -10,7 +10,8 @@ from chorus.store.base import Store
 from chorus.store.file_store import FileStore
 from chorus.store.hash_store import HashStore
 from chorus.store.prefix_store import PrefixStore
-from chorus.store.tcp_server import TCPStoreServer
+from chorus.store.tcp_server import REFUSALS_KEY, REFUSED_KEY, TCPStoreServer
 from chorus.store.tcp_store import TCPStore
 
-__all__ = ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore", "TCPStoreServer"]
+__all__ = ["REFUSALS_KEY", "REFUSED_KEY", "FileStore", "HashStore", "PrefixStore", "Store", "TCPStore",
+           "TCPStoreServer"]

@@ -14,6 +14,9 @@ send values of at most ``CHORUS_STORE_MAX_VALUE_BYTES`` (a longer request is dro
 arrives, never buffered) and may not grow the store beyond ``CHORUS_STORE_MAX_BYTES`` of
 keys and values; either gets an ERROR answer naming the limit, and the connection goes on.
 Out of descriptors (EMFILE), the loop stops accepting for a moment instead of spinning.
+A failed handshake is also written into the store, under
+REFUSED_KEY (why, the last one) and REFUSALS_KEY (how many): ranks waiting at rendezvous
+for a rank that will never join - one started with another token - read them there.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ from chorus.wire.store_codec import (
 logger = logging.getLogger("chorus")
 
 _RECV_SIZE = 1 << 18
+
+#: Keys where the server notes the connections it refused at the handshake.
+REFUSED_KEY = "chorus/store/refused"
+REFUSALS_KEY = "chorus/store/refusals"
 _MAX_SLEEP = 3600.0  # the loop re-reads its deadlines at least this often
 _KEY_SLACK = 64 * 1024  # request bytes beyond the largest value an unproven client may send
 _ACCEPT_PAUSE_S = 0.1  # out of descriptors: how long the loop stops accepting
@@ -229,6 +236,9 @@ class TCPStoreServer:
         except (ProtocolError, AuthenticationError) as e:
             logger.warning("chorus store server: closing the connection from %s: %s",
                            conn.peer, e)
+            if not conn.handshake.done or isinstance(e, AuthenticationError):
+                self._note_refusal(f"a connection from {conn.peer}: "
+                                   + str(e).replace(f"; {TOKEN_ADVICE}", ""))
             self._drop(conn)
         except OSError as e:
             logger.debug("chorus store server: connection from %s failed: %s", conn.peer, e)
@@ -275,6 +285,11 @@ class TCPStoreServer:
         with self._joined_cond:
             self._joined += 1
             self._joined_cond.notify_all()
+
+    def _note_refusal(self, why: str) -> None:
+        count = int(self._data.get(REFUSALS_KEY.encode(), b"0")) + 1
+        self._write(REFUSED_KEY.encode(), why.encode())
+        self._write(REFUSALS_KEY.encode(), str(count).encode())
 
     def _send(self, conn: _Conn, data: bytes) -> None:
         if conn.closed:

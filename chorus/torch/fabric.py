@@ -39,6 +39,7 @@ import sys
 import threading
 
 from chorus import config, net
+from chorus.api import crash
 from chorus.api.init import attach_components, destroy_process_group, install
 from chorus.api.state import World, current, use_world
 from chorus.host.secret import LocalSecret, job_secret
@@ -163,7 +164,7 @@ class _Live:
         atexit.register(self._close_all)
 
     def _close_all(self) -> None:
-        if self.crashed:
+        if self.crashed or crash.has_failed():  # has_failed: also a spawned function's raise
             return  # the peers must see a crash, not a clean goodbye
         for fabric in list(self._fabrics):
             try:

@@ -1,9 +1,9 @@
 """torch's ``init_process_group`` under ``chorusrun``: rendezvous through chorus's store.
 
-``chorusrun`` hosts a *chorus* TCPStore on MASTER_PORT before it starts the ranks
-(``CHORUS_STORE_HOSTED=1``).  torch's ``env://`` would make rank 0 bind that port (and
-the others speak torch's store protocol to chorus's server), so it cannot work there.
-``chorus.torch`` therefore adds:
+``chorusrun`` hosts a *chorus* TCPStore before it starts the ranks
+(``CHORUS_STORE_HOSTED=1``, on ``CHORUS_STORE_PORT``; MASTER_PORT is left to torch's own
+``env://``, whose rank 0 binds it, for scripts that do not import chorus).  A script
+that does import ``chorus.torch`` shares chorus's store instead; ``chorus.torch`` adds:
 
 * an ``chorus://`` init method (public torch API, ``register_rendezvous_handler``):
   chorus's own rendezvous — env variables of chorusrun, torchrun, SLURM, Open MPI or

@@ -10,9 +10,9 @@
 ``TorchView(chorus_store)``
     a ``torch.distributed.Store`` (a Python subclass torch calls through its C++
     trampoline) over a chorus store.  Under ``chorusrun`` the launcher hosts a *chorus*
-    TCPStore on MASTER_PORT; torch's ``env://`` would try to bind that port and fail,
-    so ``chorus.torch`` hands torch this view instead (see ``chorus.torch.rendezvous``).
-    Gloo and the chorus backend both work through it.
+    TCPStore; ``chorus.torch`` hands torch this view of it, so that torch's groups and
+    chorus's share one store (see ``chorus.torch.rendezvous``).  Gloo and the chorus
+    backend both work through it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ checks and failure handling live here so that every transport behaves the same.
 
 Failures are scoped by group: a peer that dies fails every pending and later transfer
 of every group that contains it (the op could never finish); a peer that leaves cleanly
-(``destroy_process_group``) fails only transfers addressed to it.
+(``destroy_process_group``) fails only transfers addressed to it.  A peer that fails by
+raising counts as dead, its error ("ValueError: ...") named in every error it causes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from chorus.transport.handles import Handle, wait_all
 from chorus.transport.matching import Arrival, Matcher
 from chorus.wire.dtypes import dtype_name
 from chorus.wire.fingerprint import describe
-from chorus.wire.frames import Header, Kind, LostReason, pack_fields
+from chorus.wire.frames import Header, Kind, LostReason, pack_failed, pack_fields
 
 log = logging.getLogger("chorus")
 
@@ -43,6 +44,7 @@ class Transport:
         # attribute read is what the latency paths can afford per op.
         self.dead: dict[int, str] = {}  # rank -> why (died: fails its groups)
         self.left: set[int] = set()  # ranks that said BYE (fails transfers addressed to them)
+        self.raised: dict[int, str] = {}  # rank -> its error ("ValueError: ..."): it failed by raising
         self.mismatched: dict[int, str] = {}  # group -> why it is unusable (collective mismatch)
         self.mismatched_at: dict[int, int] = {}  # group -> the op number where it broke
         self.finished_seq: dict[int, int] = {}  # group -> seq of the last collective finished here
@@ -212,10 +214,11 @@ class Transport:
             lost_rank=rank,
         )
 
-    def peer_died(self, rank: int, why: str, reason: int = LostReason.DIED) -> bool:
-        """Record that ``rank`` died: tell every other rank (PEER_LOST), then fail everything
-        pending here in its groups.  Telling first means a rank that fails and leaves at
-        once cannot overtake its own notice.  False if this was already known."""
+    def peer_died(self, rank: int, why: str, reason: int = LostReason.DIED,
+                  notice: bytes | None = None) -> bool:
+        """Record that ``rank`` died: tell every other rank (PEER_LOST, or ``notice``), then
+        fail everything pending here in its groups.  Telling first means a rank that fails
+        and leaves at once cannot overtake its own notice.  False if this was already known."""
         with self._state_lock:
             if rank in self.dead or self.closed_reason is not None:
                 return False
@@ -223,12 +226,43 @@ class Transport:
             doomed = {g for g, members in self._groups.items() if rank in members}
         log.warning("chorus rank %d: rank %d %s", self.rank, rank, why)
         self._tell_listeners(-1, f"rank {rank} {why}")
-        notice = pack_fields(int(Kind.PEER_LOST), 0, rank, int(reason), 0, 0, 0)
+        notice = notice or pack_fields(int(Kind.PEER_LOST), 0, rank, int(reason), 0, 0, 0)
         self._notify([r for r in range(self.world_size) if r not in (rank, self.rank)], notice)
         self._matcher.fail_where(lambda h: h.group in doomed,
                                  lambda h: self._lost_error(rank, why, h.group, h))
         self._fail_sends(lambda h: h.group in doomed, lambda h: self._lost_error(rank, why, h.group))
         return True
+
+    def peer_failed(self, rank: int, text: str, reporter: int) -> bool:
+        """``rank`` failed with the error ``text`` ("ValueError: ..."), as it said itself
+        (``reporter == rank``) or as a peer passed on: record it, pass it on to the other
+        ranks (FAILED, with the text) and fail its groups here, as :meth:`peer_died` does."""
+        with self._state_lock:
+            self.raised.setdefault(rank, text)
+        by = "" if reporter == rank else f" (reported by rank {reporter})"
+        return self.peer_died(rank, f"failed with {text}{by}", notice=pack_failed(rank, text))
+
+    def report_failure(self, text: str, timeout: float = 2.0) -> None:
+        """This rank is failing with the error ``text``: tell every peer (FAILED, so that their
+        errors name this cause rather than a lost connection), wait up to ``timeout`` seconds
+        for the notices to leave, then stop - without BYE: the peers must not take the
+        failure for a clean leave.  The connections stay open until the process exits, so
+        that a peer can tell when it has (:meth:`wait_exited`)."""
+        if self.closed_reason is not None:
+            return
+        self._notify([r for r in range(self.world_size) if r != self.rank], pack_failed(self.rank, text))
+        self._flush(timeout)
+        with self._state_lock:
+            if self.closed_reason is None:
+                self.closed_reason = f"this rank failed ({text})"
+        self._matcher.fail_where(lambda h: True, lambda h: AbortedError(
+            f"this rank failed ({text}) while this receive was pending"))
+
+    def wait_exited(self, rank: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until the process of ``rank`` has exited (its
+        connection closed); True once it has.  Transports without processes return False
+        at once."""
+        return False
 
     def peer_left(self, rank: int) -> None:
         """``rank`` said BYE: fail receives addressed to it; it will send nothing more."""
@@ -300,6 +334,10 @@ class Transport:
 
     def _fail_sends(self, pred: Callable[[Handle], bool], error_for: Callable[[Handle], BaseException]) -> None:
         """Fail queued sends matching ``pred`` (transports with send queues override)."""
+
+    def _flush(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for queued frames to leave (transports with send
+        queues override)."""
 
     def close(self) -> None:
         """Leave cleanly: tell peers, stop threads, fail whatever is still pending."""

@@ -12,7 +12,7 @@ import threading
 
 from chorus.transport.base import Transport
 from chorus.transport.handles import Handle
-from chorus.wire.frames import LOST_REASON_TEXT, Kind, unpack_header
+from chorus.wire.frames import HEADER_SIZE, LOST_REASON_TEXT, Kind, failed_text, unpack_header
 
 
 class LoopbackFabric:
@@ -62,12 +62,14 @@ class LoopbackTransport(Transport):
         handle.complete(h)
 
     def _notify(self, ranks: list[int], frame: bytes) -> None:
-        h = unpack_header(frame)
+        h = unpack_header(frame[:HEADER_SIZE])
         for rank in ranks:
             target = self._fabric.peer(rank)
             if target is None:
                 continue
-            if h.kind == Kind.ABORT:
+            if h.kind == Kind.FAILED:
+                target.peer_failed(h.tag, failed_text(frame[HEADER_SIZE:]), self.rank)
+            elif h.kind == Kind.ABORT:
                 target.group_mismatch(h.group, h.tag, h.seq, h.fingerprint, self.rank)
             elif h.kind == Kind.PEER_LOST:
                 target.peer_died(h.tag, f"{LOST_REASON_TEXT.get(h.seq, 'was lost')} (reported by rank {self.rank})",

@@ -38,6 +38,9 @@ kernel noticing.  A heartbeat every second on idle connections catches hung host
 payload still arriving counts as a sign of life, one that stalls mid-way does not.  A
 lost peer's socket is shut down, which wakes any thread blocked on it, and a reader that
 fails on anything unforeseen cuts its peer off the same way (never silently).
+A rank that fails by raising says so first (FAILED, with its error, passed on like
+PEER_LOST), so the survivors' errors name the cause; it leaves its connections open until
+its process exits, whose EOF then tells the peers it has (``wait_exited``).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from chorus.wire.frames import (
     Header,
     Kind,
     LostReason,
+    failed_text,
     unpack_header,
 )
 
@@ -120,7 +124,7 @@ def local_address_towards(remote: str | None) -> str:
 
 class _Connection:
     __slots__ = ("peer", "sock", "gone", "cv", "queue", "sender", "last_sent", "last_heard", "reading",
-                 "seen", "bye", "reader", "ring_out", "ring_in", "ring_min")
+                 "seen", "bye", "ended", "reader", "ring_out", "ring_in", "ring_min")
 
     def __init__(self, peer: int, sock: socket.socket, gone: Callable[[], str | None]):
         self.peer = peer
@@ -135,6 +139,7 @@ class _Connection:
         self.reading = False  # a payload is being read: progress, not frames, shows life
         self.seen = -1  # bytes received by the time the heartbeat loop last looked
         self.bye = False
+        self.ended = threading.Event()  # set when the peer closed the connection (or it broke)
         self.reader = BufferedReader(sock)
         # Same-host peers: payloads of >= ring_min bytes go through shared memory (shm_link)
         self.ring_out: RingWriter | None = None
@@ -239,6 +244,8 @@ class TcpTransport(Transport):
                     self._lose(h.tag, f"{reason} (reported by rank {conn.peer})", h.seq)
                 elif h.kind == Kind.ABORT:
                     self.group_mismatch(h.group, h.tag, h.seq, h.fingerprint, conn.peer)
+                elif h.kind == Kind.FAILED:
+                    self.peer_failed(h.tag, failed_text(reader.read(h.nbytes)), conn.peer)
                 elif h.kind == Kind.BYE:
                     conn.bye = True
                     self.peer_left(conn.peer)
@@ -258,6 +265,8 @@ class TcpTransport(Transport):
                 self._lose(conn.peer, f"could not be read from any more (rank {self.rank}'s reader failed: "
                                       f"{type(exc).__name__}: {exc})", LostReason.UNREADABLE)
             conn.sock.close()
+        finally:
+            conn.ended.set()
 
     def _read_payload(self, conn: _Connection, reader: BufferedReader, h: Header) -> None:
         """Read one payload into its posted receive, or stash it.  Its claimed length is
@@ -437,6 +446,16 @@ class TcpTransport(Transport):
             for *_, h in doomed:
                 h.complete(error=error_for(h))
 
+    def _flush(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for conn in list(self._conns.values()):
+            with conn.cv:
+                conn.cv.wait_for(lambda c=conn: not c.queue, timeout=max(0.0, deadline - time.monotonic()))
+
+    def wait_exited(self, rank: int, timeout: float) -> bool:
+        conn = self._conns.get(rank)
+        return conn is not None and conn.ended.wait(timeout)
+
     def shm_p2p_stats(self) -> dict[int, tuple[int, int]]:
         """Same-host peers with rings -> (payload bytes sent, received) through them."""
         return {peer: (c.ring_out.bytes, c.ring_in.bytes)
@@ -505,10 +524,7 @@ class TcpTransport(Transport):
         """Flush queued sends (up to 5 s), say BYE to every peer, close every socket."""
         if self.closed_reason is not None:
             return
-        deadline = time.monotonic() + 5.0
-        for conn in list(self._conns.values()):
-            with conn.cv:
-                conn.cv.wait_for(lambda c=conn: not c.queue, timeout=max(0.0, deadline - time.monotonic()))
+        self._flush(5.0)
         super().close()
         self._closing.set()
         bye = control_header(Kind.BYE)

@@ -48,9 +48,14 @@ class Kind(enum.IntEnum):
     HELLO = 6  # first frame on a transport connection: tag = sender rank, group = world size
     ABORT = 7  # collective mismatch in `group`: tag = the rank whose call differed, seq and
     #            fingerprint = that rank's call
+    FAILED = 8  # tag = a rank that failed (raised); payload = its error as UTF-8 text,
+    #             "ValueError: ..." (at most MAX_FAILURE_TEXT bytes)
 
 
 _KINDS = frozenset(int(k) for k in Kind)
+
+#: The longest error text a FAILED frame carries (longer ones are cut).
+MAX_FAILURE_TEXT = 2048
 
 
 class LostReason(enum.IntEnum):
@@ -115,4 +120,17 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         raise ProtocolError(f"frame payload of {nbytes} bytes exceeds the limit of {MAX_PAYLOAD}")
     if kind in (Kind.HEARTBEAT, Kind.PEER_LOST, Kind.BYE, Kind.HELLO, Kind.ABORT) and nbytes:
         raise ProtocolError(f"control frame {Kind(kind).name} must carry no payload")
+    if kind == Kind.FAILED and nbytes > MAX_FAILURE_TEXT:
+        raise ProtocolError(f"FAILED frame of {nbytes} bytes exceeds the limit of {MAX_FAILURE_TEXT}")
     return Header(kind, group, tag, seq, nbytes, dtype, fp)
+
+
+def pack_failed(rank: int, text: str) -> bytes:
+    """A FAILED frame, header and payload: ``rank`` failed with ``text`` (cut to fit)."""
+    payload = text.encode("utf-8", "replace")[:MAX_FAILURE_TEXT]
+    return pack_fields(int(Kind.FAILED), 0, rank, 0, len(payload), 0, 0) + payload
+
+
+def failed_text(payload: bytes | memoryview) -> str:
+    """The error text of a FAILED frame's payload (a cut multi-byte character is replaced)."""
+    return bytes(payload).decode("utf-8", "replace")

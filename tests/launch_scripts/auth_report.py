@@ -44,7 +44,8 @@ def chorus_job() -> dict:
     if rank == 0:
         report["transport_refuses"] = refuses(current().store.get("chorus/1/tcp/addr/1").decode(), b"transport")
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":  # torchrun's agent: torch's store
-            report["store_refuses"] = refuses(f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", b"store")
+            port = os.environ.get("CHORUS_STORE_PORT") or os.environ["MASTER_PORT"]  # chorusrun's store: its own port
+            report["store_refuses"] = refuses(f"{os.environ['MASTER_ADDR']}:{port}", b"store")
     dist.barrier()
     out = [None] * world
     try:

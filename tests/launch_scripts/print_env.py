@@ -6,7 +6,7 @@ import sys
 
 KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
         "MASTER_PORT", "CHORUS_TOKEN", "CHORUS_JOB_ID", "TORCHELASTIC_RUN_ID",
-        "PYTHONUNBUFFERED", "CHORUS_STORE_HOSTED"]
+        "PYTHONUNBUFFERED", "CHORUS_STORE_HOSTED", "CHORUS_STORE_PORT"]
 
 rank = os.environ["RANK"]
 print("ENV " + json.dumps({"env": {k: os.environ.get(k) for k in KEYS}, "argv": sys.argv[1:]}))

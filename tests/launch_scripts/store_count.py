@@ -1,4 +1,4 @@
-"""Connect to the store the launcher hosts, add 1 to "n", wait until n == world size."""
+"""Connect to the store the launcher hosts (CHORUS_STORE_PORT), add 1 to "n", wait until n == world size."""
 
 import os
 import time
@@ -6,7 +6,7 @@ import time
 from chorus.store import TCPStore
 
 world = int(os.environ["WORLD_SIZE"])
-store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["CHORUS_STORE_PORT"]), is_master=False,
                  token=os.environ["CHORUS_TOKEN"])
 store.add("n", 1)
 deadline = time.monotonic() + 20
