@@ -185,8 +185,7 @@ def test_single_copy_keeps_the_copy_paths_bits_for_short_complex_products(monkey
     assert any(used for report in reports for _, used in report)  # single copy ran
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world,threads", [(2, 1), (3, 3)])  # each world size, each side of the crew
 def test_every_single_copy_collective_matches_the_copy_path_bit_for_bit(world, threads, small_thresholds,
                                                                          monkeypatch):
     monkeypatch.setenv("CHORUS_SHM_THREADS", str(threads))  # helper threads (chorus.shm.phases.Crew) ...

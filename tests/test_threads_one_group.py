@@ -6,6 +6,7 @@ the two ops' data."""
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
 
 import numpy as np
@@ -67,7 +68,7 @@ def test_a_second_thread_is_refused_while_the_first_is_inside(kind):
 
 
 def test_two_threads_hammering_one_group_never_get_mixed_data():
-    """Two threads a rank, 150 all_reduces each on WORLD, retrying when refused.  Which
+    """Two threads a rank, 60 all_reduces each on WORLD, retrying when refused.  Which
     thread's op meets which on the other rank is up to the threads (ranks must order a
     group's ops alike; these do not), but every result is a whole sum of one op per rank:
     never a mixture, a stale buffer or a hang."""
@@ -80,7 +81,7 @@ def test_two_threads_hammering_one_group_never_get_mixed_data():
         lock = threading.Lock()
 
         def worker(t):
-            for _ in range(150):
+            for _ in range(60):
                 while True:
                     x = np.full(n, values[(rank, t)], np.float32)
                     try:
@@ -88,6 +89,7 @@ def test_two_threads_hammering_one_group_never_get_mixed_data():
                     except dist.ConcurrentCallError:
                         with lock:
                             out["refused"] += 1
+                        os.sched_yield()  # (the other thread holds the group: let it run)
                         continue
                     break
                 if not (x == x[0]).all() or float(x[0]) not in sums:
@@ -103,4 +105,4 @@ def test_two_threads_hammering_one_group_never_get_mixed_data():
         return out
 
     for out in run_threads(body, 2, timeout=90):
-        assert out["done"] == 300 and out["bad"] == [], out
+        assert out["done"] == 120 and out["bad"] == [], out
