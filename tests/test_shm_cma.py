@@ -345,7 +345,8 @@ def test_read_one_copies_goes_on_after_a_partial_transfer_and_counts():
     peers = cma.Peers([os.getpid()] * 2)
     peers.read_one(Ctx, 1, cma.address(dst), cma.address(src), src.nbytes)
     # one call, unless these two arrays sit at a slow offset and the copy bounces (in pieces)
-    one = 1 if not cma.slow(cma.address(dst), cma.address(src)) else peers.calls
+    slow = cma.slow(cma.address(dst), cma.address(src))
+    one = 1 if not slow else peers.calls
     assert np.array_equal(dst, src) and (peers.calls, peers.nbytes) == (one, src.nbytes)
     real, stops = peers.readv, []
 
@@ -358,8 +359,9 @@ def test_read_one_copies_goes_on_after_a_partial_transfer_and_counts():
     dst[:] = 0
     peers.readv = first_half
     peers.read_one(Ctx, 1, cma.address(dst), cma.address(src), src.nbytes)
-    assert np.array_equal(dst, src) and stops == [src.nbytes]
-    assert (peers.calls, peers.nbytes) == (3, 2 * src.nbytes)
+    assert np.array_equal(dst, src) and len(stops) == 1
+    if not slow:  # (at a slow offset the copy goes in pieces: the first stop is cut from a piece)
+        assert stops == [src.nbytes] and (peers.calls, peers.nbytes) == (3, 2 * src.nbytes)
 
 
 def _window_with_crew(rank: int, world: int, threads: int):
