@@ -2,7 +2,7 @@
 segments unlinked as soon as every member mapped them (so nothing is left in /dev/shm
 after a normal exit, an exception, destroy_process_group or kill -9), sweep(), and real
 processes: a rank SIGKILLed mid-collective (ranks started by hand, and under chorusrun),
-chorusrun itself SIGKILLed mid-job, an oversubscribed host, no growth over 20,000 ops."""
+chorusrun itself SIGKILLed mid-job, an oversubscribed host, no growth over 12,000 ops."""
 
 import os
 import signal
@@ -286,19 +286,19 @@ def _many_small_all_reduces(rank, world, n):
     return time.monotonic() - start, before, _footprint(), dist.group.WORLD.shm is not None
 
 
-def test_oversubscribed_host_8_ranks_1000_all_reduces_in_bounded_time():
-    results = run_processes(_many_small_all_reduces, 8, 1000)
+def test_oversubscribed_host_8_ranks_500_all_reduces_in_bounded_time():
+    results = run_processes(_many_small_all_reduces, 8, 500)
     assert all(used for *_, used in results)
     assert max(seconds for seconds, *_ in results) < 30.0  # TCP takes ~5 s here; a stall, minutes
 
 
 @pytest.mark.timeout(600)  # a hang still fails in 60 s: run_processes' op timeout
-def test_20000_small_all_reduces_grow_neither_memory_nor_descriptors_nor_segments():
+def test_12000_small_all_reduces_grow_neither_memory_nor_descriptors_nor_segments():
     """4 ranks, oversubscribed on 2 cores.  The loop takes ~4 s on an idle 2-core host,
     longer while others' tests run: waiters sched_yield() for 1 ms, and each yield to a
     busy loop costs milliseconds."""
-    for _seconds, before, after, used in run_processes(_many_small_all_reduces, 4, 20_000):
+    for _seconds, before, after, used in run_processes(_many_small_all_reduces, 4, 12_000):
         (rss0, fds0, files0, mapped0), (rss1, fds1, files1, mapped1) = before, after
         assert used and mapped0 >= 1, before  # the window is mapped: the counts below mean something
         assert fds1 == fds0 and files1 == files0 == 0 and mapped1 == mapped0, (before, after)
-        assert rss1 - rss0 < (1 << 20), (before, after)  # 16,000 ops: 66 bytes an op would show
+        assert rss1 - rss0 < (1 << 20), (before, after)  # 9,600 ops: 110 bytes an op would show
