@@ -3,7 +3,7 @@
     python3 tools/bench_compare.py --before a1.json a2.json --after b1.json b2.json
 
 Each side may hold several runs of the same sweep (alternated with the other side's in
-one session, so that both meet the same machine state); per size the table shows each
+one sitting, so that both meet the same machine state); per size the table shows each
 side's runs, the better of each side, and after/before of the better ones (below 1.00:
 after is faster).  ``--limit 1.10`` exits 1 when some size's ratio is above it.
 """
