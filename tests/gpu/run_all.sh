@@ -60,7 +60,8 @@ run_file() {
   [ "$cap" -gt "$left" ] && cap=$left
   local t0
   t0=$(date +%s)
-  env ${envs[@]+"${envs[@]}"} timeout -k 15 "$cap" python -m pytest "$@" -rs -p no:cacheprovider \
+  # -o addopts: one process (the GPU tests share the GPUs; the GPU machine has no pytest-xdist)
+  env ${envs[@]+"${envs[@]}"} timeout -k 15 "$cap" python -m pytest -o addopts=-q "$@" -rs -p no:cacheprovider \
       ${PER_TEST[@]+"${PER_TEST[@]}"} >"$log" 2>&1 &
   local pid=$!
   wait "$pid"
