@@ -18,6 +18,8 @@ import os
 import select
 from collections.abc import Callable
 
+from chorus.host.process import pid_alive
+
 _RECORD = 16
 #: How often a waiting side checks that the other side is still there.
 _PARENT_CHECK_S = 1.0
@@ -62,7 +64,7 @@ class Turns:
         if self._turns is None:
             self._turns = _fifo(self.workdir, f"turn-{self.job}-{self.rank}")
         while _read_record(self._turns, _PARENT_CHECK_S) != str(index):
-            if self.parent_pid and not _alive(self.parent_pid):
+            if self.parent_pid and not pid_alive(self.parent_pid):
                 raise ParentGone(f"chorus bench (pid {self.parent_pid}) has exited")
 
     def done(self, index: int) -> None:
@@ -111,11 +113,3 @@ def wait_done(workdir: str, job: str, index: int, world: int, still_running: Cal
     return True
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -55,6 +55,7 @@ from collections.abc import Mapping
 
 from chorus import config
 from chorus.errors import RendezvousError
+from chorus.host.process import pid_alive
 
 log = logging.getLogger("chorus")
 
@@ -247,13 +248,8 @@ def _start_time(pid: int) -> str:
 
 
 def _alive(pid: int, start: str) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not start or _start_time(pid) in ("", start)  # another process with a recycled pid
+    # (a process that started at another time has a recycled pid: not the creator)
+    return pid_alive(pid) and (not start or _start_time(pid) in ("", start))
 
 
 def read(path: str) -> tuple[bytes, bool] | None:

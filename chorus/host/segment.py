@@ -32,6 +32,7 @@ import re
 import secrets
 
 from chorus import config
+from chorus.host.process import pid_alive
 
 SHM_DIR = "/dev/shm"
 PREFIX = "chorus-"
@@ -126,16 +127,6 @@ def _pid_tag(pid: int | None = None) -> str:
 _CREATOR = re.compile(r"-(\d+)\.(\d+)-[0-9a-f]{12}$")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: alive
-    return True
-
-
 def sweep_dead() -> list[str]:
     """Remove this user's chorus files in ``/dev/shm`` whose creator has died (a rank
     killed between creating a segment and unlinking it, under any launcher).  Only files
@@ -145,7 +136,7 @@ def sweep_dead() -> list[str]:
     ns, uid = str(_pid_namespace()), os.getuid()
     for path in glob.glob(os.path.join(SHM_DIR, f"{PREFIX}*")):
         m = _CREATOR.search(path)
-        if m is None or m.group(1) != ns or _alive(int(m.group(2))):
+        if m is None or m.group(1) != ns or pid_alive(int(m.group(2))):
             continue
         try:
             if os.lstat(path).st_uid != uid:
