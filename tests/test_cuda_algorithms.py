@@ -213,7 +213,7 @@ def test_mismatched_collectives_stop_at_the_first_barrier(world):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "copy_reduce"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "two_shot_push", "two_shot_stores", "copy_reduce"])
 def test_all_reduce_algorithms_rounds_and_epochs(world, algorithm):
     """Each all_reduce algorithm, in several rounds of a small slot, between other
     collectives (whose barriers share the epochs), for sizes that do not divide evenly."""
@@ -247,9 +247,9 @@ def test_all_reduce_algorithms_rounds_and_epochs(world, algorithm):
 def test_all_reduce_picks_by_size():
     assert A.all_reduce_algorithm(8, 4) == "one_shot"
     assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES - 1, 4) == "one_shot"
-    assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES, 4) == "two_shot"
-    assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES // 2, 8) == "two_shot"
-    assert A.all_reduce_algorithm(1 << 30, 4) == "two_shot"
+    assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES, 4) == "two_shot_push"
+    assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES // 2, 8) == "two_shot_push"
+    assert A.all_reduce_algorithm(1 << 30, 4) == "two_shot_push"
     assert A.all_reduce_algorithm(1 << 30, 1) == "one_shot"
 
 

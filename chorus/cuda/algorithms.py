@@ -9,7 +9,7 @@ What an executor offers (addresses are ints; sizes are bytes unless they say ele
     x.barrier()                        every rank arrives; writes before it are seen after it
     x.copy(dst, src, nbytes, peer)     copy engine (peer: the rank whose memory is read/written)
     x.reduce(out, offset, n)           out[:n] = op over ranks r (in order) of slot(r)[offset:][:n]
-    x.all_reduce_fused(kind, inp, out, n)   one kernel: copy in, barrier(s), reduce (below)
+    x.all_reduce_fused(kind, inp, out, n, per_thread)   one kernel: copy in, barrier(s), reduce (below)
     x.send_chunk(peer, src, nbytes, tag, total)   through my channel to peer (flags, acks)
     x.recv_chunk(peer, dst, nbytes, tag, total)   out of peer's channel to me
 
@@ -20,9 +20,16 @@ which every rank reaches only after finishing round k's reads (one stream per ra
 all_reduce runs as one fused kernel per round (chorus.cuda.fused), chosen by size::
 
     one_shot    (< ONE_SHOT_MAX_BYTES)  rank r: slot_r <- data; barrier; data <- op(slot_0 .. slot_W-1)
-    two_shot    (from there on, in rounds of the slot)  rank r: slot_r <- data; barrier;
+    two_shot    (by name; in rounds of the slot)  rank r: slot_r <- data; barrier;
                 slot_r[slice r] = data[slice r] <- op over q of slot_q[slice r]; barrier;
                 data[slice q] <- slot_q[slice q] for every q
+    two_shot_push   (from ONE_SHOT_MAX_BYTES on) as two_shot, but rank r stores its reduced
+                slice into every slot_q[slice r] and the all-gather copies from its own slot:
+                stores cross the links there, not loads
+    two_shot_stores (by name) rank r: row r of slot_q <- data[slice q] for every q; barrier;
+                data[slice r] <- op over rows of slot_r, stored into every gather r of slot_q;
+                barrier; data[slice q] <- gather q of slot_r: only stores cross the links
+                (measured no faster than two_shot_push, in rounds of half the slot)
     copy_reduce (by name only) the copy engine, the barrier kernel, the reduce kernel: three
                 launches, as one_shot; kept to compare against
 
@@ -68,17 +75,30 @@ def _chunks(total: int, step: int):
 #: ): one-shot below ONE_SHOT_MAX_BYTES (one barrier: 7.3 us at 16 KiB, 13.0 at 512 KiB,
 #: against two-shot's 12.9 and 14.7), two-shot from there (it reads half as much over
 #: NVLink: 17.2 us at 1 MiB against 19.5); copy_reduce is slower at every size measured.
+#: Of the two-shot kernels, two_shot_push is the fastest from 1 MiB to 1 GiB (15.8 us at
+#: 1 MiB and 8.4 ms at 1 GiB, against two_shot's 17.5 us and 10.3 ms in the same run:
+#: docs/results/4xh200/pull-vs-push-bf16-w4.json; two_shot_stores 490 us and 8.5 ms:
+#: calibrate-two-shot-bf16-w4.json).
 ONE_SHOT_MAX_BYTES = 1 << 20
 #: ... for groups of more ranks than this, two-shot from ONE_SHOT_MAX_BYTES / 4 on (every
 #: one-shot rank reads W - 1 peers' whole messages; two-shot reads 2 (W - 1) / W of one)
 ONE_SHOT_WIDE = 4
-ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "copy_reduce")
+ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "two_shot_push", "two_shot_stores", "copy_reduce")
+
+
+#: two-shot's threads move 8 elements a step, WIDE_PER_THREAD from WIDE_FROM_BYTES on
+#: (two_shot_push, 4 x H200, bf16: 8 elements 15.8 us at 1 MiB, 127.6 at 16 MiB, 538 at
+#: 64 MiB, 8364 at 1 GiB; 32 elements 20.4, 133.1, 482 and 7259: in
+#: docs/results/4xh200/calibrate-two-shot-bf16-w4.json and
+#: calibrate-two-shot-32-per-thread-bf16-w4.json, commands in that folder's README)
+WIDE_FROM_BYTES = 64 << 20
+WIDE_PER_THREAD = 32
 
 
 def all_reduce_algorithm(nbytes: int, world: int) -> str:
     """The all_reduce algorithm for a message of ``nbytes`` on ``world`` ranks."""
     limit = ONE_SHOT_MAX_BYTES if world <= ONE_SHOT_WIDE else ONE_SHOT_MAX_BYTES // 4
-    return "one_shot" if nbytes < limit or world < 2 else "two_shot"
+    return "one_shot" if nbytes < limit or world < 2 else "two_shot_push"
 
 
 def all_reduce(x, data: int, n: int, item: int, algorithm: str = "auto") -> None:
@@ -91,10 +111,14 @@ def all_reduce(x, data: int, n: int, item: int, algorithm: str = "auto") -> None
             x.barrier()
             x.reduce(data + off * item, 0, m)
         return
-    step = x.layout.slot // item if algorithm == "one_shot" else two_shot_chunk(x.layout.slot, item, x.world)
+    if algorithm == "one_shot":
+        step = x.layout.slot // item
+    else:  # (two_shot_stores: rows and gathers, twice the message)
+        step = two_shot_chunk(x.layout.slot // (2 if algorithm == "two_shot_stores" else 1), item, x.world)
+    per_thread = WIDE_PER_THREAD if n * item >= WIDE_FROM_BYTES else 8
     for off, m in _chunks(n, step):
         x.round()
-        x.all_reduce_fused(algorithm, data + off * item, data + off * item, m)
+        x.all_reduce_fused(algorithm, data + off * item, data + off * item, m, per_thread)
 
 
 def reduce(x, data: int, n: int, item: int, root: int) -> None:

@@ -9,7 +9,7 @@ through pinned host memory instead (chorus.cuda.staging).
 Per call, with a mapped workspace::
 
     supports(call)   a CUDA call: all_reduce "one_shot" / "two_shot" by size (or
-                     "copy_reduce", by name: chorus.cuda.algorithms), "one_shot" (other
+                     "two_shot_push", "two_shot_stores", "copy_reduce", by name), "one_shot" (other
                      collectives), "channels" (all_to_all), "barrier"; "staging" for
                      reductions of dtypes the kernels lack
     all_reduce_now   a synchronous all_reduce from a cached plan, with none of the general
