@@ -144,11 +144,6 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
     return barriers
 
 
-def clear_plans() -> None:
-    """Forget all_reduce_fused's plans (a tool that changes the layout's geometry)."""
-    _PLANS.clear()
-
-
 def _fused_plan(pkey: tuple) -> tuple:
     kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, hints, warps, blocks, \
         per_thread = pkey
