@@ -18,7 +18,9 @@ scratch buffers start filled with junk, so a schedule that forgets to write show
     >>> out[2]["data"]
     array([0, 3, 6, 9])
 
-``predict`` costs a schedule with the alpha-beta(-gamma) model instead of running it.
+``predict`` costs a schedule with the alpha-beta(-gamma) model instead of running it; given
+a :class:`GpuTopology` (chorus.sim.gpu) instead of a world size, it predicts the ring, tree
+and hierarchical GPU algorithms on hosts of GPUs joined by NVLink and NICs.
 """
 
 from __future__ import annotations
@@ -29,11 +31,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from chorus.errors import InvalidArgumentError
 from chorus.schedules.base import Copy, Recv, Region, Schedule, Send, Step
 from chorus.schedules.chunks import offsets, split
 from chorus.schedules.registry import algorithm as find_algorithm
+from chorus.sim.gpu import GpuTopology, Prediction, estimate
 
 Buffers = dict[str, np.ndarray]
+__all__ = ["OPS", "ROOTED", "GpuTopology", "Prediction", "ScheduleError", "check",
+           "element_count", "estimate", "execute", "predict", "reference", "simulate"]
 OPS: dict[str, Callable] = {
     "sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
     "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor,
@@ -323,18 +329,36 @@ def element_count(nbytes: int, itemsize: int = 4) -> int:
     return nbytes // itemsize
 
 
-def predict(collective: str, algorithm: str, world: int, nbytes: int, *, alpha: float = 5e-6,
-            beta: float = 1 / 10e9, gamma: float | None = None, itemsize: int = 4,
-            **kwargs) -> float:
+def predict(collective: str, algorithm: str, world: int | GpuTopology, nbytes: int, *,
+            alpha: float | None = None, beta: float | None = None, gamma: float | None = None,
+            itemsize: int | None = None, **kwargs) -> float:
     """Seconds the alpha-beta-gamma model gives for one call of the collective.
 
     ``nbytes`` is the size nccl-tests reports: the data of all_reduce, broadcast and
     reduce, the whole output of all_gather and gather, the root's whole input of
     scatter, every rank's whole input of reduce_scatter and all_to_all.  Each step that
     moves messages costs ``alpha + beta * max(bytes sent, bytes received) + gamma *
-    bytes reduced`` (gamma defaults to beta / 4); local copies are free.  A rank's time
-    is the sum over its steps; the result is the slowest of ranks 0, 1, root, W//2, W-1.
+    bytes reduced`` (alpha 5 us, beta 1 / 10 GB/s, gamma beta / 4 unless given); local
+    copies are free.  A rank's time is the sum over its steps; the result is the slowest
+    of ranks 0, 1, root, W//2, W-1.
+
+    With a :class:`GpuTopology` as ``world``, ``algorithm`` is "ring", "tree" or
+    "hierarchical" and the keyword arguments are chorus.sim.gpu.estimate's (``rail``,
+    ``protocol``, ``overlap``); :func:`estimate` also gives the bus bandwidth::
+
+        >>> predict("all_reduce", "tree", GpuTopology.h100(hosts=512), 8) < 1e-4
+        True
     """
+    if isinstance(world, GpuTopology):
+        flat = {"alpha": alpha, "beta": beta, "gamma": gamma, "itemsize": itemsize}
+        if any(v is not None for v in flat.values()):
+            raise InvalidArgumentError(f"predict({collective!r}, {algorithm!r}, GpuTopology): "
+                             f"{', '.join(k for k, v in flat.items() if v is not None)} "
+                             "belong to the flat model; a GpuTopology carries its own links")
+        return estimate(collective, algorithm, world, nbytes, **kwargs).seconds
+    alpha = 5e-6 if alpha is None else alpha
+    beta = 1 / 10e9 if beta is None else beta
+    itemsize = 4 if itemsize is None else itemsize
     gamma = beta / 4 if gamma is None else gamma
     n = element_count(nbytes, itemsize)
     fn, root = find_algorithm(collective, algorithm), kwargs.get("root", 0)
