@@ -76,7 +76,7 @@ def _chunks(total: int, step: int):
 #: against two-shot's 12.9 and 14.7), two-shot from there (it reads half as much over
 #: NVLink: 17.2 us at 1 MiB against 19.5); copy_reduce is slower at every size measured.
 #: Of the two-shot kernels, two_shot_push is the fastest from 1 MiB to 1 GiB (15.8 us at
-#: 1 MiB and 8.4 ms at 1 GiB, against two_shot's 17.5 us and 10.3 ms in the same run:
+#: 1 MiB and 8.5 ms at 1 GiB, against two_shot's 17.5 us and 10.3 ms in the same run:
 #: docs/results/4xh200/pull-vs-push-bf16-w4.json; two_shot_stores 490 us and 8.5 ms:
 #: calibrate-two-shot-bf16-w4.json).
 ONE_SHOT_MAX_BYTES = 1 << 20
