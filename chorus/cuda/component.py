@@ -105,6 +105,11 @@ def attach(pg) -> CudaComponent:
         except (Unusable, ImportError) as exc:
             why = str(exc)
     if ws is None:
+        from chorus.cuda.rails import attach as rails
+
+        across = rails(pg, why)  # several hosts: chorus inside each, a communicator per rail between
+        if across is not None:
+            return across
         log.warning("chorus rank %d: group %s stages CUDA tensors through host memory: %s",
                     pg.members[pg.rank()], pg.name, why)
     return CudaComponent(pg, ws, why)
