@@ -154,6 +154,46 @@ class FakeKernels:
                     view(out, lo, hi).copy_(view(slots[rank if push else s], lo, hi))
         return barriers
 
+    def rows_fused(self, kind, inp, out, m, stride, big_n, controls_addr, slot_off, rank, world, host_addr, op_id,
+                   fprint, epoch, timeout_ns, op, dtype, item, max_spins=None, stream=None, warps=4,
+                   blocks=L.MAX_BLOCKS):
+        """chorus.cuda.gather's kernels, block by block: row r of a slot at r * stride."""
+        if self.host[L.STATUS]:
+            return 1
+        bases = [word(controls_addr + 8 * r).value for r in range(world)]
+        fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
+        dt = getattr(torch, dtype) if dtype else {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[item]
+
+        def view(addr, lo, hi):
+            if hi <= lo:
+                return torch.empty(0, dtype=dt)
+            return torch.frombuffer((ctypes.c_char * ((hi - lo) * item)).from_address(addr + lo * item), dtype=dt)
+
+        slots = [b + slot_off for b in bases]
+        count, per = L.one_shot_geometry(m, blocks, 32 * 8 * warps)
+        for b in range(count):
+            lo, hi = b * per, min((b + 1) * per, m)
+            if kind == "all_gather":
+                for q in range(world):
+                    if q != rank:
+                        view(slots[q], rank * stride + lo, rank * stride + hi).copy_(view(inp, lo, hi))
+                view(out, rank * big_n + lo, rank * big_n + hi).copy_(view(inp, lo, hi))
+            else:
+                for q in range(world):
+                    view(slots[q], rank * stride + lo, rank * stride + hi).copy_(
+                        view(inp, q * big_n + lo, q * big_n + hi))
+            if not self.block_sync(bases, rank, world, b, epoch, fprint, op_id):
+                continue
+            if kind == "all_gather":
+                for q in range(world):
+                    if q != rank:
+                        view(out, q * big_n + lo, q * big_n + hi).copy_(
+                            view(slots[rank], q * stride + lo, q * stride + hi))
+            elif hi > lo:
+                rows = [view(slots[rank], q * stride + lo, q * stride + hi) for q in range(world)]
+                view(out, lo, hi).copy_(reference(rows, op))
+        return 1
+
     def stores_blocks(self, inp, out, n, bases, slots, rank, world, count, per, piece, epoch, fprint, op_id, op,
                       view):
         """chorus.cuda.fused.two_shot_stores_kernel, block by block: row r of a slot at

@@ -365,3 +365,39 @@ def test_two_shot_stores_kernel_rows_and_gathers(world):
             if q != r:
                 g = cut(want, r)
                 assert torch.equal(theirs[(world + r) * piece: (world + r) * piece + g.numel()], g), (r, q)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_all_gather_and_reduce_scatter_kernels(world, dtype):
+    """chorus.cuda.gather: rank r stores its part into row r of the peers' slots and reads
+    the rows of its own.  Ranks run one at a time, so every slot's rows are laid out
+    first as the peers' kernels would leave them (rank r's own stores write the same)."""
+    n = 2500  # three blocks of 1024, the last partial; rows GRAIN-aligned
+    stride = -(-n // L.GRAIN) * L.GRAIN
+    dt = getattr(torch, dtype)
+    ins = [((torch.arange(n) * (r + 2) + r) % 7 - 3).to(dt) for r in range(world)]
+    rs_ins = [((torch.arange(world * n) * (r + 3) + 1) % 5 - 2).to(dt) for r in range(world)]
+    blocks, _ = L.one_shot_geometry(n)
+    f = Fused(world, slot=2 * world * stride * 4)
+
+    def rows(p):
+        return f.slot_view(p, 0, dt, world * stride).view(world, stride)
+
+    for kind in ("all_gather", "reduce_scatter"):
+        for p in range(world):
+            for q in range(world):
+                rows(p)[q, :n] = ins[q] if kind == "all_gather" else rs_ins[q][p * n:(p + 1) * n]
+        f.arrive(blocks, [6 if kind == "all_gather" else 7], 31)
+        want = reference(rs_ins, "SUM")
+        for r in range(world):
+            src = ins[r] if kind == "all_gather" else rs_ins[r]
+            out = torch.full((world * n if kind == "all_gather" else n,), -9.0, dtype=dt)
+            assert K.rows_fused(kind, src.data_ptr(), out.data_ptr(), n, stride, n, f.controls.data_ptr(),
+                                L.CONTROL_BYTES, r, world, f.hosts[r].data_ptr(), 9, 31,
+                                6 if kind == "all_gather" else 7, 10**12, "SUM", dtype, dt.itemsize, 200) == 1
+            assert f.hosts[r][L.STATUS] == 0, (kind, r)
+            if kind == "all_gather":
+                assert torch.equal(out, torch.cat(ins)), r
+            else:
+                assert torch.equal(out, want[r * n:(r + 1) * n]), r

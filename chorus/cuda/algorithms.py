@@ -41,10 +41,14 @@ barrier reads what it needs from every rank's slot::
     reduce      as all_reduce, only the root reads
     broadcast   root: slot_root <- data;         barrier; others: data <- slot_root
     all_gather  rank r: slot_r <- input;         barrier; output[q] <- slot_q for every q
+                (fused, the default: one kernel a round, rank r storing its input into
+                row r of every slot, then copying the rows of its own: chorus.cuda.gather)
     gather      as all_gather, only the root reads
     scatter     root: slot_root[q] <- input[q];  barrier; rank q: output <- slot_root[q]
     reduce_scatter  rank r: slot_r[q] <- input block q;  barrier; rank q: output <- op over r
-                    of slot_r[q]  (slot_r[q]: the q-th of W equal pieces of the slot)
+                    of slot_r[q]  (slot_r[q]: the q-th of W equal pieces of the slot); with
+                    equal blocks fused (one kernel a round: rank r stores block q into row r
+                    of slot_q, then reduces the rows of its own slot: chorus.cuda.gather)
     all_to_all  one barrier, then pairwise through the channels (sizes differ per pair)
 
 Every collective passes at least one barrier, where the ranks compare their ops'
@@ -56,7 +60,7 @@ chorus.cuda.component picks the algorithm by name (``all_reduce_algorithm`` for 
 
 from __future__ import annotations
 
-from chorus.cuda.layout import two_shot_chunk
+from chorus.cuda.layout import GRAIN, two_shot_chunk
 
 #: the tag of the channel messages of all_to_all (p2p tags are the user's)
 EXCHANGE_TAG = -1
@@ -140,8 +144,24 @@ def broadcast(x, data: int, n: int, item: int, root: int) -> None:
             x.copy(data + off * item, x.slot(root), m * item, root)
 
 
-def all_gather(x, inp: int, out: int | None, n: int, item: int, root: int = -1) -> None:
-    """All-gather (``root`` -1) or gather to ``root`` (``out`` only there)."""
+#: element sizes (bytes) the fused all_gather moves (any dtype of these sizes)
+GATHER_ITEMS = frozenset({1, 2, 4, 8})
+
+
+def rows_chunk(slot_bytes: int, item: int, world: int) -> int:
+    """The most elements of each rank's block one fused all_gather / reduce_scatter round
+    moves: W rows of them fill a slot of ``slot_bytes``, each row GRAIN-aligned."""
+    return slot_bytes // item // world // GRAIN * GRAIN
+
+
+def all_gather(x, inp: int, out: int | None, n: int, item: int, root: int = -1, fused: bool = False) -> None:
+    """All-gather (``root`` -1) or gather to ``root`` (``out`` only there); ``fused``
+    (all-gather only): one kernel a round (chorus.cuda.gather), else copies and a barrier."""
+    if fused and root == -1:
+        for off, m in _chunks(n, rows_chunk(x.layout.slot, item, x.world)):
+            x.round()
+            x.rows_fused("all_gather", inp + off * item, out + off * item, m, -(-m // GRAIN) * GRAIN, n, item)
+        return
     for off, m in _chunks(n, x.layout.slot // item):
         x.round()
         x.copy(x.slot(x.rank), inp + off * item, m * item, x.rank)
@@ -165,7 +185,16 @@ def scatter(x, inp: int | None, out: int, n: int, item: int, root: int) -> None:
         x.copy(out + off * item, src, m * item, root)
 
 
-def reduce_scatter(x, inp: int, out: int, counts: tuple[int, ...], item: int) -> None:
+def reduce_scatter(x, inp: int, out: int, counts: tuple[int, ...], item: int, fused: bool = False) -> None:
+    """``fused`` (equal counts only): one kernel a round (chorus.cuda.gather), else copies,
+    a barrier and the reduce kernel."""
+    if fused and len(set(counts)) == 1:
+        big_n = counts[0]
+        for off, m in _chunks(big_n, rows_chunk(x.layout.slot, item, x.world)):
+            x.round()
+            x.rows_fused("reduce_scatter", inp + off * item, out + off * item, m, -(-m // GRAIN) * GRAIN, big_n,
+                         item)
+        return
     piece = x.layout.piece()
     step = piece // item
     starts = [sum(counts[:q]) for q in range(x.world)]

@@ -159,6 +159,11 @@ class CudaComponent(Component):
             if call.algorithm in A.ALL_REDUCE_ALGORITHMS:
                 return call.algorithm
             return A.all_reduce_algorithm(call.nbytes, self.pg.size())
+        if call.name in ("all_gather", "reduce_scatter") and call.algorithm != "one_shot":
+            first = _first(call)
+            if (call.name == "all_gather" and first.element_size() in A.GATHER_ITEMS) or (
+                    call.name == "reduce_scatter" and len(set(call.args["counts"])) == 1):
+                return "fused"  # one kernel a round (chorus.cuda.gather); "one_shot": copies
         return _ALGORITHMS.get(call.name, "one_shot")
 
     def start(self, call: Call, algorithm: str):
@@ -471,12 +476,13 @@ class CudaComponent(Component):
             elif name in ("all_gather", "gather"):
                 out = b["output"].data_ptr() if "output" in b else None
                 A.all_gather(x, b["input"].data_ptr(), out, b["input"].numel(), item,
-                             call.root if name == "gather" else -1)
+                             call.root if name == "gather" else -1, algorithm == "fused")
             elif name == "scatter":
                 inp = b["input"].data_ptr() if "input" in b else None
                 A.scatter(x, inp, b["output"].data_ptr(), b["output"].numel(), item, call.root)
             elif name == "reduce_scatter":
-                A.reduce_scatter(x, b["input"].data_ptr(), b["output"].data_ptr(), tuple(call.args["counts"]), item)
+                A.reduce_scatter(x, b["input"].data_ptr(), b["output"].data_ptr(), tuple(call.args["counts"]), item,
+                                 algorithm == "fused")
             elif name == "all_to_all":
                 A.all_to_all(x, b["input"].data_ptr(), b["output"].data_ptr(), call.args["send_counts"],
                              call.args["recv_counts"], item)

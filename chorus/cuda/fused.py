@@ -150,7 +150,7 @@ def _spin_peers(words, world, target, host, mirror, timeout_ns, max_spins, INTER
 
 
 @triton.jit
-def _broken_at_start(host, mirror, INTERPRET: tl.constexpr):
+def broken_at_start(host, mirror, INTERPRET: tl.constexpr):
     """is_broken, the same answer in every thread of the block (the block syncs later)."""
     broken = is_broken(host, mirror)
     if not INTERPRET:
@@ -159,7 +159,7 @@ def _broken_at_start(host, mirror, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins,
+def block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins,
                 W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr):
     """Block ``blk``'s barrier at ``epoch``: push (fingerprint, epoch) into every rank's
     words of this block (release), spin on mine (acquire), compare the fingerprints.
@@ -208,9 +208,9 @@ def _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout
 
 # The 16-byte alignment hint (tl.multiple_of) must be given to a pointer computed in the
 # function that applies it: on a function's argument it is silently dropped, and every
-# load falls back to one element.  So _get and _put take the base and the offsets.
+# load falls back to one element.  So get_vec and put_vec take the base and the offsets.
 @triton.jit
-def _get(base, offs, mask, MASKED: tl.constexpr, PEER: tl.constexpr, HINT: tl.constexpr):
+def get_vec(base, offs, mask, MASKED: tl.constexpr, PEER: tl.constexpr, HINT: tl.constexpr):
     """Load ``base[offs]``; a peer's memory bypasses L1 (written by another GPU since we
     last looked).  ``HINT``: ``base + offs`` is a contiguous run that starts 16-byte aligned."""
     ptrs = base + offs
@@ -230,8 +230,8 @@ def _get(base, offs, mask, MASKED: tl.constexpr, PEER: tl.constexpr, HINT: tl.co
 
 
 @triton.jit
-def _put(base, offs, values, mask, MASKED: tl.constexpr, HINT: tl.constexpr):
-    """``base[offs] = values`` (``HINT`` as _get's)."""
+def put_vec(base, offs, values, mask, MASKED: tl.constexpr, HINT: tl.constexpr):
+    """``base[offs] = values`` (``HINT`` as get_vec's)."""
     ptrs = base + offs
     if HINT:
         ptrs = tl.multiple_of(ptrs, 16)
@@ -245,11 +245,11 @@ def _put(base, offs, values, mask, MASKED: tl.constexpr, HINT: tl.constexpr):
 def _copy(src_addr, dst_addr, lo, hi, RAW: tl.constexpr, BLOCK: tl.constexpr, HS: tl.constexpr,
           HD: tl.constexpr, PEER: tl.constexpr):
     """dst[lo:hi] = src[lo:hi] (elements of RAW; addresses as int64)."""
-    _copy_shifted(src_addr, dst_addr, lo, hi, 0, 0, RAW, BLOCK, HS, HD, PEER)
+    copy_shifted(src_addr, dst_addr, lo, hi, 0, 0, RAW, BLOCK, HS, HD, PEER)
 
 
 @triton.jit
-def _copy_shifted(src_addr, dst_addr, lo, hi, src_shift, dst_shift, RAW: tl.constexpr, BLOCK: tl.constexpr,
+def copy_shifted(src_addr, dst_addr, lo, hi, src_shift, dst_shift, RAW: tl.constexpr, BLOCK: tl.constexpr,
                   HS: tl.constexpr, HD: tl.constexpr, PEER: tl.constexpr):
     """dst[i + dst_shift] = src[i + src_shift] for i in [lo, hi) (shifts: multiples of
     layout.GRAIN, so the alignment hints hold)."""
@@ -258,19 +258,19 @@ def _copy_shifted(src_addr, dst_addr, lo, hi, src_shift, dst_shift, RAW: tl.cons
     full = (hi - lo) // BLOCK
     for i in range(0, full):
         offs = lo + i * BLOCK + tl.arange(0, BLOCK)
-        _put(dst, offs + dst_shift, _get(src, offs + src_shift, offs < hi, False, PEER, HS), offs < hi, False, HD)
+        put_vec(dst, offs + dst_shift, get_vec(src, offs + src_shift, offs < hi, False, PEER, HS), offs < hi, False, HD)
     tail = lo + full * BLOCK
     if tail < hi:
         offs = tail + tl.arange(0, BLOCK)
         m = offs < hi
-        _put(dst, offs + dst_shift, _get(src, offs + src_shift, m, True, PEER, HS), m, True, HD)
+        put_vec(dst, offs + dst_shift, get_vec(src, offs + src_shift, m, True, PEER, HS), m, True, HD)
 
 
 @triton.jit
 def _row_at(controls, r, slot_off, offs, mask, MASKED: tl.constexpr, DT: tl.constexpr, RAW: tl.constexpr,
             ACC: tl.constexpr, BOOL: tl.constexpr, HINT: tl.constexpr):
     row = as_ptr(tl.load(controls + r) + slot_off, RAW)
-    x = _get(row, offs, mask, MASKED, True, HINT)
+    x = get_vec(row, offs, mask, MASKED, True, HINT)
     if RAW != DT:
         x = x.to(DT, bitcast=True)
     x = x.to(ACC)
@@ -299,9 +299,9 @@ def _spread(controls, slot_off, also, offs, y, m, MASKED: tl.constexpr, W: tl.co
     if PUSH:
         for r in tl.static_range(W):
             row = as_ptr(tl.load(controls + r) + slot_off, RAW)
-            _put(row, offs, y, m, MASKED, HINT_WS)
+            put_vec(row, offs, y, m, MASKED, HINT_WS)
     elif ALSO:
-        _put(also, offs, y, m, MASKED, HINT_WS)
+        put_vec(also, offs, y, m, MASKED, HINT_WS)
 
 
 @triton.jit
@@ -318,14 +318,14 @@ def _reduce_range(controls, slot_off, out_addr, also_addr, lo, hi, W: tl.constex
         offs = lo + i * BLOCK + tl.arange(0, BLOCK)
         m = offs < hi
         y = _reduce_step(controls, slot_off, offs, m, False, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
-        _put(out, offs, y, m, False, HINT_IO)
+        put_vec(out, offs, y, m, False, HINT_IO)
         _spread(controls, slot_off, also, offs, y, m, False, W, RAW, HINT_WS, ALSO, PUSH)
     tail = lo + full * BLOCK
     if tail < hi:
         offs = tail + tl.arange(0, BLOCK)
         m = offs < hi
         y = _reduce_step(controls, slot_off, offs, m, True, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
-        _put(out, offs, y, m, True, HINT_IO)
+        put_vec(out, offs, y, m, True, HINT_IO)
         _spread(controls, slot_off, also, offs, y, m, True, W, RAW, HINT_WS, ALSO, PUSH)
 
 
@@ -342,7 +342,7 @@ def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, 
     controls = as_ptr(controls_addr, tl.int64)
     base = tl.load(controls + rank)
     mirror = base + 8  # BROKEN
-    broken = _broken_at_start(host, mirror, INTERPRET)
+    broken = broken_at_start(host, mirror, INTERPRET)
     blk = tl.program_id(0)
     lo = blk.to(tl.int64) * per
     hi = tl.maximum(tl.minimum(lo + per, n), lo)
@@ -350,7 +350,7 @@ def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, 
     _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
     tl.debug_barrier()  # every thread's copy is done before the release
     if not broken:  # (a broken group's kernel copies into its own slot only)
-        state = _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
+        state = block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
                             INTERPRET)
         tl.debug_barrier()
         if state == 0:
@@ -382,7 +382,7 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
     controls = as_ptr(controls_addr, tl.int64)
     base = tl.load(controls + rank)
     mirror = base + 8  # BROKEN
-    broken = _broken_at_start(host, mirror, INTERPRET)
+    broken = broken_at_start(host, mirror, INTERPRET)
     blk = tl.program_id(0)
     start = blk.to(tl.int64) * per
     mine = base + slot_off
@@ -392,7 +392,7 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
         _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
     tl.debug_barrier()
     if not broken:
-        state = _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
+        state = block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
                             INTERPRET)
         tl.debug_barrier()
         if state == 0:
@@ -401,7 +401,7 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
             _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
                           HINT_WS, True, PUSH)
             tl.debug_barrier()
-            state = _block_sync(controls, rank, blk, epoch + 1, fprint, host, mirror, op_id, timeout_ns, max_spins, W,
+            state = block_sync(controls, rank, blk, epoch + 1, fprint, host, mirror, op_id, timeout_ns, max_spins, W,
                                 WP, INTERPRET)
             tl.debug_barrier()
             if state == 0:
@@ -424,14 +424,14 @@ def _reduce_rows(controls, slot_off, mine_addr, out_addr, lo, hi, piece, rank, M
     offs = lo + tl.arange(0, BLOCK)
     m = offs < hi
     loc = offs - rank * piece  # within the slice
-    acc = _get(mine, loc, m, MASKED, True, HINT_WS)
+    acc = get_vec(mine, loc, m, MASKED, True, HINT_WS)
     if RAW != DT:
         acc = acc.to(DT, bitcast=True)
     acc = acc.to(ACC)
     if BOOL:
         acc = (acc != 0).to(ACC)
     for r in tl.static_range(1, W):
-        x = _get(mine, r * piece + loc, m, MASKED, True, HINT_WS)
+        x = get_vec(mine, r * piece + loc, m, MASKED, True, HINT_WS)
         if RAW != DT:
             x = x.to(DT, bitcast=True)
         x = x.to(ACC)
@@ -441,10 +441,10 @@ def _reduce_rows(controls, slot_off, mine_addr, out_addr, lo, hi, piece, rank, M
     y = acc.to(DT)
     if RAW != DT:
         y = y.to(RAW, bitcast=True)
-    _put(as_ptr(out_addr, RAW), offs, y, m, MASKED, HINT_IO)
+    put_vec(as_ptr(out_addr, RAW), offs, y, m, MASKED, HINT_IO)
     for q in tl.static_range(W):
         if q != rank:
-            _put(as_ptr(tl.load(controls + q) + slot_off, RAW), (W + rank) * piece + loc, y, m, MASKED, HINT_WS)
+            put_vec(as_ptr(tl.load(controls + q) + slot_off, RAW), (W + rank) * piece + loc, y, m, MASKED, HINT_WS)
 
 
 @triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
@@ -475,7 +475,7 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
     controls = as_ptr(controls_addr, tl.int64)
     base = tl.load(controls + rank)
     mirror = base + 8  # BROKEN
-    broken = _broken_at_start(host, mirror, INTERPRET)
+    broken = broken_at_start(host, mirror, INTERPRET)
     blk = tl.program_id(0)
     start = blk.to(tl.int64) * per
     mine = base + slot_off
@@ -483,10 +483,10 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
         for q in tl.static_range(W):
             lo = q * piece + start
             hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (q + 1) * piece), n), lo)
-            _copy_shifted(inp, tl.load(controls + q) + slot_off, lo, hi, 0, (rank - q) * piece, RAW, BLOCK,
+            copy_shifted(inp, tl.load(controls + q) + slot_off, lo, hi, 0, (rank - q) * piece, RAW, BLOCK,
                           HINT_IO, HINT_WS, False)
         tl.debug_barrier()  # every thread's stores are done before the release
-        state = _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
+        state = block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
                             INTERPRET)
         tl.debug_barrier()
         if state == 0:
@@ -500,7 +500,7 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
                 _reduce_rows(controls, slot_off, mine, out, lo + full * BLOCK, hi, piece, rank, True, W, OP, DT, RAW,
                              ACC, BOOL, BLOCK, HINT_IO, HINT_WS)
             tl.debug_barrier()
-            state = _block_sync(controls, rank, blk, epoch + 1, fprint, host, mirror, op_id, timeout_ns, max_spins, W,
+            state = block_sync(controls, rank, blk, epoch + 1, fprint, host, mirror, op_id, timeout_ns, max_spins, W,
                                 WP, INTERPRET)
             tl.debug_barrier()
             if state == 0:
@@ -508,4 +508,4 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
                     if s != rank:
                         lo = s * piece + start
                         hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
-                        _copy_shifted(mine, out, lo, hi, W * piece, 0, RAW, BLOCK, HINT_WS, HINT_IO, True)
+                        copy_shifted(mine, out, lo, hi, W * piece, 0, RAW, BLOCK, HINT_WS, HINT_IO, True)

@@ -120,6 +120,21 @@ class Lanes:
         if recorder.current is not None:
             recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype), algorithm=kind)
 
+    def rows_fused(self, kind: str, inp: int, out: int, m: int, stride: int, big_n: int, item: int) -> None:
+        """One launch: a round of the fused ``kind`` ("all_gather" or "reduce_scatter":
+        chorus.cuda.gather) through this round's slots, with its barrier at the group's
+        next epoch."""
+        if m <= 0:
+            return
+        t = time.perf_counter()
+        self.epoch += self.k.rows_fused(
+            kind, inp, out, m, stride, big_n, self.controls_addr, self.layout.slot_at(self.rounds & 1), self.rank,
+            self.world, self.host, self.op_id, self.fprint, self.epoch + 1, self.timeout_ns, self.reduce_op,
+            self.dtype, item, stream=self.stream, warps=self.fused[0], blocks=self.fused[1])
+        if recorder.current is not None:
+            recorder.transfer("copy" if kind == "all_gather" else "reduce", self.ctx, "cuda", t, m * item,
+                              algorithm="fused")
+
     def send_chunk(self, peer: int, src: int, nbytes: int, tag: int, total: int) -> None:
         """Chunk s of my channel to ``peer`` (parity s % 2): wait until ``peer`` took
         chunk s - 2 out of that parity, copy in, post READY = s (with the header)."""

@@ -13,7 +13,9 @@ import triton.language as tl
 
 from chorus import config
 from chorus.cuda import layout as L
+from chorus.cuda.algorithms import GATHER_ITEMS
 from chorus.cuda.fused import one_shot_kernel, two_shot_kernel, two_shot_stores_kernel
+from chorus.cuda.gather import all_gather_kernel, reduce_scatter_kernel
 from chorus.cuda.kernels import (
     INTERPRET,
     NEVER,
@@ -173,6 +175,60 @@ def _fused_plan(pkey: tuple) -> tuple:
     return plan
 
 
+#: element size -> how all_gather moves elements of a dtype it needs not reduce
+_RAW_BY_SIZE = {1: tl.uint8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
+
+
+def rows_fused(kind: str, inp: int, out: int, m: int, stride: int, big_n: int, controls_addr: int, slot_off: int,
+               rank: int, world: int, host_addr: int, op_id: int, fprint: int, epoch: int, timeout_ns: int, op: str,
+               dtype: str, item: int, max_spins: int = NEVER, stream: int | None = None, warps: int = 4,
+               blocks: int = L.MAX_BLOCKS) -> int:
+    """Launch one round of the fused ``kind`` ("all_gather" or "reduce_scatter",
+    chorus.cuda.gather): ``m`` elements of each rank's block, rows ``stride`` elements
+    apart in the slot at ``slot_off``, blocks of ``big_n`` elements in the op's
+    W-block buffer; ``inp``/``out`` already point at the round's first element.  One
+    barrier, at ``epoch``; returns 1."""
+    aligned_in = not inp & 15 and (kind == "all_gather" or big_n % L.GRAIN == 0)
+    aligned_out = not out & 15 and (kind == "reduce_scatter" or big_n % L.GRAIN == 0)
+    pkey = (kind, m, stride, big_n, dtype, op, world, aligned_in, aligned_out, controls_addr, rank, host_addr,
+            timeout_ns, max_spins, HINTS, warps, blocks)
+    plan = _PLANS.get(pkey)
+    if plan is None:
+        plan = _rows_plan(pkey, item)
+    kernel, grid, head, tail = plan
+    fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
+    args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, *tail)
+    launch(kernel, (pkey, slot_off <= _SMALL and op_id <= _SMALL and epoch <= _SMALL, _fits(fprint)), grid, args,
+           warps, stream)
+    return 1
+
+
+def _rows_plan(pkey: tuple, item: int) -> tuple:
+    kind, m, stride, big_n, dtype, op, world, aligned_in, aligned_out, controls_addr, rank, host_addr, timeout_ns, \
+        max_spins, hints, warps, blocks = pkey
+    if len(_PLANS) >= 4096:
+        _PLANS.clear()
+    if warps * 32 < world or not 1 <= blocks <= L.MAX_BLOCKS:
+        raise ValueError(f"a fused {kind} of {world} ranks needs {world} threads a block and 1..{L.MAX_BLOCKS} "
+                         f"blocks, not {warps} warps and {blocks} blocks")
+    wp = max(2, _pow2(world))
+    step = 32 * PER_THREAD * warps
+    grid, per = L.one_shot_geometry(m, blocks, step)
+    head = (m, per, stride, big_n, rank, host_addr)
+    if kind == "all_gather":
+        raw = _TYPES[dtype][1] if dtype in _TYPES else _RAW_BY_SIZE[item]
+        tail = (timeout_ns, max_spins, world, wp, raw, step, hints and aligned_in, hints and aligned_out, hints,
+                INTERPRET)
+        plan = (all_gather_kernel, grid, head, tail)
+    else:
+        dt, raw, acc, is_bool, red = _ops(op, dtype)
+        tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, step, hints and aligned_in,
+                hints and aligned_out, hints, INTERPRET)
+        plan = (reduce_scatter_kernel, grid, head, tail)
+    _PLANS[pkey] = plan
+    return plan
+
+
 def _no_hints(exc: BaseException) -> None:
     global HINTS
     HINTS = False
@@ -235,3 +291,4 @@ assert (L.BARRIER, L.BROKEN, L.STATUS, L.FAIL_OP, L.FAIL_WHAT, L.FAIL_PEERS, L.A
 assert (L.FAIL_EXPECT, L.FAIL_GOT, L.TAG_OP, L.TAG_PEER, L.TAG_EXPECT, L.TAG_GOT) == (5, 6, 8, 9, 10, 11)
 assert (L.FPRINT, L.FPRINT_PARITY, L.FAIL_FP, L.MISMATCH) == (2560, 512, 7, 4)
 assert (L.BLOCKS, L.BLOCK_STRIDE) == (4096, 1536), "the fused kernels hard-code these offsets"
+assert frozenset(_RAW_BY_SIZE) == GATHER_ITEMS, "the fused all_gather's element sizes"
