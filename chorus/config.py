@@ -220,6 +220,16 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("CHORUS_HEARTBEAT_TIMEOUT", "float", 20.0, minimum=1.0, unit="seconds",
             meaning="a peer that sends nothing for this long is declared lost (heartbeats go "
                     "every second, so at least 1); a payload still arriving counts as heard"),
+    Setting("CHORUS_WAIT_REPORT_S", "float", 30.0, minimum=0.0, unit="seconds",
+            meaning="an op that has waited this long logs which ranks it waits for (those whose "
+                    "data has not arrived, or that have not reached the shared-memory window), "
+                    "the op and its number, the group and the time waited, and again after each "
+                    "further interval; at most one line per interval per group; 0: never"),
+    Setting("CHORUS_SEND_MODE", "choice", "buffered", choices=("buffered", "rendezvous"),
+            meaning="buffered: a send returns once its data is on its way, whether or not the "
+                    "receiver has posted its receive; rendezvous: a send (and an isend's wait) "
+                    "returns only once the matching receive is posted, as torch's blocking sends "
+                    "do, and ranks that wait in sends to each other get DeadlockError"),
     # -- limits: what a peer or a stranger may make this process hold -------------------
     Setting("CHORUS_MAX_MESSAGE_BYTES", "int", minimum=1, unit="bytes",
             meaning="the most payload one frame from a peer may claim when it must be buffered "

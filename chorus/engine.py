@@ -50,6 +50,10 @@ class OpContext:
     def describe(self) -> str:
         return f"{self.name} (seq {self.seq}) on group {self.group}"
 
+    def label(self) -> str:
+        """The op as waiting reports name it: "all_reduce #6"."""
+        return f"{self.name} #{self.seq}"
+
 
 Combine = Callable[[np.ndarray, np.ndarray], None]
 
@@ -118,7 +122,7 @@ def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: 
                     combine(_region(buffers, op.dst), _region(buffers, op.src))
                 else:
                     _region(buffers, op.dst)[...] = _region(buffers, op.src)
-        transport.wait_all(handles, ctx.deadline, ctx.describe)
+        transport.wait_all(handles, ctx.deadline, ctx.describe, label=ctx.label)
         if started:
             _report(step, ctx, buffers, started, algorithm)
     transport.finished(ctx.group, ctx.seq)

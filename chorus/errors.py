@@ -95,3 +95,13 @@ class ConcurrentCallError(ChorusError):
 
 class AbortedError(ChorusError):
     """The process group was aborted or destroyed while the op was pending."""
+
+
+class DeadlockError(CommTimeoutError):
+    """Ranks wait in point-to-point sends for each other in a cycle (with
+    ``CHORUS_SEND_MODE=rendezvous``), so none of them can go on; the message names every
+    rank of the cycle.
+
+    On torch.distributed the same program hangs until its timeout, hence a
+    :class:`CommTimeoutError` (and so a ``TimeoutError``) too.
+    """

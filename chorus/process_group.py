@@ -17,11 +17,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from chorus import config
 from chorus.engine import Combine, OpContext, Workspace, run_schedule
 from chorus.errors import ConcurrentCallError, InvalidArgumentError
 from chorus.schedules.base import Schedule
 from chorus.transport.base import Transport
 from chorus.transport.handles import Handle
+from chorus.transport.waiting import WaitReport
 from chorus.wire.frames import Kind
 
 
@@ -59,7 +61,10 @@ class ProcessGroup:
         self.components: tuple = ()
         self.device_components: dict = {}  # "cuda" -> its component, made at first use
         self.lane = None  # the shared-memory component, whose latency lanes the API tries first
-        transport.register_group(group_id, self.members)
+        # CHORUS_SEND_MODE=rendezvous: sends complete once the peer's receive took them
+        self.rendezvous = config.get("CHORUS_SEND_MODE") == "rendezvous"
+        transport.register_group(group_id, self.members,
+                                 WaitReport(global_rank, self.name, config.get("CHORUS_WAIT_REPORT_S")))
 
     def __repr__(self) -> str:
         return f"ProcessGroup(id={self.id}, ranks={list(self.members)}, rank={self._rank})"
@@ -103,7 +108,7 @@ class ProcessGroup:
     def post_send(self, view: memoryview, dst: int, tag: int, dtype: int, sync: bool) -> Handle:
         """Post a send to group rank ``dst`` (already validated)."""
         return self.transport.isend(self.members[dst], view, kind=Kind.DATA, group=self.id,
-                                    tag=tag, dtype=dtype, sync=sync)
+                                    tag=tag, dtype=dtype, sync=sync, rendezvous=self.rendezvous)
 
     def post_recv(self, view: memoryview, src: int | None, tag: int, dtype: int) -> Handle:
         """Post a receive from group rank ``src`` (None = any member)."""

@@ -170,18 +170,19 @@ class HandleWork(Work):
 
     def __init__(self, transport: Transport, handles: list[Handle], deadline: float | None,
                  describe: Callable[[], str], finish: Callable[[], None] | None = None,
-                 result: list | None = None):
+                 result: list | None = None, label: Callable[[], str] | None = None):
         super().__init__(result)
         self._transport = transport
         self._handles = handles
         self._deadline = deadline
         self._describe = describe
         self._finish = finish
+        self._label = label  # names the op in waiting reports (chorus.transport.waiting)
 
     def _wait(self, deadline: float | None) -> None:
         own = deadline is None or (self._deadline is not None and self._deadline <= deadline)
         self._transport.wait_all(self._handles, self._deadline if own else deadline, self._describe,
-                                 give_up=own)
+                                 give_up=own, label=self._label)
         if self._finish is not None:
             self._finish()
 

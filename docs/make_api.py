@@ -44,7 +44,9 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
       "is_torchelastic_launched")),
     ("Point-to-point",
      "One rank sends, one receives. A send returns once its data is on its way: chorus buffers "
-     "sends that torch.distributed's backends may block on.",
+     "sends that torch.distributed's backends may block on. With `CHORUS_SEND_MODE=rendezvous` "
+     "a send returns once the matching receive is posted, as torch's do, and ranks that wait in "
+     "sends to each other get `DeadlockError`.",
      ("send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv")),
     ("Collectives",
      "Every rank of the group calls the same collective, in the same order. Tensors are numpy "
@@ -101,8 +103,8 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "`TypeError`, timeouts from `TimeoutError`. Messages name the op, its sequence number, "
      "the ranks and the fix.",
      ("ChorusError", "InvalidArgumentError", "InvalidTensorError", "NotInitializedError", "RendezvousError",
-      "AuthenticationError", "StoreTimeoutError", "CommTimeoutError", "PeerLostError", "CollectiveMismatchError",
-      "BufferMismatchError", "ConcurrentCallError", "AbortedError", "ProtocolError", "UnsafeObjectError")),
+      "AuthenticationError", "StoreTimeoutError", "CommTimeoutError", "DeadlockError", "PeerLostError",
+      "CollectiveMismatchError", "BufferMismatchError", "ConcurrentCallError", "AbortedError", "ProtocolError", "UnsafeObjectError")),
 )
 
 

@@ -146,12 +146,16 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
     post = dict(kind=Kind.COLL, group=pg.id, expect=(ctx.seq, ctx.fingerprint))
     send = dict(kind=Kind.COLL, group=pg.id, seq=ctx.seq, fingerprint=ctx.fingerprint)
     if pg.rank() != 0:
-        t.wait_all([t.isend(pg.members[0], token, tag=0, **send)], ctx.deadline, ctx.describe)
+        t.wait_all([t.isend(pg.members[0], token, tag=0, **send)], ctx.deadline, ctx.describe, label=ctx.label)
         t.wait_all([t.irecv(pg.members[0], memoryview(bytearray(0)), tag=1, **post)], ctx.deadline,
-                   lambda: f"{ctx.describe()}: waiting for rank {pg.members[0]} to release the barrier")
+                   lambda: f"{ctx.describe()}: waiting for rank {pg.members[0]} to release the barrier",
+                   label=ctx.label)
         return None
     arrivals = {r: t.irecv(pg.members[r], memoryview(bytearray(0)), tag=0, **post) for r in range(1, pg.size())}
-    for handle in arrivals.values():
+    waiting = list(arrivals.values())
+    for handle in waiting:
+        if not handle.done():
+            t.wait_long(handle, waiting, ctx.deadline, ctx.label)  # reports who is missing meanwhile
         handle.wait(ctx.deadline)
     missing = [pg.members[r] for r, h in arrivals.items() if not h.done()]
     if missing:
@@ -163,7 +167,7 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
         if h.error is not None:
             raise h.error
     t.wait_all([t.isend(pg.members[r], token, tag=1, **send) for r in range(1, pg.size())],
-               ctx.deadline, ctx.describe)
+               ctx.deadline, ctx.describe, label=ctx.label)
     return None
 
 

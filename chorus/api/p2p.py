@@ -70,7 +70,8 @@ class _Posted:
     def work(self, op: str, direction: str, tensor, finish: Callable[[], None] | None = None) -> HandleWork:
         pg = self.pg
         return HandleWork(pg.transport, [self.handle], pg.deadline(),
-                          _describer(op, direction, pg, self.peer, self.tag), finish=finish, result=[tensor])
+                          _describer(op, direction, pg, self.peer, self.tag), finish=finish, result=[tensor],
+                          label=_labeller(op, self.tag))
 
 
 class _OnDevice:
@@ -135,8 +136,14 @@ def _describer(op: str, direction: str, pg: ProcessGroup, peer: int | None, tag:
     return describe
 
 
+def _labeller(op: str, tag: int) -> Callable[[], str]:
+    return lambda: f"{op} (tag {tag})"
+
+
 def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:
-    """Send ``tensor`` to rank ``dst``; returns when the data is on its way.
+    """Send ``tensor`` to rank ``dst``; returns when the data is on its way (with
+    ``CHORUS_SEND_MODE=rendezvous``: once ``dst`` has posted the matching receive, as
+    torch's blocking send does).
 
     rank 0: send(t, dst=1)        rank 1: recv(t, src=0)  ->  t holds rank 0's data
     """
@@ -165,7 +172,8 @@ def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: in
         _enqueue([posted], False)
         return posted.pg.members[posted.peer]
     pg, h = posted.pg, posted.handle  # what HandleWork.wait does, without building one
-    pg.transport.wait_all([h], pg.deadline(), _describer("recv", "from", pg, posted.peer, posted.tag))
+    pg.transport.wait_all([h], pg.deadline(), _describer("recv", "from", pg, posted.peer, posted.tag),
+                          label=_labeller("recv", posted.tag))
     posted.buf.finish()
     return h.peer
 

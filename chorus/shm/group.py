@@ -53,7 +53,8 @@ class ShmGroup:
         if threads > 1:
             self.window.crew = Crew(threads)
         self.sync = Sync(self.window.control, rank, members, transport, group, backoff,
-                         Waker.make(segment.buf, layout.world, rank), self.window.arrivals)
+                         Waker.make(segment.buf, layout.world, rank), self.window.arrivals,
+                         transport.wait_reports.get(group))
         self.broken: str | None = None
         self.closed = False
         self._lock = threading.Lock()

@@ -68,7 +68,9 @@ naming the op, its sequence number and the ranks that did not arrive), and every
 waiter asks the group's transport whether a member died, left or called another op — so
 a dead peer becomes PeerLostError in milliseconds, well within 5 s — and reads the
 missing ranks' CURRENT and ABANDONED words, so that a rank that took another path (TCP)
-or gave up after an error is named instead of waited for.
+or gave up after an error is named instead of waited for.  At that check, a wait that has
+lasted the group's CHORUS_WAIT_REPORT_S logs the ranks that have not arrived
+(chorus.transport.waiting), and again after each further interval.
 
 *Waking.*  A rank that naps would find out that the last rank arrived only when its nap
 ends: up to a millisecond late, at every sync where ranks arrive far apart (a DDP bucket
@@ -254,7 +256,7 @@ class Sync:
 
     def __init__(self, control: memoryview, rank: int, members: tuple[int, ...], transport,
                  group: int, backoff: Backoff, waker: Waker | None = None,
-                 arrivals: memoryview | None = None):
+                 arrivals: memoryview | None = None, report=None):
         self.control = control
         self._world = w = len(members)
         if arrivals is None:  # tokens in the control lines; the first sync reads them one by one
@@ -274,6 +276,7 @@ class Sync:
         self.transport = transport
         self.group = group
         self.backoff = backoff
+        self.report = report  # the group's chorus.transport.waiting.WaitReport (None: no reports)
         self.mine = rank * WORDS
         self.others = tuple(q * WORDS for q in range(len(members)) if q != rank)
         self.count = int(control[self.mine + ARRIVED])  # 0 for a fresh window
@@ -440,6 +443,8 @@ class Sync:
         c, others, b = self.control, self.others, self.backoff
         start = time.monotonic()
         next_check = start + CHECK_S
+        report = self.report
+        next_line = start + report.interval if report is not None and report.interval else float("inf")
         nap = NAP_MIN
         polls = 0
         spinning = b.spin_s > 0
@@ -459,6 +464,11 @@ class Sync:
             if now >= next_check:
                 self._check(target, ctx)
                 next_check = now + CHECK_S
+                if now >= next_line:
+                    missing = [self.members[q] for q in self._pending(target)]
+                    if missing:
+                        report.line(missing, ctx.label(), now - start)
+                    next_line = now + report.interval
             if ctx.deadline is not None and now >= ctx.deadline:
                 raise self._timeout(target, ctx, now - start)
             waited = now - start

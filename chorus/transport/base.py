@@ -10,11 +10,16 @@ Failures are scoped by group: a peer that dies fails every pending and later tra
 of every group that contains it (the op could never finish); a peer that leaves cleanly
 (``destroy_process_group``) fails only transfers addressed to it.  A peer that fails by
 raising counts as dead, its error ("ValueError: ...") named in every error it causes.
+
+Waits that last report who they wait for (chorus.transport.waiting); sends posted with
+``rendezvous`` complete only once the peer's receive took them, and waits on them search
+for deadlocks (chorus.transport.rendezvous_sends).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -22,11 +27,20 @@ from collections.abc import Callable, Iterable
 from chorus.errors import AbortedError, BufferMismatchError, CollectiveMismatchError, PeerLostError
 from chorus.transport.handles import Handle, wait_all
 from chorus.transport.matching import Arrival, Matcher
+from chorus.transport.rendezvous_sends import (
+    PROBE_AFTER_S,
+    PROBE_EVERY_S,
+    RendezvousSends,
+    SendHandle,
+)
+from chorus.transport.waiting import WaitReport
 from chorus.wire.dtypes import dtype_name
 from chorus.wire.fingerprint import describe
 from chorus.wire.frames import Header, Kind, LostReason, pack_failed, pack_fields
 
 log = logging.getLogger("chorus")
+
+DATA = int(Kind.DATA)
 
 
 class Transport:
@@ -54,6 +68,8 @@ class Transport:
         # collectives unpickle anything only from authenticated peers (chorus.api.safe_pickle).
         self.authenticated = False
         self._listeners: list[Callable[[int, str], None]] = []
+        self.wait_reports: dict[int, WaitReport] = {}  # group -> its waiting reports
+        self.sends = RendezvousSends(rank, self._notify, self._holds_unreceived, self._group_name)
 
     # -- failure listeners -------------------------------------------------------------------
     def add_failure_listener(self, listener: Callable[[int, str], None]) -> None:
@@ -77,14 +93,27 @@ class Transport:
                 log.exception("chorus rank %d: a failure listener raised", self.rank)
 
     # -- groups --------------------------------------------------------------------------
-    def register_group(self, group: int, members: Iterable[int]) -> None:
+    def register_group(self, group: int, members: Iterable[int], report: WaitReport | None = None) -> None:
+        """``members``: the ranks whose failure fails ``group``'s transfers; ``report``: the
+        group's waiting reports (kept from an earlier call when None)."""
         with self._state_lock:
             self._groups[group] = frozenset(members)
+            if report is not None:
+                self.wait_reports[group] = report
+
+    def _group_name(self, group: int) -> str:
+        report = self.wait_reports.get(group)
+        return report.group if report is not None else str(group)
 
     # -- posting ---------------------------------------------------------------------------
     def isend(self, peer: int, view: memoryview, *, kind: int, group: int, tag: int,
-              seq: int = 0, dtype: int = 0, fingerprint: int = 0, sync: bool = False) -> Handle:
-        """Post a send of ``view`` to ``peer``; ``sync`` hints that the caller waits at once."""
+              seq: int = 0, dtype: int = 0, fingerprint: int = 0, sync: bool = False,
+              rendezvous: bool = False) -> Handle:
+        """Post a send of ``view`` to ``peer``; ``sync`` hints that the caller waits at once.
+        ``rendezvous`` (point-to-point only): the handle completes once ``peer`` has taken
+        the message with a receive, not once it is on its way."""
+        if rendezvous:
+            return self._isend_rendezvous(peer, view, kind, group, tag, dtype, sync)
         handle = Handle(peer, kind, group, tag, view, dtype)
         error = self.failure(group, peer, expect=(seq, fingerprint) if fingerprint else None)
         if error is not None:
@@ -92,6 +121,22 @@ class Transport:
             return handle
         header = pack_fields(kind, group, tag, seq, len(view), dtype, fingerprint)
         self._send_frame(peer, header, view, handle, sync)
+        return handle
+
+    def _isend_rendezvous(self, peer: int, view: memoryview, kind: int, group: int, tag: int,
+                          dtype: int, sync: bool) -> Handle:
+        handle = SendHandle(peer, kind, group, tag, view, dtype)
+        error = self.failure(group, peer)
+        if error is not None:
+            handle.complete(error=error)
+            return handle
+        request = self.sends.post(handle)
+        # the frame's seq carries the request number: the receive answers MATCHED with it
+        self._send_frame(peer, pack_fields(kind, group, tag, request, len(view), dtype, 0), view,
+                         self.sends.carrier(handle), sync)
+        error = self.failure(group, peer)  # a failure recorded meanwhile found nothing to fail
+        if error is not None:
+            self.sends.fail(request, error)
         return handle
 
     def irecv(self, peer: int | None, view: memoryview, *, kind: int, group: int, tag: int,
@@ -129,16 +174,17 @@ class Transport:
         return handle
 
     def wait_all(self, handles: list[Handle], deadline: float | None, what: Callable[[], str],
-                 give_up: bool = True) -> None:
+                 give_up: bool = True, label: Callable[[], str] | None = None) -> None:
         """Wait for ``handles``; raise CommTimeoutError at the deadline and re-raise a
         handle's error with the op's description prepended.
 
         ``give_up``: the deadline is the op's own, so on timeout withdraw its receives (no
         late message may land in a buffer nobody owns any more).  False for a caller's
         shorter ``Work.wait(timeout)``, after which the op may still complete.
+        ``label()`` names the op in waiting reports ("all_reduce #6"; default ``what()``).
         """
         try:
-            wait_all(handles, deadline, what)
+            wait_all(handles, deadline, what, self, label)
         except PeerLostError as exc:
             raise PeerLostError(f"{what()}: {exc}", exc.lost_rank, exc.reporter) from None
         except TimeoutError:
@@ -146,7 +192,47 @@ class Transport:
                 for h in handles:
                     if not h.done():
                         self._matcher.cancel(h)
+                        if type(h) is SendHandle:
+                            self.sends.fail(h.request, AbortedError("the send timed out"))
             raise
+
+    def wait_long(self, handle: Handle, handles: list[Handle], deadline: float | None,
+                  label: Callable[[], str]) -> None:
+        """Wait for ``handle`` (one of ``handles``, not done) in slices: every interval of the
+        group's WaitReport, log the ranks ``handles`` still wait for; while a rendezvous send
+        among them waits for its receive, search for a deadlock now and then.  Returns once
+        ``handle`` is done or at ``deadline``; the caller's own wait then ends at once."""
+        report = self.wait_reports.get(handle.group)
+        interval = report.interval if report is not None else 0.0
+        sends = self.sends.waiting_in(handles) if self.sends.pending else None
+        if not interval and not sends:
+            return
+        start = time.monotonic()
+        next_line = start + interval if interval else math.inf
+        next_search = start + PROBE_AFTER_S if sends else math.inf
+        end = math.inf if deadline is None else deadline
+        if sends:
+            self.sends.block(sends, 1)
+        try:
+            while True:
+                until = min(next_line, next_search, end)
+                if handle.wait(None if until == math.inf else until):
+                    return
+                now = time.monotonic()
+                if now >= end:
+                    return
+                if now >= next_search:
+                    self.sends.search(sends)
+                    next_search = now + PROBE_EVERY_S
+                if now >= next_line:
+                    missing = sorted({h.peer for h in handles if not h.done() and h.peer is not None})
+                    any_source = any(h.peer is None and not h.done() for h in handles)
+                    if missing or any_source:
+                        report.line(missing, label(), now - start, any_source)
+                    next_line = now + interval
+        finally:
+            if sends:
+                self.sends.block(sends, -1)
 
     # -- for subclasses ------------------------------------------------------------------------
     def _send_frame(self, peer: int, header: bytes, view: memoryview, handle: Handle, sync: bool) -> None:
@@ -173,10 +259,28 @@ class Transport:
     def _fill_from_stash(self, handle: Handle, arrival: Arrival) -> None:
         """Complete ``handle`` from a fully received stashed message."""
         handle.peer = arrival.peer
-        error = self._fits(handle, arrival.header, arrival.peer)
-        if error is None and arrival.header.nbytes:
+        header = arrival.header
+        error = self._fits(handle, header, arrival.peer)
+        if error is None and header.nbytes:
             handle.view[:] = arrival.data
-        handle.complete(arrival.header, error)
+        handle.complete(header, error)
+        if header.seq and header.kind == DATA:
+            self.answer(arrival.peer, header)
+
+    def answer(self, source: int, header: Header) -> None:
+        """A receive took ``source``'s rendezvous send ``header`` (a DATA frame whose seq is
+        its request number): tell ``source``, whose send completes then."""
+        self._notify([source], pack_fields(int(Kind.MATCHED), header.group, header.tag, header.seq, 0, 0, 0))
+
+    def _holds_unreceived(self, source: int, request: int) -> bool:
+        """Whether ``source``'s rendezvous send ``request`` arrived here and no receive took it."""
+        return self._matcher.find_unexpected(
+            lambda a: a.peer == source and a.header.seq == request and a.header.kind == DATA) is not None
+
+    def on_probe(self, source: int, seq: int, payload: bytes | memoryview) -> None:
+        """A PROBE frame from ``source`` (chorus.transport.rendezvous_sends)."""
+        if self.closed_reason is None:
+            self.sends.on_probe(source, seq, payload)
 
     def failure(self, group: int, peer: int | None, receiving: bool = False,
                  expect: tuple[int, int] | None = None) -> BaseException | None:
@@ -231,6 +335,7 @@ class Transport:
         self._matcher.fail_where(lambda h: h.group in doomed,
                                  lambda h: self._lost_error(rank, why, h.group, h))
         self._fail_sends(lambda h: h.group in doomed, lambda h: self._lost_error(rank, why, h.group))
+        self.sends.fail_where(lambda h: h.group in doomed, lambda h: self._lost_error(rank, why, h.group))
         return True
 
     def peer_failed(self, rank: int, text: str, reporter: int) -> bool:
@@ -257,6 +362,8 @@ class Transport:
                 self.closed_reason = f"this rank failed ({text})"
         self._matcher.fail_where(lambda h: True, lambda h: AbortedError(
             f"this rank failed ({text}) while this receive was pending"))
+        self.sends.fail_where(lambda h: True, lambda h: AbortedError(
+            f"this rank failed ({text}) while this send waited for its receive"))
 
     def wait_exited(self, rank: int, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until the process of ``rank`` has exited (its
@@ -270,6 +377,8 @@ class Transport:
             self.left.add(rank)
         why = "left the job (destroy_process_group) before sending"
         self._matcher.fail_where(lambda h: h.peer == rank, lambda h: self._lost_error(rank, why, h.group, h))
+        unreceived = "left the job (destroy_process_group) without receiving this send"
+        self.sends.fail_where(lambda h: h.peer == rank, lambda h: self._lost_error(rank, unreceived, h.group))
 
     def group_mismatch(self, group: int, culprit: int, seq: int, fingerprint: int, detector: int) -> None:
         """Rank ``culprit`` called another collective (``seq``, ``fingerprint``) in ``group``:
@@ -347,6 +456,8 @@ class Transport:
             self.closed_reason = "destroy_process_group was called"
         self._matcher.fail_where(lambda h: True, lambda h: AbortedError(
             "the process group was destroyed while this receive was pending"))
+        self.sends.fail_where(lambda h: True, lambda h: AbortedError(
+            "the process group was destroyed while this send waited for its receive"))
 
 
 def control_header(kind: Kind, tag: int = 0, group: int = 0) -> bytes:

@@ -85,14 +85,20 @@ class Handle:
         return self._done
 
 
-def wait_all(handles: Iterable[Handle], deadline: float | None, what: Callable[[], str]) -> None:
+def wait_all(handles: Iterable[Handle], deadline: float | None, what: Callable[[], str],
+             watcher=None, label: Callable[[], str] | None = None) -> None:
     """Wait for every handle; raise the first error, or CommTimeoutError at the deadline.
 
     ``what()`` describes the op for the timeout message ("barrier (seq 3) on group 0").
-    The message names the peers whose transfers never finished.
+    The message names the peers whose transfers never finished.  A handle that is not done
+    yet is first waited for through ``watcher.wait_long`` (the transport: waiting reports
+    named by ``label()``, default ``what()``, and deadlock searches); handles that are done
+    cost nothing more.
     """
     handles = list(handles)
     for h in handles:
+        if not h._done and watcher is not None:
+            watcher.wait_long(h, handles, deadline, label or what)
         if not h.wait(deadline):
             pending = sorted({p.peer for p in handles if not p.done() and p.peer is not None})
             anysrc = any(p.peer is None and not p.done() for p in handles)

@@ -74,6 +74,10 @@ class LoopbackTransport(Transport):
             elif h.kind == Kind.PEER_LOST:
                 target.peer_died(h.tag, f"{LOST_REASON_TEXT.get(h.seq, 'was lost')} (reported by rank {self.rank})",
                                  h.seq)
+            elif h.kind == Kind.MATCHED:
+                target.sends.matched(self.rank, h.seq)
+            elif h.kind == Kind.PROBE:
+                target.on_probe(self.rank, h.seq, frame[HEADER_SIZE:])
 
     def _arrive(self, source: int, header, view: memoryview) -> None:
         match = self._matcher.claim(source, header)
@@ -83,6 +87,8 @@ class LoopbackTransport(Transport):
             if error is None and header.nbytes:
                 match.view[:] = view
             match.complete(header, error)
+            if header.seq and header.kind == Kind.DATA:
+                self.answer(source, header)
             return
         self.stashed(source, header)
         claimant = self._matcher.arrival_ready(match, memoryview(bytes(view)))

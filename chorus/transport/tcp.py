@@ -237,8 +237,14 @@ class TcpTransport(Transport):
                 conn.last_heard = time.monotonic()
                 if h.kind == Kind.DATA or h.kind == Kind.COLL:
                     self._read_payload(conn, reader, h)
+                elif h.kind == Kind.PROBE:
+                    payload = reader.read(h.nbytes)
+                    if conn.peer not in self.dead:
+                        self.on_probe(conn.peer, h.seq, payload)
                 elif conn.peer in self.dead:
                     continue  # a rank given up on is not believed about the others
+                elif h.kind == Kind.MATCHED:
+                    self.sends.matched(conn.peer, h.seq)
                 elif h.kind == Kind.PEER_LOST:
                     reason = LOST_REASON_TEXT.get(h.seq, "was lost")
                     self._lose(h.tag, f"{reason} (reported by rank {conn.peer})", h.seq)
@@ -285,8 +291,12 @@ class TcpTransport(Transport):
                         source.read_into(match.view)
                     conn.reading, conn.last_heard = False, _BUSY
                     match.complete(h)  # may reduce for a while: this rank's work, not peer silence
+                    if h.seq and h.kind == Kind.DATA:
+                        self.answer(conn.peer, h)
                     return
                 match.complete(h, error)  # the receive fails at once, before the skip
+                if h.seq and h.kind == Kind.DATA:
+                    self.answer(conn.peer, h)
                 self._check_claim(h, "skip", error)
                 source.discard(h.nbytes)
                 return

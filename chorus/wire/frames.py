@@ -50,12 +50,18 @@ class Kind(enum.IntEnum):
     #            fingerprint = that rank's call
     FAILED = 8  # tag = a rank that failed (raised); payload = its error as UTF-8 text,
     #             "ValueError: ..." (at most MAX_FAILURE_TEXT bytes)
+    MATCHED = 9  # a receive took the rendezvous send numbered `seq` (group, tag: the send's)
+    PROBE = 10  # deadlock search (chorus.transport.rendezvous_sends): payload = the hops so far
+    #             (chorus.wire.probes); seq 1 = the hops close a cycle
 
 
 _KINDS = frozenset(int(k) for k in Kind)
 
 #: The longest error text a FAILED frame carries (longer ones are cut).
 MAX_FAILURE_TEXT = 2048
+
+#: The largest PROBE payload (chorus.wire.probes: 2,340 hops; longer cycles are not searched).
+MAX_PROBE_BYTES = 64 * 1024
 
 
 class LostReason(enum.IntEnum):
@@ -118,10 +124,12 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         raise ProtocolError(f"unknown dtype code {dtype} in frame header")
     if nbytes > MAX_PAYLOAD:
         raise ProtocolError(f"frame payload of {nbytes} bytes exceeds the limit of {MAX_PAYLOAD}")
-    if kind in (Kind.HEARTBEAT, Kind.PEER_LOST, Kind.BYE, Kind.HELLO, Kind.ABORT) and nbytes:
+    if kind in (Kind.HEARTBEAT, Kind.PEER_LOST, Kind.BYE, Kind.HELLO, Kind.ABORT, Kind.MATCHED) and nbytes:
         raise ProtocolError(f"control frame {Kind(kind).name} must carry no payload")
     if kind == Kind.FAILED and nbytes > MAX_FAILURE_TEXT:
         raise ProtocolError(f"FAILED frame of {nbytes} bytes exceeds the limit of {MAX_FAILURE_TEXT}")
+    if kind == Kind.PROBE and nbytes > MAX_PROBE_BYTES:
+        raise ProtocolError(f"PROBE frame of {nbytes} bytes exceeds the limit of {MAX_PROBE_BYTES}")
     return Header(kind, group, tag, seq, nbytes, dtype, fp)
 
 
