@@ -408,6 +408,18 @@ def _example(name: str) -> Example:
     return next(ex for ex in SEED_EXAMPLES if ex.id == name)
 
 
+@pytest.mark.slow
+def test_the_ring_runs_with_rendezvous_sends(tmp_path, monkeypatch):
+    """With CHORUS_SEND_MODE=rendezvous every send waits for its receive, as torch's do: the
+    ring's order (rank 0 sends first, the others receive first) still runs as the seed says."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("CHORUS_SEND_MODE", "rendezvous")
+    ex = _example("ring_allreduce")
+    code, out, err = run_forked(ex, "chorus", tmp_path)
+    assert code == 0, err
+    check_lines(ex, out.splitlines())
+
+
 def test_a_spawn_example_as_users_run_it(tmp_path):
     """``python examples/seeds/spawn_all_reduce.py``: the seed's own torch mp.spawn with the
     "spawn" start method, ranks in fresh interpreters that import _cpu_fallback too."""
