@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bench.add_arguments(sub.add_parser(
         "bench", help="time collectives against torch gloo and MPI", description=bench.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter))
+        formatter_class=bench.HelpFormatter))
     sub.add_parser("run", help="launch ranks (same as chorusrun)")
     sub.add_parser("config", help="print every CHORUS_* setting: its value, whether it is set, its meaning")
     sub.add_parser("bench-ddp", help="time a DDP training step on chorus against gloo (also: bench --ddp)")

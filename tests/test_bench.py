@@ -1,9 +1,11 @@
-"""``chorus bench``: sizes, cases, the table, JSON, the plot, exit codes, and real runs of
-chorus alone and against MPI (mpi4py + mpiexec, e.g. ``pip install mpich mpi4py``)."""
+"""``chorus bench``: sizes, cases, the table, JSON, the plot, progress lines, --help,
+exit codes, and real runs of chorus alone and against MPI (mpi4py + mpiexec, e.g.
+``pip install mpich mpi4py``)."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 
 from chorus.bench import cli as bench_cli
-from chorus.bench import mpi_worker
+from chorus.bench import mpi_worker, progress
 from chorus.bench.ops import (
     COLLECTIVES,
     check_op,
@@ -40,8 +42,14 @@ def _bench(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
 def _table_rows(stdout: str) -> list[list[str]]:
     """The table's data lines, split into cells by '|' (the header and rule dropped)."""
     lines = [ln for ln in stdout.splitlines() if ln and not ln.startswith("#")]
-    assert lines[0].split()[:4] == ["size", "count", "dtype", "op"], stdout
+    assert lines[0].split("|")[0].split() == ["size"] and lines[0].split()[-1] == "#wrong", stdout
+    assert all(len(ln) <= bench_cli.WIDTH for ln in stdout.splitlines()), stdout
     return [[c.strip() for c in ln.split("|")] for ln in lines[2:]]
+
+
+def _comments(stdout: str) -> str:
+    """The ``#`` lines as one text (the lines a long note was wrapped into joined again)."""
+    return " ".join(ln[1:].strip() for ln in stdout.splitlines() if ln.startswith("#"))
 
 
 # -- sizes ---------------------------------------------------------------------------------
@@ -148,22 +156,72 @@ def _row(lib, nbytes, us, wrong=0, collective="all_reduce", world=2):
 
 
 def test_format_table_columns_and_speedups():
-    rows = [_row("mpi", 1024, 50.0), _row("gloo", 8, 300.0), _row("chorus", 8, 100.0),
+    rows = [_row("mpi", 1024, 50.0, wrong=1), _row("gloo", 8, 300.0), _row("chorus", 8, 100.0),
             _row("chorus", 1024, 100.0, wrong=2), _row("gloo", 1024, 400.0)]
     text = format_table(rows)
     head, rule, *lines = text.splitlines()
-    assert head.split("|")[0].split() == ["size", "count", "dtype", "op"]
-    assert [c.split()[0] for c in head.split("|")[1:]] == ["chorus", "gloo", "mpi", "x", "x"]
-    assert "x vs gloo" in head and "x vs mpi" in head
-    assert set(rule) == {"-"} and len(rule) == len(head)
+    assert [c.split() for c in head.split("|")] == [
+        ["size"], ["chorus", "us", "busbw"], ["gloo", "us", "busbw"], ["mpi", "us", "busbw"],
+        ["vs", "gloo", "vs", "mpi"], ["#wrong"]]
+    assert set(rule) == {"-"} and len(rule) == len(head) <= bench_cli.WIDTH
     assert all(len(ln) == len(head) for ln in lines)
     small, big = ([c.strip() for c in ln.split("|")] for ln in lines)
-    assert small[0].split() == ["8", "2", "float32", "sum"]
-    assert small[1].split() == ["100.0", "0.00", "0.00", "0"]
-    assert small[3].split() == ["-", "-", "-", "-"]  # mpi has no 8-byte row
-    assert small[4:] == ["3.00x", "-"]
-    assert big[0].split()[0] == "1K" and big[1].split()[-1] == "2"
-    assert big[4:] == ["4.00x", "0.50x"]
+    assert small[:3] == ["8", "100.0   0.00", "300.0   0.00"]
+    assert small[3:] == ["-      -", "3.00x        -", "0"]  # mpi has no 8-byte row
+    assert big[0] == "1K" and big[1].split() == ["100.0", "0.01"]
+    assert big[4:] == ["4.00x    0.50x", "3"]  # #wrong: chorus's 2 and mpi's 1
+
+
+def test_the_table_fits_100_columns_with_two_baselines_at_every_size():
+    rows = [_row(lib, n, us * f, wrong=12345) for lib, f in (("chorus", 1.0), ("gloo", 300.0), ("mpi", 90.0))
+            for n, us in ((0, 1.0), (4, 1.0), (1536, 10.0), (256 << 20, 30000.0), (1 << 30, 99000.0))]
+    assert max(len(ln) for ln in format_table(rows).splitlines()) <= bench_cli.WIDTH
+
+
+def test_help_shows_the_defaults():
+    parser = bench_cli.argparse.ArgumentParser(prog="chorus bench", formatter_class=bench_cli.HelpFormatter)
+    bench_cli.add_arguments(parser)
+    shown = " ".join(parser.format_help().split())
+    for default in ("(default: 8)", "(default: 64M)", "(default: 20)", "(default: 5)", "(default: auto)",
+                    "(default: all_reduce)", "(default: cpu)"):
+        assert default in shown, default
+    assert "(default: None)" not in shown and "(default: False)" not in shown
+    assert "default float32" in shown and "default 2" in shown  # said by the options themselves
+
+
+# -- progress ------------------------------------------------------------------------------
+
+def test_progress_prints_a_size_once_every_job_finished_it(tmp_path):
+    out = io.StringIO()
+    shown = progress.Progress(str(tmp_path), ["chorus", "mpi"], [8, 1024, 4096], stream=out, live=False)
+    progress.record(str(tmp_path), "chorus", 1, {"chorus": 10e-6, "gloo": 30e-6})
+    shown.poll()
+    assert out.getvalue() == ""  # mpi has not finished size 1 yet
+    progress.record(str(tmp_path), "mpi", 1, {"mpi": 20e-6})
+    progress.record(str(tmp_path), "chorus", 2, {"chorus": 10e-6, "gloo": 10e-6})
+    with open(tmp_path / "progress-chorus.jsonl", "a") as f:
+        f.write('{"index": 3, "seco')  # a record still being written is left for later
+    shown.poll()
+    line, = out.getvalue().splitlines()
+    assert line.startswith("# [1/3] 8: chorus 10.0 us, gloo 30.0 us (3.00x), mpi 20.0 us (2.00x); "), line
+    shown.drop("mpi")  # the MPI job failed: the sizes no longer wait for it
+    assert out.getvalue().splitlines()[1].startswith("# [2/3] 1K: chorus 10.0 us, gloo 10.0 us (1.00x); ")
+    shown.close()
+    assert len(out.getvalue().splitlines()) == 2
+
+
+def test_progress_on_a_terminal_rewrites_one_line_and_clears_it(tmp_path):
+    out = io.StringIO()
+    shown = progress.Progress(str(tmp_path), ["chorus"], [8, 16], stream=out, live=True)
+    shown.waiting("starting 2 ranks ...")
+    progress.record(str(tmp_path), "chorus", 1, {"chorus": 1e-6})
+    progress.record(str(tmp_path), "chorus", 2, {"chorus": 2e-6})
+    shown.close()
+    text = out.getvalue()
+    assert "\n" not in text and text.endswith("\r\033[K")
+    assert [part for part in text.split("\r\033[K") if part][0] == "starting 2 ranks ..."
+    assert [part.split(";")[0] for part in text.split("\r\033[K") if part][1:] == [
+        "[1/2] 8: chorus 1.0 us", "[2/2] 16: chorus 2.0 us"]
 
 
 def test_busbw_factors():
@@ -191,7 +249,8 @@ def test_to_json_has_speedups_and_meta():
 # -- the command, in process with fake ranks (exit codes, arguments, plot) ----------------
 
 def _fake_spawn(wrong_on_rank1: int):
-    """A stand-in for chorus.launch.spawn that writes each rank's result file."""
+    """A stand-in for chorus.launch.spawn that writes each rank's result file (and rank
+    0's progress records)."""
     class Done:
         def join(self, timeout=None):
             return True
@@ -205,6 +264,8 @@ def _fake_spawn(wrong_on_rank1: int):
                     for i, c in enumerate(cfg["counts"])]
             with open(os.path.join(workdir, f"rows-{rank}.json"), "w") as f:
                 json.dump({"rows": rows, "notes": []}, f)
+        for index, row in enumerate(rows, start=1):
+            progress.record(workdir, "chorus", index, {"chorus": row["seconds"]})
         return None if join else Done()
     return spawn
 
@@ -215,7 +276,10 @@ def test_wrong_elements_on_any_rank_fail_the_run(monkeypatch, capsys):
                            "--transport", "tcp"]) == 1
     out, err = capsys.readouterr()
     assert "transport tcp" in out.splitlines()[0]
-    assert [r[1].split()[-1] for r in _table_rows(out)] == ["5", "5"]
+    assert [r[-1] for r in _table_rows(out)] == ["5", "5"]
+    assert [ln.split(";")[0] for ln in out.splitlines() if ln.startswith("# [")] == [
+        "# [1/2] 8: chorus 100.0 us", "# [2/2] 16: chorus 200.0 us"]  # before the table
+    assert out.index("# [2/2]") < out.index("size |")
     assert "FAILED" in err
     monkeypatch.setattr("chorus.launch.spawn", _fake_spawn(wrong_on_rank1=0))
     assert bench_cli.main(["--world", "2", "-b", "8", "-e", "16", "--baseline", "none"]) == 0
@@ -243,7 +307,7 @@ def test_explicit_baseline_that_cannot_run_is_an_error(monkeypatch):
 
 
 @pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed (pip install matplotlib)")
-def test_plot_writes_png(tmp_path, monkeypatch):
+def test_plot_writes_png(tmp_path, monkeypatch, capsys):
     from chorus.bench.plot import write_plot
 
     rows = [_row(lib, n, us) for lib, f in (("chorus", 1.0), ("gloo", 3.0), ("mpi", 0.5))
@@ -254,9 +318,20 @@ def test_plot_writes_png(tmp_path, monkeypatch):
     monkeypatch.setattr("chorus.launch.spawn", _fake_spawn(wrong_on_rank1=0))
     assert bench_cli.main(["--world", "2", "-b", "8", "-e", "1K", "--baseline", "none",
                            "--plot", str(tmp_path / "cli.png")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"# wrote {tmp_path / 'cli.png'}"
     for name in ("sweep.png", "barrier.png", "cli.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+
+
+def test_plot_size_ticks_are_few_and_round():
+    from chorus.bench.plot import MAX_SIZE_TICKS, size_ticks
+
+    assert size_ticks([4, 256 << 20]) == [16, 256, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
+    assert size_ticks([1 << 20, 8 << 20]) == [1 << 20, 2 << 20, 4 << 20, 8 << 20]
+    assert size_ticks([1536]) == [1024, 2048]
+    for high in range(1, 40):
+        assert 1 <= len(size_ticks([1, 1 << high])) <= MAX_SIZE_TICKS
 
 
 def test_plot_without_matplotlib_is_an_error(monkeypatch, capsys):
@@ -273,12 +348,14 @@ def test_tiny_real_run(tmp_path):
                   "--transport", "tcp", "--json", str(out_json))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("# chorus bench: all_reduce sum, 2 ranks, dtype float32, transport tcp")
+    assert len([ln for ln in proc.stdout.splitlines() if ln.startswith("# [")]) == 8  # progress
+    assert proc.stdout.splitlines()[-1] == f"# wrote {out_json}"
     rows = _table_rows(proc.stdout)
-    assert [r[0].split()[0] for r in rows] == ["8", "16", "32", "64", "128", "256", "512", "1K"]
+    assert [r[0] for r in rows] == ["8", "16", "32", "64", "128", "256", "512", "1K"]
     for cells in rows:
-        assert len(cells) == 2  # chorus only
-        us, algbw, busbw, wrong = cells[1].split()
-        assert float(us) > 0 and wrong == "0"
+        assert len(cells) == 3  # size | chorus | #wrong
+        us, busbw = cells[1].split()
+        assert float(us) > 0 and cells[2] == "0"
     doc = json.loads(out_json.read_text())
     assert doc["transport"] == "tcp" and doc["baselines"] == [] and doc["baseline"] == "none"
     assert doc["world"] == 2 and doc["collective"] == "all_reduce" and doc["iters"] == 2
@@ -295,7 +372,7 @@ def test_registered_buffers_real_run(tmp_path, collective):
     proc = _bench("--world", "2", "--collective", collective, "-b", "2M", "-e", "4M", "-n", "3", "-w", "1",
                   "--baseline", "none", "--transport", "shm", "--registered", "--json", str(out_json))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "chorus on registered buffers (chorus.empty_shared)" in proc.stdout.splitlines()[0]
+    assert "chorus on registered buffers (chorus.empty_shared)" in _comments(proc.stdout)
     doc = json.loads(out_json.read_text())
     assert doc["registered"] is True and [r["nbytes"] for r in doc["rows"]] == [2 << 20, 4 << 20]
     assert all(r["wrong"] == 0 for r in doc["rows"])
@@ -307,13 +384,13 @@ def test_mpi_baseline_real_run(tmp_path):
     proc = _bench("--world", "2", "-b", "8", "-e", "1K", "-f", "4", "-n", "2", "-w", "1",
                   "--baseline", "mpi", "--transport", "tcp", "--json", str(out_json))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "baselines: mpi" in proc.stdout.splitlines()[0]
+    assert "baselines: mpi" in _comments(proc.stdout)
+    assert len([ln for ln in proc.stdout.splitlines() if ln.startswith("# [")]) == 4  # progress, with mpi
     rows = _table_rows(proc.stdout)
     assert len(rows) == 4
     for cells in rows:
-        assert len(cells) == 4  # chorus | mpi | x vs mpi
-        assert cells[1].split()[-1] == "0" and cells[2].split()[-1] == "0"
-        assert float(cells[2].split()[0]) > 0 and cells[3].endswith("x")
+        assert len(cells) == 5  # size | chorus | mpi | vs mpi | #wrong
+        assert float(cells[2].split()[0]) > 0 and cells[3].endswith("x") and cells[4] == "0"
     doc = json.loads(out_json.read_text())
     assert doc["baselines"] == ["mpi"] and doc["baseline_info"]["mpi"]["library"]
     assert sorted({r["library"] for r in doc["rows"]}) == ["chorus", "mpi"]
@@ -376,8 +453,9 @@ def test_failing_mpi_job_is_reported(tmp_path, monkeypatch, capsys):
     assert bench_cli.main(["--world", "2", "-b", "8", "-e", "16", "-n", "1", "-w", "0",
                            "--baseline", "mpi", "--mpiexec", str(fake)]) == 1
     out = capsys.readouterr().out
-    assert "# mpi failed:" in out and "boom" in out and "exited with 7" in out
-    assert [len(r) for r in _table_rows(out)] == [2, 2]  # chorus only
+    notes = _comments(out)
+    assert "mpi failed:" in notes and "boom" in notes and "exited with 7" in notes
+    assert [len(r) for r in _table_rows(out)] == [3, 3]  # chorus only
 
 
 def test_batches_give_every_op_its_own_buffers_and_check_each_one():

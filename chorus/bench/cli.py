@@ -5,8 +5,10 @@ speed-up over each baseline; optionally write JSON and a PNG plot.
 chorus and gloo run in one set of ranks (spawned here), alternating per size; MPI runs in
 its own ``mpiexec`` job beside them, with the same sizes, iterations and checks, the two
 jobs taking turns size by size (the idle one sleeps).  Results are checked on every rank
-after every iteration.  Exits 1 if any library returned a wrong element (or a baseline
-asked for by name failed), 2 on bad arguments.
+after every iteration.  A line per size reports progress as the sizes finish (rewritten
+in place on a terminal); the table fits 100 columns, and --json holds every figure.
+Exits 1 if any library returned a wrong element (or a baseline asked for by name
+failed), 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import platform
 import socket
 import sys
 import tempfile
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,12 +32,33 @@ import numpy as np
 from chorus import config
 from chorus.bench import mpi_worker, plot, turns
 from chorus.bench.ops import COLLECTIVES, DTYPES, OPS, REDUCING, check_op, op_label, sweep_counts
+from chorus.bench.progress import Progress
 from chorus.bench.report import Row, format_table, merge_ranks, to_json
 from chorus.bench.sizes import human, parse_size, sweep
 
 TRANSPORTS = config.SETTINGS["CHORUS_TRANSPORT"].choices
 BASELINES = ("auto", "gloo", "mpi", "all", "none")
 CUDA_BASELINES = ("nccl", "symm")  # --device cuda only
+
+
+WIDTH = 100  # of every line chorus bench prints (the table's rows with chorus and two baselines)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` with each option's default; options whose default depends on others
+    (None) or is off (False) say so in their own help instead."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def comment(text: str) -> str:
+    """``text`` as ``#`` comment lines of at most WIDTH columns."""
+    return textwrap.fill(text, WIDTH, initial_indent="# ", subsequent_indent="#   ",
+                         break_on_hyphens=False, break_long_words=False)
 
 
 def _positive(text: str) -> int:
@@ -60,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-iters", action="store_true",
                    help="above 1 MiB, run -n x 1 MiB / size iterations (at least 5) and -w likewise "
                         "(at least 1): long sweeps to 256 MiB in seconds")
-    p.add_argument("--collective", default="all_reduce", choices=COLLECTIVES)
+    p.add_argument("--collective", default="all_reduce", choices=COLLECTIVES, help="what to time")
     p.add_argument("--dtype", default=None, choices=DTYPES + ("bfloat16",),
                    help="element type (default float32; --device cuda: bfloat16)")
     p.add_argument("--op", default="sum", choices=list(OPS),
@@ -78,7 +102,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--registered", action="store_true",
                    help="chorus's buffers from chorus.empty_shared (registered shared memory, which the "
                         "ranks of a host map: nccl-tests' -R); the baselines keep ordinary memory")
-    p.add_argument("--json", metavar="FILE", help="also write the settings and rows as JSON")
+    p.add_argument("--json", metavar="FILE",
+                   help="also write the settings and every row as JSON (count, dtype, op, algbw, busbw, "
+                        "each library's #wrong, the speed-ups)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: chorus's CUDA collectives against NCCL (and torch's symmetric memory), one "
                         "process per GPU, CUDA-event GPU time and CPU time per call (chorus.bench.cuda)")
@@ -151,12 +177,13 @@ def _load_ranks(workdir: str, world: int) -> tuple[dict[int, list[Row]], list[st
     return per_rank, notes
 
 
-def _run_jobs(cfg: dict, workdir: str, mpiexec: str | None) -> tuple[
+def _run_jobs(cfg: dict, workdir: str, mpiexec: str | None, progress: Progress) -> tuple[
         dict[int, list[Row]], list[str],
         tuple[dict[int, list[Row]], list[str], dict[str, str]] | mpi_worker.MPIRunError | None]:
     """Run the chorus ranks (with gloo) and, if ``mpiexec``, the MPI job beside them,
-    handing out turns size by size; return chorus's rows per rank, its notes, and MPI's
-    results (or why it failed; None: not run).  A chorus failure raises."""
+    handing out turns size by size (``progress`` prints each size as both finished it);
+    return chorus's rows per rank, its notes, and MPI's results (or why it failed; None:
+    not run).  A chorus failure raises."""
     from chorus.bench.worker import rank_main
     from chorus.launch import spawn
 
@@ -171,6 +198,7 @@ def _run_jobs(cfg: dict, workdir: str, mpiexec: str | None) -> tuple[
                 mpi_proc = mpi_worker.start(cfg, workdir, mpiexec)
             except mpi_worker.MPIRunError as exc:
                 mpi_result = exc
+                progress.drop("mpi")
             running = {"chorus": lambda: not ctx.join(timeout=0),
                        "mpi": lambda: mpi_proc is not None and mpi_proc.poll() is None}
             jobs = ["chorus"] + (["mpi"] if mpi_proc is not None else [])
@@ -178,13 +206,15 @@ def _run_jobs(cfg: dict, workdir: str, mpiexec: str | None) -> tuple[
                 for job in list(jobs):
                     turns.give_turn(workdir, job, index, cfg["world"])
                     if turns.wait_done(workdir, job, index, cfg["world"], running[job]):
+                        progress.poll()
                         continue
                     if job == "chorus":  # exited early: join raises the ranks' error
                         ctx.join()
                         raise RuntimeError("the chorus ranks exited before the last size")
                     jobs.remove("mpi")  # collect() below says why
-        while not ctx.join():
-            pass
+                    progress.drop("mpi")
+        while not ctx.join(timeout=0.25):
+            progress.poll()
         if mpi_proc is not None:
             mpi_proc.wait()
             try:
@@ -254,11 +284,12 @@ def run(args: argparse.Namespace) -> int:
     versions = {"gloo": f"torch {_version('torch')}", "mpi": f"mpi4py {_version('mpi4py')}"}
     described = ", ".join(f"{b} ({versions[b]})" for b in baselines) or "none"
     op = op_label(args.collective, args.op)
-    print(f"# chorus bench: {args.collective}{'' if op == 'none' else ' ' + op}, {args.world} ranks, "
-          f"dtype {args.dtype}, transport {transport}; baselines: {described}; "
-          f"{args.iters} iterations (+{args.warmup} warm-up) per size"
-          f"{', scaled down above 1 MiB' if args.scale_iters else ''}"
-          f"{'; chorus on registered buffers (chorus.empty_shared)' if args.registered else ''}", flush=True)
+    print(comment(f"chorus bench: {args.collective}{'' if op == 'none' else ' ' + op}, {args.world} ranks, "
+                  f"dtype {args.dtype}, transport {transport}; baselines: {described}; "
+                  f"{args.iters} iterations (+{args.warmup} warm-up) per size"
+                  f"{', scaled down above 1 MiB' if args.scale_iters else ''}"
+                  f"{'; chorus on registered buffers (chorus.empty_shared)' if args.registered else ''}"),
+          flush=True)
     cfg = {"world": args.world, "counts": counts, "iters": args.iters, "warmup": args.warmup,
            "scale_iters": args.scale_iters,
            "collective": args.collective, "dtype": args.dtype, "op": args.op,
@@ -272,7 +303,14 @@ def run(args: argparse.Namespace) -> int:
         baseline_info["gloo"] = {"torch": _version("torch")}
     failed = False
     with tempfile.TemporaryDirectory(prefix="chorus-bench-") as workdir:
-        per_rank, rank_notes, mpi_result = _run_jobs(cfg, workdir, mpiexec if "mpi" in baselines else None)
+        progress = Progress(workdir, ["chorus"] + (["mpi"] if "mpi" in baselines else []),
+                            [c * itemsize for c in counts])
+        progress.waiting(f"starting {args.world} ranks ...")
+        try:
+            per_rank, rank_notes, mpi_result = _run_jobs(cfg, workdir, mpiexec if "mpi" in baselines else None,
+                                                         progress)
+        finally:
+            progress.close()
         rows = merge_ranks(per_rank)
         notes += rank_notes
         if isinstance(mpi_result, mpi_worker.MPIRunError):
@@ -286,13 +324,14 @@ def run(args: argparse.Namespace) -> int:
             baseline_info["mpi"] = {**info, "mpiexec": mpiexec}
             notes.append(f"mpi: {info['library']} through mpi4py {info['mpi4py']}, launched by "
                          f"{mpiexec}; its own job, taking turns with chorus size by size")
-    print("# mean time per op on rank 0 (us), ops back to back in batches of up to 1 MiB of "
-          "buffers, each batch started by a barrier, each op on its own buffers, reset before and "
-          "checked after its batch, untimed; algbw, busbw in GB/s; #wrong: wrong elements over all "
-          "ranks and iterations; x vs B: B's time / chorus's time")
+    print(comment("us: mean time per op on rank 0, ops back to back in batches of up to 1 MiB of "
+                  "buffers, each batch started by a barrier, each op on its own buffers, reset before "
+                  "and checked after its batch, untimed; busbw: GB/s, nccl-tests' bus bandwidth; vs B: "
+                  "B's time / chorus's time (above 1: chorus is faster); #wrong: wrong elements of every "
+                  "library over all ranks and iterations (each library's, count, algbw: --json)"))
     for note in notes:
         for line in note.splitlines():
-            print(f"# {line}")
+            print(comment(line))
     print(format_table(rows))
     wrong = sorted({r.library for r in rows if r.wrong})
     if wrong:
@@ -311,16 +350,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(to_json(rows, meta), f, indent=1)
+        print(f"# wrote {args.json}")
     if args.plot:
         title = (f"{args.collective}{'' if op == 'none' else ' ' + op}, {args.dtype}, W={args.world}, "
                  f"chorus transport {transport}, {socket.gethostname()} ({os.cpu_count()} CPUs)")
         plot.write_plot(rows, args.plot, title)
+        print(f"# wrote {args.plot}")
     return 1 if wrong or failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="chorus bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="chorus bench", description=__doc__, formatter_class=HelpFormatter)
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -38,6 +38,8 @@ import time
 import traceback
 
 from chorus import config
+from chorus.bench import progress
+from chorus.bench.progress import Progress
 
 CUDA_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 CUDA_DTYPES = ("bfloat16", "float16", "float32", "float64", "int32", "int64", "int8", "uint8")
@@ -245,7 +247,7 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
         os.replace(out_path + ".tmp", out_path)
 
     item = torch.empty(0, dtype=getattr(torch, cfg["dtype"])).element_size()
-    for count in cfg["counts"]:
+    for index, count in enumerate(cfg["counts"], start=1):
         nbytes = count * item
         iters, warmup = iterations(cfg["iters"], cfg["warmup"], nbytes, cfg["scale_iters"])
         cases = _Cases(torch, tdist, chorus, cfg, rank, world, count)
@@ -291,6 +293,9 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
                 continue
             rows.append(row)
         save()
+        if rank == 0:
+            progress.record(workdir, "chorus", index, {r["library"]: r["seconds"] for r in rows
+                                                        if r["nbytes"] == nbytes})
         if not libs:
             break
     save()
@@ -432,10 +437,13 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="chorus-bench-cuda-") as workdir:
         ctx = mp.start_processes(rank_main, args=(cfg, workdir), nprocs=world, join=False, start_method="spawn")
         error = None
+        shown = Progress(workdir, ["chorus"], [c * item for c in counts])
+        shown.waiting(f"starting {world} ranks ...")
         try:
             while True:
+                shown.poll()
                 try:
-                    if ctx.join(timeout=1.0):
+                    if ctx.join(timeout=0.25):
                         break
                 except Exception as exc:  # noqa: BLE001 - a rank died: report what was done
                     error = exc
@@ -444,6 +452,7 @@ def run(args) -> int:
                     timed_out = True
                     break
         finally:
+            shown.close()
             for p in ctx.processes:
                 if p.is_alive():
                     p.kill()
@@ -468,6 +477,7 @@ def run(args) -> int:
                        "device": device, "torch": torch.__version__,
                        "timing": "seconds: GPU time per call on rank 0; cpu_seconds: CPU time per call",
                        "rows": rows}, f, indent=1)
+        print(f"# wrote {args.json}")
     bad = any(r["wrong"] > 0 for r in rows) or not any(r["library"] == "chorus" for r in rows)
     bad = bad or any(n.startswith("chorus") and "dropped" in n for n in notes) or timed_out or error is not None
     return 1 if bad else 0

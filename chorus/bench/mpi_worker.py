@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from chorus.bench import progress
 from chorus.bench.ops import WARMUP_OPS, batch_size, iterations, make_batch, op_label, time_case
 from chorus.bench.report import Row
 from chorus.bench.turns import Turns
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     turns = Turns(workdir if cfg.get("turns") else None, "mpi", rank, cfg.get("parent_pid"))
     for index, count in enumerate([256, *cfg["counts"]]):  # index 0: the warm-up
         turns.wait(index)
+        timed: dict[str, float] = {}
         if runnable:
             try:
                 iters, warmup = iterations(cfg, collective, count, dtype, world)
@@ -235,11 +237,14 @@ def main(argv: list[str] | None = None) -> int:
                     seconds, wrong = time_case(comm.Barrier, cases, iters, warmup)
                     rows.append(Row("mpi", collective, count * itemsize, count, dtype,
                                     op_label(collective, op), seconds, wrong, world))
+                    timed["mpi"] = seconds
             except (KeyError, ValueError, TypeError, NotImplementedError, MPI.Exception) as exc:
                 # e.g. a dtype mpi4py cannot map to an MPI datatype (raised on every rank alike)
                 first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 notes.append(f"mpi cannot run {collective} ({dtype}, op {op}): {first_line}")
                 runnable = False
+        if rank == 0 and index:  # every size, timed or not: the parent's progress waits for it
+            progress.record(workdir, "mpi", index, timed)
         turns.done(index)
     with open(os.path.join(workdir, f"rows-mpi-{rank}.json"), "w") as f:
         json.dump({"rows": [asdict(r) for r in rows], "notes": notes, "info": info}, f)

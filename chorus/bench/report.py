@@ -72,30 +72,31 @@ def speedups(rows: list[Row], baseline: str) -> dict[int, float]:
 
 
 def format_table(rows: list[Row]) -> str:
-    """One line per size: each library's columns (chorus first), then chorus's speed-up
-    over each other library ("x vs gloo" = gloo's time / chorus's time)."""
+    """One line per size, within 100 columns for chorus and two baselines: the size, each
+    library's mean time (us) and busbw (GB/s), chorus's speed-up over each baseline
+    ("vs gloo" = gloo's time / chorus's time), and #wrong, the wrong elements of every
+    library together.  The rest (count, dtype, op, algbw, each library's #wrong) is in the
+    ``--json`` document (:func:`to_json`)."""
     libs = libraries(rows)
     by = {(r.library, r.nbytes): r for r in rows}
     sizes = sorted({r.nbytes for r in rows})
-    head = f"{'size':>8} {'count':>10} {'dtype':>8} {'op':>5}"
-    for lib in libs:
-        head += f" | {lib + ' us':>12} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
     others = [lib for lib in libs if lib != "chorus"]
     ratios = {lib: speedups(rows, lib) for lib in others}
-    for lib in others:
-        head += f" | {'x vs ' + lib:>9}"
+    head = f"{'size':>7}" + "".join(f" | {lib + ' us':>10} {'busbw':>6}" for lib in libs)
+    if others:
+        head += " |" + "".join(f" {'vs ' + lib:>8}" for lib in others)
+    head += f" | {'#wrong':>6}"
     lines = [head, "-" * len(head)]
     for size in sizes:
-        first = next(by[(lib, size)] for lib in libs if (lib, size) in by)
-        line = f"{human(size):>8} {first.count:>10} {first.dtype:>8} {first.op:>5}"
+        line = f"{human(size):>7}"
         for lib in libs:
             r = by.get((lib, size))
-            line += (f" | {r.seconds * 1e6:>12.1f} {r.algbw:>7.2f} {r.busbw:>7.2f} {r.wrong:>6}" if r
-                     else f" | {'-':>12} {'-':>7} {'-':>7} {'-':>6}")
-        for lib in others:
-            ratio = ratios[lib].get(size)
-            line += f" | {ratio:>8.2f}x" if ratio is not None else f" | {'-':>9}"
-        lines.append(line)
+            line += f" | {r.seconds * 1e6:>10.1f} {r.busbw:>6.2f}" if r else f" | {'-':>10} {'-':>6}"
+        if others:
+            line += " |" + "".join(f" {ratios[lib][size]:>7.2f}x" if size in ratios[lib] else f" {'-':>8}"
+                                   for lib in others)
+        wrong = sum(by[(lib, size)].wrong for lib in libs if (lib, size) in by)
+        lines.append(line + f" | {wrong:>6}")
     return "\n".join(lines)
 
 

@@ -4,6 +4,8 @@ timed too, taking turns with the MPI job size by size: chorus.bench.turns).
 
 Each rank writes ``<workdir>/rows-<rank>.json``: its rows (its own time and wrong
 count) and notes; the parent merges the ranks (rank 0's time, every rank's #wrong).
+Rank 0 also records each size as it finishes, for the parent's progress lines
+(chorus.bench.progress).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from chorus.bench import progress
 from chorus.bench.ops import WARMUP_OPS, batch_size, iterations, make_cases, op_label, time_case
 from chorus.bench.report import Row
 from chorus.bench.turns import Turns
@@ -63,6 +66,7 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
     turns.done(0)
     for index, count in enumerate(cfg["counts"], start=1):
         turns.wait(index)
+        timed: dict[str, float] = {}
         for library, api in list(apis.items()):
             try:
                 iters, warmup = iterations(cfg, collective, count, dtype, world)
@@ -75,6 +79,9 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
                 continue
             rows.append(Row(library, collective, count * itemsize, count, dtype,
                             op_label(collective, op), seconds, wrong, world))
+            timed[library] = seconds
+        if rank == 0:
+            progress.record(workdir, "chorus", index, timed)
         turns.done(index)
     with open(os.path.join(workdir, f"rows-{rank}.json"), "w") as f:
         json.dump({"rows": [asdict(r) for r in rows], "notes": notes}, f)
