@@ -446,7 +446,7 @@ class TcpTransport(Transport):
             for *_, h in doomed:
                 h.complete(error=error_for(h))
 
-    def _flush(self, timeout: float) -> None:
+    def flush(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for conn in list(self._conns.values()):
             with conn.cv:
@@ -524,7 +524,7 @@ class TcpTransport(Transport):
         """Flush queued sends (up to 5 s), say BYE to every peer, close every socket."""
         if self.closed_reason is not None:
             return
-        self._flush(5.0)
+        self.flush(5.0)
         super().close()
         self._closing.set()
         bye = control_header(Kind.BYE)
