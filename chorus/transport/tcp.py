@@ -182,8 +182,8 @@ class TcpTransport(Transport):
     # -- set-up ----------------------------------------------------------------------------
     def _connect(self, peer: int, addr: str, deadline: float) -> None:
         host, _, port = addr.rpartition(":")
-        sock = net.connect(host, int(port), max(0.1, deadline - time.monotonic()))
-        net.client_handshake(sock, self._token, b"transport", max(1.0, deadline - time.monotonic()))
+        sock = net.connect_and_handshake(host, int(port), self._token, b"transport",
+                                         max(1.0, deadline - time.monotonic()))
         sock.sendall(control_header(Kind.HELLO, tag=self.rank, group=self.world_size)
                      + self._session.to_bytes(8, "little"))
         sock.settimeout(max(1.0, deadline - time.monotonic()))
