@@ -232,8 +232,9 @@ SETTINGS: dict[str, Setting] = _declare(
                     "time, or it is closed"),
     Setting("CHORUS_MAX_PENDING_CONNECTIONS", "int", 64, minimum=1, unit="connections",
             meaning="incoming connections a rank's transport (and a store server) handshakes at "
-                    "once; with no room the oldest that sent nothing for 0.25 s is shed, else the "
-                    "next waits in the listen backlog (a flood costs no more)"),
+                    "once, and at most an eighth of the open-file limit; with no room the oldest "
+                    "that sent nothing for 0.25 s is shed, else the next waits in the listen "
+                    "backlog (a flood costs no more)"),
     Setting("CHORUS_STORE_MAX_VALUE_BYTES", "int", 1 * MIB, minimum=0, unit="bytes",
             meaning="the largest value (and, plus 64 KiB for keys, request) the store accepts "
                     "from a client that did not prove the job token; larger ones get an error"),

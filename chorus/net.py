@@ -305,9 +305,23 @@ def server_handshake(sock: socket.socket, token: bytes | None, purpose: bytes,
 SHED_AFTER_S = 0.25
 
 
+def pending_limit() -> int:
+    """How many incoming connections a server handshakes at once: CHORUS_MAX_PENDING_CONNECTIONS,
+    and at most an eighth of this process's open-file limit (a rank has a transport and
+    often a store server; each must leave descriptors for the job's own files and sockets)."""
+    limit = config.get("CHORUS_MAX_PENDING_CONNECTIONS")
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return limit
+    return limit if soft == resource.RLIM_INFINITY else max(4, min(limit, soft // 8))
+
+
 class Pending:
     """The incoming connections a server is handshaking, oldest first: at most ``limit``
-    (CHORUS_MAX_PENDING_CONNECTIONS).  A server with no room sheds the oldest that has
+    (``pending_limit()``).  A server with no room sheds the oldest that has
     not sent its opening message for SHED_AFTER_S (a flood's idle connection, or a
     slow-loris), else waits for room: a flood then costs ``limit`` descriptors and drains
     at ``limit / SHED_AFTER_S`` connections a second, and a rank's connection, which

@@ -38,7 +38,14 @@ import time
 
 from chorus import config
 from chorus.errors import AuthenticationError, InvalidArgumentError, ProtocolError
-from chorus.net import SHED_AFTER_S, Pending, get_token, listen, warn_unauthenticated_once
+from chorus.net import (
+    SHED_AFTER_S,
+    Pending,
+    get_token,
+    listen,
+    pending_limit,
+    warn_unauthenticated_once,
+)
 from chorus.store.base import add_to, compare_set_result
 from chorus.wire.handshake import TOKEN_ADVICE, ServerHandshake
 from chorus.wire.store_codec import (
@@ -113,7 +120,7 @@ class TCPStoreServer:
                  max_frame: int = MAX_FRAME):
         self._token = get_token(token)
         self._handshake_timeout = handshake_timeout or config.get("CHORUS_HANDSHAKE_TIMEOUT")
-        self._pending = Pending(config.get("CHORUS_MAX_PENDING_CONNECTIONS"))
+        self._pending = Pending(pending_limit())
         self._max_frame = max_frame
         self._max_value = config.get("CHORUS_STORE_MAX_VALUE_BYTES")
         self._max_bytes = config.get("CHORUS_STORE_MAX_BYTES")

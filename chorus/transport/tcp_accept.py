@@ -52,7 +52,7 @@ class Doorway:
         self.connected: Callable[[int], bool] | None = connected
         self.register: Register | None = register  # both dropped at close: no cycle to the transport
         self.handshake_s = config.get("CHORUS_HANDSHAKE_TIMEOUT")
-        self.pending = net.Pending(config.get("CHORUS_MAX_PENDING_CONNECTIONS"))
+        self.pending = net.Pending(net.pending_limit())
         self.closed = False
 
     def start(self) -> None:
