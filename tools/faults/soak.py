@@ -4,8 +4,9 @@ point-to-point ops whose results are all checked (tools/faults/jobs/soak_rank.py
 thirds are killed with SIGKILL at a random moment (one rank, or every process of the job)
 and the next job starts at once.  Recorded: wrong results, each rank's descriptors and
 threads every second (flat: none more at its end than at any time of the first half of
-its life after ``--warm-up``), and every few seconds the chorus files in /dev/shm and
-the processes of the campaign's jobs still alive.
+its life after ``--warm-up``), and every five seconds the chorus files in /dev/shm that
+the jobs' processes made (and, apart, any other chorus files there: other users' jobs)
+and the processes of the campaign's jobs still alive.
 """
 
 from __future__ import annotations
@@ -90,18 +91,25 @@ def _job(rng: random.Random, index: int, args, started: float) -> dict:
             "seconds_of_ops": round(seconds, 1), "kill": kill, "kill_at_s": round(kill_at, 1) if kill != "none" else None,
             "ended": ended, "ops": sum(r.get("ops", 0) for r in results), "wrong": sum(r.get("wrong", 0) for r in results),
             "errors": sorted({r["error"].split(":")[0] for r in results if "error" in r}),
-            "counts_after_warm_up": counts, "left_in_dev_shm": common.files_of(pids, common.shm_files())}
+            "counts_after_warm_up": counts, "left_in_dev_shm": common.files_of(pids, common.shm_files()),
+            "rank_pids": sorted(pids)}
 
 
 def run(args) -> dict:
     rng = random.Random(args.seed)
     started = time.monotonic()
-    system: list[tuple[float, int, int]] = []  # (seconds, chorus files in /dev/shm, live processes of the jobs)
-    stop = threading.Event()
+    # (seconds, chorus files in /dev/shm made by the jobs' processes, other chorus files there, live
+    # processes of the jobs); a file's creator is known by its name (its pid), also once it died
+    system: list[tuple[float, int, int, int]] = []
+    stop, seen = threading.Event(), set()
 
     def watch() -> None:
         while not stop.is_set():
-            system.append((round(time.monotonic() - started, 1), len(common.shm_files()), len(common.descendants(os.getpid()))))
+            live = common.descendants(os.getpid())
+            seen.update(live)
+            files = common.shm_files()
+            ours = len(common.files_of(seen, files))
+            system.append((round(time.monotonic() - started, 1), ours, len(files) - ours, len(live)))
             stop.wait(5.0)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -109,6 +117,7 @@ def run(args) -> dict:
     jobs = []
     while time.monotonic() - started < args.minutes * 60:
         jobs.append(_job(rng, len(jobs), args, started))
+        seen.update(jobs[-1]["rank_pids"])
     stop.set()
     watcher.join()
     growth = {what: max((c[what][2] - c[what][1] for j in jobs for c in j["counts_after_warm_up"]), default=0)
@@ -118,8 +127,9 @@ def run(args) -> dict:
                "wrong_results": sum(j["wrong"] for j in jobs),
                "largest_growth_in_a_ranks_second_half": growth,
                "jobs_not_ended": sum(not j["ended"] for j in jobs),
-               "most_chorus_files_in_dev_shm": max((s[1] for s in system), default=0),
-               "chorus_files_in_dev_shm_at_end": len(common.shm_files()),
+               "most_chorus_files_of_the_jobs_in_dev_shm": max((s[1] for s in system), default=0),
+               "chorus_files_of_the_jobs_in_dev_shm_at_end": len(common.files_of(seen, common.shm_files())),
+               "most_other_chorus_files_in_dev_shm": max((s[2] for s in system), default=0),
                "unkilled_jobs_with_errors": sum(bool(j["errors"]) for j in jobs if j["kill"] == "none")}
     summary["met"] = (summary["wrong_results"] == 0 and growth["descriptors"] <= 0 and growth["threads"] <= 0
                       and not summary["jobs_not_ended"] and not summary["unkilled_jobs_with_errors"])

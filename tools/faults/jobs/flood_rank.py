@@ -25,13 +25,17 @@ logged: dict[str, int] = {}
 
 
 class Count(logging.Handler):
+    """chorus's warnings about connections, by what they say."""
+
+    KINDS = {"out of file descriptors": "out of descriptors", "shedding the oldest": "started shedding",
+             "no complete handshake": "transport: cut at the handshake deadline",
+             "no handshake within": "store: cut at the handshake deadline",
+             "rejected a transport connection": "transport: rejected"}
+
     def emit(self, record):
         text = record.getMessage()
-        for what in ("out of file descriptors", "no complete handshake", "rejected a transport connection",
-                     "handshake", "refused"):
-            if what in text:
-                logged[what] = logged.get(what, 0) + 1
-                break
+        kind = next((k for what, k in self.KINDS.items() if what in text), "other")
+        logged[kind] = logged.get(kind, 0) + 1
 
 
 logging.getLogger("chorus").addHandler(Count())
