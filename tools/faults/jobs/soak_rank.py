@@ -92,8 +92,10 @@ def job(rank: int, world: int, out: str, seconds: float, seed: int, port: int | 
     except Exception as exc:  # noqa: BLE001 - reported
         result["error"] = f"{type(exc).__name__}: {exc}"[:300]
     stop.set()
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+    path = os.path.join(out, f"rank{rank}.json")
+    with open(path + ".tmp", "w") as f:
         json.dump(result, f)
+    os.replace(path + ".tmp", path)  # whole or absent, even if the rank is killed meanwhile
     if "error" in result:
         sys.exit(1)
 
