@@ -271,8 +271,17 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("CHORUS_CUDA_FUSED_WARPS", "int", 4, minimum=1, maximum=16, unit="warps",
             meaning="warps a block of the fused all_reduce kernels (chorus.cuda.fused): each thread "
                     "moves 8 elements a step; raised to a thread per rank for groups over 32"),
+    Setting("CHORUS_CUDA_TWO_SHOT_PER_THREAD", "int", 0, minimum=0, maximum=128, unit="elements",
+            meaning="elements each thread of a two-shot all_reduce block moves a step (a power of two; "
+                    "more keeps more loads in flight over the links); 0: by size, 8 below 64 MiB "
+                    "and 32 from there (chorus.cuda.algorithms)"),
     Setting("CHORUS_CUDA_FUSED_BLOCKS", "int", 128, minimum=1, maximum=128, unit="blocks",
             meaning="most blocks of a fused all_reduce kernel (each meets the same block of the peers)"),
+    Setting("CHORUS_CUDA_RAILS", "choice", "auto", choices=("auto", "nccl", "tcp", "off"),
+            meaning="CUDA groups spanning hosts (chorus.cuda.rails): chorus's kernels inside each host and, "
+                    "between hosts, one NCCL communicator per rail (nccl), a chorus sub-group staged through "
+                    "pinned host memory over TCP (tcp), or every call staged (off); auto: nccl where torch "
+                    "has NCCL"),
     Setting("CHORUS_CUDA_STAGING", "bool", False,
             meaning="never map peers' GPU memory: stage CUDA tensors through pinned host memory "
                     "and the CPU components (what a failed CUDA IPC check falls back to)"),

@@ -164,6 +164,10 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
 
     Initializes the default group from the environment first if needed (as torch does);
     ``prod(mesh_shape)`` must equal the world size.  Every rank calls it.
+
+    world of 4, every rank: mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+      -> rank 0: mesh.get_group("tp") is the group [0, 1], mesh.get_group("dp") the group [0, 2]
+         rank 3: mesh.get_coordinate() == [1, 1], mesh.get_local_rank("dp") == 1
     """
     _check_device(device_type)
     shape = tuple(int(s) for s in mesh_shape)

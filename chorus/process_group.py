@@ -66,12 +66,15 @@ class ProcessGroup:
 
     # -- ranks -------------------------------------------------------------------------------
     def rank(self) -> int:
+        """This process's rank in the group (-1 if not a member)."""
         return self._rank
 
     def size(self) -> int:
+        """The number of ranks in the group."""
         return len(self.members)
 
     def is_member(self) -> bool:
+        """Whether this process is one of the group's ranks."""
         return self._rank >= 0
 
     def global_rank(self, group_rank: int, *, op: str = "op", what: str = "rank") -> int:

@@ -47,7 +47,16 @@ class _Op:
 
 
 class ReduceOp:
-    """torch.distributed's reduction names: ``dist.all_reduce(t, op=dist.ReduceOp.MAX)``."""
+    """torch.distributed's reduction names: SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR, AVG,
+    and PREMUL_SUM (made by ``_make_nccl_premul_sum(factor)``).
+
+    rank 0: [1, 5]   rank 1: [3, 2]   --all_reduce(t, op=ReduceOp.MAX)-->   both: [3, 5]
+    rank 0: [1., 5.]   rank 1: [3., 2.]   --all_reduce(t, op=ReduceOp.AVG)-->   both: [2., 3.5]
+
+    Integers take every op but AVG; bool takes SUM (or), PRODUCT (and), MIN, MAX and the
+    bitwise ones; floats take SUM, PRODUCT, MIN, MAX, AVG and PREMUL_SUM; complex numbers
+    SUM, PRODUCT, AVG and PREMUL_SUM.
+    """
 
     SUM = _Op("SUM")
     PRODUCT = _Op("PRODUCT")
@@ -62,7 +71,10 @@ class ReduceOp:
 
 
 def make_premul_sum(factor: float) -> _Op:
-    """A SUM that first multiplies every rank's input by ``factor`` (torch's helper name)."""
+    """A SUM that first multiplies every rank's input by ``factor`` (torch's helper name).
+
+    rank 0: [1., 2.]   rank 1: [3., 4.]   --all_reduce(t, op=_make_nccl_premul_sum(0.5))-->   both: [2., 3.]
+    """
     return _Op("PREMUL_SUM", float(factor))
 
 

@@ -31,12 +31,15 @@ class Future:
         self._f = inner if inner is not None else concurrent.futures.Future()
 
     def done(self) -> bool:
+        """Whether the value (or an error) is there."""
         return self._f.done()
 
     def wait(self) -> Any:
+        """Block until done; return the value or raise the error."""
         return self._f.result()
 
     def value(self) -> Any:
+        """The value of a done Future (raises its error)."""
         return self._f.result()
 
     def set_result(self, value: Any) -> None:
@@ -46,6 +49,7 @@ class Future:
         self._f.set_exception(exc)
 
     def add_done_callback(self, fn: Callable[[Future], None]) -> None:
+        """Call ``fn(self)`` once done (at once if it already is)."""
         self._f.add_done_callback(lambda _: fn(self))
 
     def then(self, fn: Callable[[Future], Any]) -> Future:
@@ -63,7 +67,13 @@ class Future:
 
 
 class Work:
-    """Base: an op in flight.  Subclasses implement ``_wait(deadline)``."""
+    """An op in flight: what a call with ``async_op=True`` (and ``isend``/``irecv``) returns.
+
+    rank 0, 1: w = all_reduce(t, async_op=True); (other work); w.wait()   ->   t holds the sum
+
+    Do not touch the op's tensors before ``wait()`` returns.  An op that failed raises its
+    error from ``wait()`` (and ``result()``); ``exception()`` returns it without raising.
+    """
 
     def __init__(self, result: list | None = None):
         self._result = result if result is not None else []
@@ -88,6 +98,7 @@ class Work:
         return True
 
     def is_completed(self) -> bool:
+        """Whether the op has finished (successfully or not), without blocking."""
         if not self._finished and self._poll():
             try:
                 self.wait()
@@ -96,17 +107,21 @@ class Work:
         return self._finished
 
     def is_success(self) -> bool:
+        """Whether the op has finished without an error (False while it runs)."""
         return self.is_completed() and self._error is None
 
     def exception(self) -> BaseException | None:
+        """The op's error if it finished with one, else None."""
         self.is_completed()
         return self._error
 
     def result(self) -> list:
+        """Wait, then return the op's output tensors (as torch's ``Work.result()``)."""
         self.wait()
         return self._result
 
     def get_future(self) -> Future:
+        """A :class:`Future` that completes with ``result()`` when the op does."""
         if self._future is None:
             self._future = Future()
             if self._finished:

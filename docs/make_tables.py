@@ -419,6 +419,10 @@ TABLES = {
     "h200-calibrate": GpuAlgorithms("4xh200/calibrate-bf16-w4.json",
                                     "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 16K "
                                     "-e 16M -f 2 -n 200 -w 20 --baseline none --algorithm one_shot,two_shot,copy_reduce"),
+    "h200-push": GpuAlgorithms("4xh200/pull-vs-push-bf16-w4.json",
+                               "NCCL_NVLS_ENABLE=0 CHORUS_CUDA_TWO_SHOT_PER_THREAD=8 chorus bench --device cuda "
+                               "--collective all_reduce -b 1M -e 1G -f 4 -n 100 -w 10 --scale-iters "
+                               "--algorithm two_shot,two_shot_push"),
     "readme": Summary([f"{XEON}/{c}-w8-gloo.json" for c in SWEEP_W8], by_collective=True,
                       sizes=(64, KILO, 64 * KILO, MEGA, 4 * MEGA, 16 * MEGA, 256 * MEGA)),
 }

@@ -104,7 +104,8 @@ class FakeKernels:
 
     # -- the fused all_reduce kernels, block by block (the blocks of one rank in order) ------
     def all_reduce_fused(self, kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
-                         epoch, timeout_ns, op, dtype, max_spins=None, stream=None, warps=4, blocks=L.MAX_BLOCKS):
+                         epoch, timeout_ns, op, dtype, max_spins=None, stream=None, warps=4, blocks=L.MAX_BLOCKS,
+                         per_thread=8):
         barriers = 1 if kind == "one_shot" else 2
         if self.host[L.STATUS]:
             return barriers
@@ -120,7 +121,7 @@ class FakeKernels:
 
         slots = [b + slot_off for b in bases]
         if kind == "one_shot":
-            count, per = L.one_shot_geometry(n, blocks, 256 * warps)
+            count, per = L.one_shot_geometry(n, blocks, 32 * per_thread * warps)
             for b in range(count):
                 lo, hi = b * per, min((b + 1) * per, n)
                 view(slots[rank], lo, hi).copy_(view(inp, lo, hi))
@@ -128,7 +129,11 @@ class FakeKernels:
                     continue
                 view(out, lo, hi).copy_(reference([view(s, lo, hi) for s in slots], op))
             return barriers
-        count, per, piece = L.two_shot_geometry(n, world, blocks, 256 * warps)
+        count, per, piece = L.two_shot_geometry(n, world, blocks, 32 * per_thread * warps)
+        if kind == "two_shot_stores":
+            self.stores_blocks(inp, out, n, bases, slots, rank, world, count, per, piece, epoch, fprint, op_id, op,
+                               view)
+            return barriers
         for b in range(count):
             ranges = [(s * piece + b * per, min(s * piece + (b + 1) * per, (s + 1) * piece, n)) for s in range(world)]
             for lo, hi in ranges:
@@ -137,15 +142,84 @@ class FakeKernels:
                 continue
             lo, hi = ranges[rank]
             got = reference([view(s, lo, hi) for s in slots], op) if hi > lo else None
+            push = kind == "two_shot_push"  # the reduced slice into every slot; gather from mine
             if got is not None:
                 view(out, lo, hi).copy_(got)
-                view(slots[rank], lo, hi).copy_(got)
+                for q in range(world) if push else (rank,):
+                    view(slots[q], lo, hi).copy_(got)
             if not self.block_sync(bases, rank, world, b, epoch + 1, fprint, op_id):
                 continue
             for s, (lo, hi) in enumerate(ranges):
                 if s != rank:
-                    view(out, lo, hi).copy_(view(slots[s], lo, hi))
+                    view(out, lo, hi).copy_(view(slots[rank if push else s], lo, hi))
         return barriers
+
+    def rows_fused(self, kind, inp, out, m, stride, big_n, controls_addr, slot_off, rank, world, host_addr, op_id,
+                   fprint, epoch, timeout_ns, op, dtype, item, max_spins=None, stream=None, warps=4,
+                   blocks=L.MAX_BLOCKS):
+        """chorus.cuda.gather's kernels, block by block: row r of a slot at r * stride."""
+        if self.host[L.STATUS]:
+            return 1
+        bases = [word(controls_addr + 8 * r).value for r in range(world)]
+        fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
+        dt = getattr(torch, dtype) if dtype else {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[item]
+
+        def view(addr, lo, hi):
+            if hi <= lo:
+                return torch.empty(0, dtype=dt)
+            return torch.frombuffer((ctypes.c_char * ((hi - lo) * item)).from_address(addr + lo * item), dtype=dt)
+
+        slots = [b + slot_off for b in bases]
+        count, per = L.one_shot_geometry(m, blocks, 32 * 8 * warps)
+        for b in range(count):
+            lo, hi = b * per, min((b + 1) * per, m)
+            if kind == "all_gather":
+                for q in range(world):
+                    if q != rank:
+                        view(slots[q], rank * stride + lo, rank * stride + hi).copy_(view(inp, lo, hi))
+                view(out, rank * big_n + lo, rank * big_n + hi).copy_(view(inp, lo, hi))
+            else:
+                for q in range(world):
+                    view(slots[q], rank * stride + lo, rank * stride + hi).copy_(
+                        view(inp, q * big_n + lo, q * big_n + hi))
+            if not self.block_sync(bases, rank, world, b, epoch, fprint, op_id):
+                continue
+            if kind == "all_gather":
+                for q in range(world):
+                    if q != rank:
+                        view(out, q * big_n + lo, q * big_n + hi).copy_(
+                            view(slots[rank], q * stride + lo, q * stride + hi))
+            elif hi > lo:
+                rows = [view(slots[rank], q * stride + lo, q * stride + hi) for q in range(world)]
+                view(out, lo, hi).copy_(reference(rows, op))
+        return 1
+
+    def stores_blocks(self, inp, out, n, bases, slots, rank, world, count, per, piece, epoch, fprint, op_id, op,
+                      view):
+        """chorus.cuda.fused.two_shot_stores_kernel, block by block: row r of a slot at
+        r * piece, gather s at (W + s) * piece (elements)."""
+        for b in range(count):
+            ranges = [(s * piece + b * per, min(s * piece + (b + 1) * per, (s + 1) * piece, n)) for s in range(world)]
+            for q, (lo, hi) in enumerate(ranges):  # my slice q into row `rank` of rank q's slot
+                at = lo + (rank - q) * piece
+                view(slots[q], at, at + hi - lo).copy_(view(inp, lo, hi))
+            if not self.block_sync(bases, rank, world, b, epoch, fprint, op_id):
+                continue
+            lo, hi = ranges[rank]
+            if hi > lo:
+                loc = lo - rank * piece
+                got = reference([view(slots[rank], r * piece + loc, r * piece + loc + hi - lo) for r in range(world)],
+                                op)
+                view(out, lo, hi).copy_(got)
+                for q in range(world):
+                    if q != rank:
+                        at = (world + rank) * piece + loc
+                        view(slots[q], at, at + hi - lo).copy_(got)
+            if not self.block_sync(bases, rank, world, b, epoch + 1, fprint, op_id):
+                continue
+            for s, (lo, hi) in enumerate(ranges):
+                if s != rank:
+                    view(out, lo, hi).copy_(view(slots[rank], world * piece + lo, world * piece + hi))
 
     def block_sync(self, bases, rank, world, b, e, fprint, op_id) -> bool:
         """chorus.cuda.fused._block_sync: push (fingerprint, epoch), spin, compare."""

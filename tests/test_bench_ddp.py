@@ -42,8 +42,8 @@ def test_different_losses_are_reported():
     assert not s["losses_equal"] and s["loss_max_diff"] == pytest.approx(0.1)
 
 
-def test_parameters_of_the_issue_model():
-    assert ddp.parameters(2048, 4096) == 25_178_113  # the "~25M-parameter MLP" of issue 5
+def test_parameters_of_the_default_model():
+    assert ddp.parameters(2048, 4096) == 25_178_113  # bench-ddp's default MLP: about 25M parameters
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -105,6 +105,38 @@ def test_reduce_scatter_uneven(world, dtype):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
+def test_fused_all_gather_and_reduce_scatter(world):
+    """The one-kernel rounds (chorus.cuda.gather): blocks of sizes that do not divide into
+    rounds or rows evenly, between other collectives sharing the epochs and slots."""
+    g = Group(world, SMALL)
+    for n, dtype in ((1, "float32"), (1500, "float32"), (4099, "bfloat16"), (777, "int32")):
+        ins = [data(r, n, dtype) for r in range(world)]
+        rs_ins = [data(r, world * n, dtype, 3) for r in range(world)]
+        dt = getattr(torch, dtype)
+        ag = [torch.full((world * n,), 7, dtype=dt) for _ in range(world)]
+        rs = [torch.zeros(n, dtype=dt) for _ in range(world)]
+        bc = [t.clone() for t in ins]
+
+        def body(x, n=n, dtype=dtype, ins=ins, rs_ins=rs_ins, ag=ag, rs=rs, bc=bc):
+            r = x.rank
+            item = ins[r].element_size()
+            x.begin(1, None, 0, dtype, "")
+            A.all_gather(x, ptr(ins[r]), ptr(ag[r]), n, item, fused=True)
+            x.begin(2, None, 0, dtype, "SUM")
+            A.reduce_scatter(x, ptr(rs_ins[r]), ptr(rs[r]), (n,) * world, item, fused=True)
+            x.begin(3, None, 0, dtype, "")
+            A.broadcast(x, ptr(bc[r]), n, item, 0)
+            return x.epoch
+
+        assert len(set(g.run(body))) == 1
+        total = reference(rs_ins, "SUM")
+        for r in range(world):
+            assert torch.equal(ag[r], torch.cat(ins)), (n, r)
+            assert torch.equal(rs[r], total[r * n:(r + 1) * n]), (n, r)
+            assert torch.equal(bc[r], ins[0]), (n, r)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_all_to_all_uneven(world):
     g = Group(world, SMALL)
     # rank i sends (i + 2 j) * 500 + j elements to rank j: some blocks span several channel chunks
@@ -213,7 +245,7 @@ def test_mismatched_collectives_stop_at_the_first_barrier(world):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "copy_reduce"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "two_shot_push", "two_shot_stores", "copy_reduce"])
 def test_all_reduce_algorithms_rounds_and_epochs(world, algorithm):
     """Each all_reduce algorithm, in several rounds of a small slot, between other
     collectives (whose barriers share the epochs), for sizes that do not divide evenly."""
@@ -247,9 +279,9 @@ def test_all_reduce_algorithms_rounds_and_epochs(world, algorithm):
 def test_all_reduce_picks_by_size():
     assert A.all_reduce_algorithm(8, 4) == "one_shot"
     assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES - 1, 4) == "one_shot"
-    assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES, 4) == "two_shot"
-    assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES // 2, 8) == "two_shot"
-    assert A.all_reduce_algorithm(1 << 30, 4) == "two_shot"
+    assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES, 4) == "two_shot_push"
+    assert A.all_reduce_algorithm(A.ONE_SHOT_MAX_BYTES // 2, 8) == "two_shot_push"
+    assert A.all_reduce_algorithm(1 << 30, 4) == "two_shot_push"
     assert A.all_reduce_algorithm(1 << 30, 1) == "one_shot"
 
 

@@ -294,3 +294,110 @@ def test_barrier_with_host_epoch():
     p.ws[0][L.BARRIER // 8 + 1] = 5
     K.barrier(p.controls, 0, 2, p.host.data_ptr(), 1, 10**12, 200, 0, epoch=5)
     assert p.host[L.STATUS] == 0 and p.ws[0][0] == 5 and p.ws[1][L.BARRIER // 8] == 5
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_two_shot_push_kernel_stores_its_slice_everywhere(world):
+    """Two-shot with the all-gather by stores: rank r reduces slice r (reading every slot),
+    stores it into every rank's slot and its output, then copies the other slices out of
+    its own slot.  Ranks run one at a time here, so each rank's own slot holds its input
+    when it copies out (its copy-in came last): that is what its output must show."""
+    n = 4100
+    dt = torch.bfloat16
+    ins = [(((torch.arange(n) * 7 + r * 3) % 5) - 1).to(dt) for r in range(world)]
+    want = reference(ins, "SUM")
+    blocks, per, piece = L.two_shot_geometry(n, world, step=32 * 16 * 4)
+    f = Fused(world)
+    f.arrive(blocks, [4, 5], 77)
+    for r in range(world):
+        for q in range(world):  # the peers' inputs, as their copy-in leaves them
+            f.slot_view(q, 0, dt, n)[r * piece: (r + 1) * piece] = ins[q][r * piece: (r + 1) * piece]
+        out = torch.full((n,), -9.0, dtype=dt)
+        assert K.all_reduce_fused("two_shot_push", ins[r].data_ptr(), out.data_ptr(), n, f.controls.data_ptr(),
+                                  L.CONTROL_BYTES, r, world, f.hosts[r].data_ptr(), 9, 77, 4, 10**12, "SUM",
+                                  "bfloat16", 200, per_thread=16) == 2
+        assert f.hosts[r][L.STATUS] == 0
+        mine = slice(r * piece, (r + 1) * piece)
+        for q in range(world):
+            assert torch.equal(f.slot_view(q, 0, dt, n)[mine], want[mine]), (r, q)
+        expect = ins[r].clone()
+        expect[mine] = want[mine]
+        assert torch.equal(out, expect), r
+    with pytest.raises(ValueError, match="power of two"):
+        K.all_reduce_fused("two_shot_push", 0, 0, n, f.controls.data_ptr(), L.CONTROL_BYTES, 0, world,
+                           f.hosts[0].data_ptr(), 9, 77, 4, 10**12, "SUM", "bfloat16", 200, per_thread=12)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_two_shot_stores_kernel_rows_and_gathers(world):
+    """Only stores cross the links: rank r writes slice q of its input into row r of rank
+    q's slot, reduces its own rows, stores the result into every other rank's gather row
+    r, and copies the other slices out of its own gather rows.  Ranks run one at a time,
+    so the peers' rows and gathers are laid out before each rank runs, as their kernels
+    would leave them."""
+    n = 4100
+    dt = torch.bfloat16
+    ins = [(((torch.arange(n) * 7 + r * 3) % 5) - 1).to(dt) for r in range(world)]
+    want = reference(ins, "SUM")
+    blocks, per, piece = L.two_shot_geometry(n, world, step=32 * 16 * 4)
+    f = Fused(world)
+    f.arrive(blocks, [4, 5], 77)
+
+    def cut(t, s):
+        return t[s * piece: min((s + 1) * piece, n)]
+
+    for r in range(world):
+        mine = f.slot_view(r, 0, dt, 2 * world * piece)
+        for q in range(world):  # rank q's row in my slot, and its reduced slice in my gather q
+            row = cut(ins[q], r)
+            mine[q * piece: q * piece + row.numel()] = row
+            if q != r:
+                g = cut(want, q)
+                mine[(world + q) * piece: (world + q) * piece + g.numel()] = g
+        out = torch.full((n,), -9.0, dtype=dt)
+        assert K.all_reduce_fused("two_shot_stores", ins[r].data_ptr(), out.data_ptr(), n, f.controls.data_ptr(),
+                                  L.CONTROL_BYTES, r, world, f.hosts[r].data_ptr(), 9, 77, 4, 10**12, "SUM",
+                                  "bfloat16", 200, per_thread=16) == 2
+        assert f.hosts[r][L.STATUS] == 0 and torch.equal(out, want), r
+        for q in range(world):
+            theirs = f.slot_view(q, 0, dt, 2 * world * piece)
+            assert torch.equal(theirs[r * piece: r * piece + cut(ins[r], q).numel()], cut(ins[r], q)), (r, q)
+            if q != r:
+                g = cut(want, r)
+                assert torch.equal(theirs[(world + r) * piece: (world + r) * piece + g.numel()], g), (r, q)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_all_gather_and_reduce_scatter_kernels(world, dtype):
+    """chorus.cuda.gather: rank r stores its part into row r of the peers' slots and reads
+    the rows of its own.  Ranks run one at a time, so every slot's rows are laid out
+    first as the peers' kernels would leave them (rank r's own stores write the same)."""
+    n = 2500  # three blocks of 1024, the last partial; rows GRAIN-aligned
+    stride = -(-n // L.GRAIN) * L.GRAIN
+    dt = getattr(torch, dtype)
+    ins = [((torch.arange(n) * (r + 2) + r) % 7 - 3).to(dt) for r in range(world)]
+    rs_ins = [((torch.arange(world * n) * (r + 3) + 1) % 5 - 2).to(dt) for r in range(world)]
+    blocks, _ = L.one_shot_geometry(n)
+    f = Fused(world, slot=2 * world * stride * 4)
+
+    def rows(p):
+        return f.slot_view(p, 0, dt, world * stride).view(world, stride)
+
+    for kind in ("all_gather", "reduce_scatter"):
+        for p in range(world):
+            for q in range(world):
+                rows(p)[q, :n] = ins[q] if kind == "all_gather" else rs_ins[q][p * n:(p + 1) * n]
+        f.arrive(blocks, [6 if kind == "all_gather" else 7], 31)
+        want = reference(rs_ins, "SUM")
+        for r in range(world):
+            src = ins[r] if kind == "all_gather" else rs_ins[r]
+            out = torch.full((world * n if kind == "all_gather" else n,), -9.0, dtype=dt)
+            assert K.rows_fused(kind, src.data_ptr(), out.data_ptr(), n, stride, n, f.controls.data_ptr(),
+                                L.CONTROL_BYTES, r, world, f.hosts[r].data_ptr(), 9, 31,
+                                6 if kind == "all_gather" else 7, 10**12, "SUM", dtype, dt.itemsize, 200) == 1
+            assert f.hosts[r][L.STATUS] == 0, (kind, r)
+            if kind == "all_gather":
+                assert torch.equal(out, torch.cat(ins)), r
+            else:
+                assert torch.equal(out, want[r * n:(r + 1) * n]), r

@@ -1,4 +1,4 @@
-"""A job on one host without a token derives one (chorus/host/secret.py, issue 22 part 2):
+"""A job on one host without a token derives one (chorus/host/secret.py):
 rank 0 writes a secret to a 0600 file in a private 0700 directory, the other ranks read it,
 every store and transport connection proves it; a directory others may enter is refused;
 an explicit token wins; CHORUS_LOCAL_SECRET=off turns it off."""

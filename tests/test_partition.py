@@ -1,4 +1,4 @@
-"""A network partition in the middle of large all_reduces (issue 22): two ranks in two
+"""A network partition in the middle of large all_reduces: two ranks in two
 network namespaces joined by a veth pair loop over 64 MiB all_reduces; the link goes
 down on both sides (no RST, no EOF: a true partition).  Each rank must raise within its
 op deadline plus the heartbeat timeout — before, a rank sat in ``sendall`` for minutes.

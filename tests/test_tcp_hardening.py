@@ -1,4 +1,4 @@
-"""The TCP transport under hostile or broken peers (issue 22, parts 3 and 4): every wait
+"""The TCP transport under hostile or broken peers: every wait
 is bounded, and floods are survived.
 
 Ranks are TcpTransports in threads of this process over a HashStore; a *fake* rank is a

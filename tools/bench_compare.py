@@ -1,9 +1,10 @@
-"""Compare chorus's times in two sets of ``chorus bench --json`` files, size by size.
+"""Compare chorus's times in two sets of ``chorus bench --json`` files, size by size: two
+settings (``CHORUS_FLIGHT_RECORDER_SIZE=0`` and the default, say) or two chorus versions.
 
     python3 tools/bench_compare.py --before a1.json a2.json --after b1.json b2.json
 
-Each side may hold several runs of the same sweep (alternated with the other side's in
-one sitting, so that both meet the same machine state); per size the table shows each
+Each side may hold several runs of the same sweep; run the two sides alternately, one run
+after another, so that both meet the same machine state.  Per size the table shows each
 side's runs, the better of each side, and after/before of the better ones (below 1.00:
 after is faster).  ``--limit 1.10`` exits 1 when some size's ratio is above it.
 """
@@ -32,8 +33,8 @@ def human(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", nargs="+", required=True, help="result files of the old code")
-    parser.add_argument("--after", nargs="+", required=True, help="result files of the new code")
+    parser.add_argument("--before", nargs="+", required=True, help="result files of the reference setting or version")
+    parser.add_argument("--after", nargs="+", required=True, help="result files of the setting or version compared with it")
     parser.add_argument("--limit", type=float, default=None, help="fail when after/before exceeds this")
     args = parser.parse_args(argv)
     before = [chorus_times(p) for p in args.before]

@@ -111,7 +111,10 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op
 
 def barrier(group=None, async_op: bool = False, device_ids=None, algorithm: str | None = None) -> Work | None:
     """Block until every rank of ``group`` has called barrier (dissemination, ceil(log2 W)
-    rounds of empty messages over the transport)."""
+    rounds of empty messages over the transport).
+
+    rank 0: barrier() at t = 1 s   rank 1: barrier() at t = 3 s   ->   both return at t = 3 s
+    """
     pg = member_group(group, "barrier")
     if pg is None:
         return not_member(async_op)
@@ -129,6 +132,9 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
     arrive in time, rank 0 raises CommTimeoutError naming the first missing rank (all
     missing ranks with ``wait_all_ranks=True``), and the others raise because rank 0
     never released them.
+
+    rank 0, 1: monitored_barrier(timeout=30)   rank 2: stuck elsewhere
+      -> rank 0: CommTimeoutError "... rank(s) [2] did not arrive within 30.0 s ..."
     """
     pg = member_group(group, "monitored_barrier")
     if pg is None:

@@ -61,7 +61,10 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False,
                           algorithm: str | None = None) -> Work | None:
     """Reduce-scatter one tensor: block i of ``input`` (world_size equal blocks) is reduced
-    over all ranks into rank i's ``output``."""
+    over all ranks into rank i's ``output``.
+
+    rank 0: in=[1, 2]   rank 1: in=[3, 4]   --SUM-->   rank 0: out=[4]   rank 1: out=[6]
+    """
     pg = member_group(group, "reduce_scatter_tensor")
     if pg is None:
         return not_member(async_op)

@@ -53,7 +53,10 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False,
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False,
                            algorithm: str | None = None) -> Work | None:
     """All-gather into one tensor: rank i's input lands at block i of ``output_tensor``
-    (``output_tensor`` has world_size times as many elements, concatenated or stacked)."""
+    (``output_tensor`` has world_size times as many elements, concatenated or stacked).
+
+    rank 0: in=[1, 2]   rank 1: in=[3, 4]   -->   both: out=[1, 2, 3, 4] (or [[1, 2], [3, 4]])
+    """
     pg = member_group(group, "all_gather_into_tensor")
     if pg is None:
         return not_member(async_op)

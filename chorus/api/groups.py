@@ -67,6 +67,10 @@ def new_group(ranks=None, timeout: timedelta | float | None = None, backend=None
 
     Every rank must call it, in the same order.  Members get the group, non-members
     ``GroupMember.NON_GROUP_MEMBER``.  No communication happens: connections exist already.
+
+    world of 4, every rank: g = new_group([0, 2])
+      -> rank 0: g, get_rank(g) == 0   rank 2: g, get_rank(g) == 1
+         rank 1, 3: GroupMember.NON_GROUP_MEMBER (an op on it does nothing and returns None)
     """
     world = initialized_world("new_group")
     members = _validate_ranks(ranks, world.world_size, "new_group")
@@ -101,6 +105,10 @@ def new_subgroups(group_size: int | None = None, group=None, timeout=None, backe
 
     Returns ``(this rank's subgroup, [all subgroups])`` like torch.  ``group_size``
     defaults to the number of ranks on this host (LOCAL_WORLD_SIZE).
+
+    world of 4, every rank: mine, all_ = new_subgroups(2)
+      -> rank 0, 1: mine = the group [0, 1]   rank 2, 3: mine = the group [2, 3]
+         every rank: all_ = [group [0, 1], group [2, 3]]
     """
     world = initialized_world("new_subgroups")
     size = group_size if group_size is not None else world.local_world_size
@@ -114,7 +122,11 @@ def new_subgroups(group_size: int | None = None, group=None, timeout=None, backe
 
 def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=None, pg_options=None,
                                  group_desc: str | None = None):
-    """Create one group per list of ranks; returns ``(this rank's subgroup or None, all)``."""
+    """Create one group per list of ranks; returns ``(this rank's subgroup or None, all)``.
+
+    world of 4, every rank: mine, all_ = new_subgroups_by_enumeration([[0, 2], [1, 3]])
+      -> rank 0, 2: mine = the group [0, 2]   rank 1, 3: mine = the group [1, 3]
+    """
     world = initialized_world("new_subgroups_by_enumeration")
     seen: set[int] = set()
     for ranks in ranks_per_subgroup_list:
@@ -138,6 +150,9 @@ def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
 
     ``split_ranks`` lists the groups as lists of *group ranks of the parent*.  Every rank
     of the parent calls it; each gets its own new group, or None if it is in no split.
+
+    world of 4, every rank: g = split_group(split_ranks=[[0, 1], [2, 3]])
+      -> rank 0, 1: g = the group [0, 1]   rank 2, 3: g = the group [2, 3]
     """
     world = initialized_world("split_group")
     parent = world.default_group if parent_pg is None else parent_pg
@@ -152,7 +167,10 @@ def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
 
 
 def get_process_group_ranks(group) -> list[int]:
-    """Global ranks of ``group``'s members, in group-rank order."""
+    """Global ranks of ``group``'s members, in group-rank order.
+
+    rank 1 or 3 of g = new_group([3, 1]): get_process_group_ranks(g) == [1, 3]
+    """
     pg = initialized_world("get_process_group_ranks").default_group if group is None else group
     if pg is GroupMember.NON_GROUP_MEMBER:
         raise InvalidArgumentError("get_process_group_ranks: this rank is not a member of the group")
@@ -160,7 +178,10 @@ def get_process_group_ranks(group) -> list[int]:
 
 
 def get_group_rank(group, global_rank: int) -> int:
-    """The group rank of ``global_rank`` in ``group``."""
+    """The group rank of ``global_rank`` in ``group``.
+
+    rank 1 or 3 of g = new_group([1, 3]): get_group_rank(g, 3) == 1
+    """
     pg = resolve(group, "get_group_rank") if group is not None else initialized_world("get_group_rank").default_group
     if pg is None:
         raise InvalidArgumentError("get_group_rank: this rank is not a member of the group")
@@ -168,7 +189,10 @@ def get_group_rank(group, global_rank: int) -> int:
 
 
 def get_global_rank(group, group_rank: int) -> int:
-    """The global rank of ``group_rank`` in ``group``."""
+    """The global rank of ``group_rank`` in ``group``.
+
+    rank 1 or 3 of g = new_group([1, 3]): get_global_rank(g, 1) == 3
+    """
     pg = resolve(group, "get_global_rank") if group is not None else initialized_world("get_global_rank").default_group
     if pg is None:
         raise InvalidArgumentError("get_global_rank: this rank is not a member of the group")

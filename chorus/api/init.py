@@ -60,6 +60,13 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     set by chorusrun/torchrun, or SLURM / Open MPI / PMI variables), ``"tcp://host:port"``,
     ``"file:///path"``; or pass a ``store`` with ``rank`` and ``world_size``.
     ``timeout`` (default 10 min) bounds set-up and every later op of the default group.
+
+    Every rank calls it once, before any other op.  Under chorusrun or torchrun the
+    environment says who is who; by hand, each rank names itself::
+
+        rank 0: init_process_group("gloo", init_method="tcp://10.0.0.1:29500", rank=0, world_size=2)
+        rank 1: init_process_group("gloo", init_method="tcp://10.0.0.1:29500", rank=1, world_size=2)
+          -> rank 0: get_rank() == 0   rank 1: get_rank() == 1   both: get_world_size() == 2
     """
     world = current()
     if world.default_group is not None:
@@ -131,6 +138,9 @@ def destroy_process_group(group=None) -> None:
 
     Leaving tells every peer this rank is going (so they do not mistake it for a crash),
     closes connections and threads, and allows ``init_process_group`` again.
+
+    rank 0: destroy_process_group()   rank 1: destroy_process_group()
+      -> both: is_initialized() == False; ops raise NotInitializedError until the next init
     """
     world = initialized_world("destroy_process_group")
     if group is not None and group is not world.default_group:
@@ -159,10 +169,12 @@ def _close_shm(pg: ProcessGroup | None) -> None:
 
 
 def is_initialized() -> bool:
+    """True between ``init_process_group`` and ``destroy_process_group`` in this process."""
     return current().default_group is not None
 
 
 def is_available() -> bool:
+    """True: chorus always has its collectives (torch's says whether it was built with them)."""
     return True
 
 
@@ -181,27 +193,41 @@ def is_nccl_available() -> bool:
 
 
 def is_mpi_available() -> bool:
+    """False, as torch built without MPI answers: chorus uses no MPI library.  Backend
+    "mpi" is still accepted and runs on chorus's own transports."""
     return False
 
 
 def is_torchelastic_launched() -> bool:
+    """True when torchrun or chorusrun started this process (TORCHELASTIC_RUN_ID is set)."""
     return "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def get_rank(group=None) -> int:
-    """This process's rank in ``group`` (default: the world); -1 if not a member."""
+    """This process's rank in ``group`` (default: the world); -1 if not a member.
+
+    world of 4, g = new_group([1, 3]):
+    rank 3: get_rank() == 3, get_rank(g) == 1     rank 0: get_rank() == 0, get_rank(g) == -1
+    """
     world = initialized_world("get_rank")
     pg = world.default_group if group is None else group
     return pg.rank() if isinstance(pg, ProcessGroup) else -1
 
 
 def get_world_size(group=None) -> int:
-    """Number of ranks in ``group`` (default: the world); -1 if this rank is not a member."""
+    """Number of ranks in ``group`` (default: the world); -1 if this rank is not a member.
+
+    world of 4, g = new_group([1, 3]):
+    rank 3: get_world_size() == 4, get_world_size(g) == 2     rank 0: get_world_size(g) == -1
+    """
     world = initialized_world("get_world_size")
     pg = world.default_group if group is None else group
     return pg.size() if isinstance(pg, ProcessGroup) and pg.is_member() else -1
 
 
 def get_backend(group=None) -> str:
-    """The backend name given to init_process_group (chorus runs every one of them)."""
+    """The backend name given to init_process_group (chorus runs every one of them).
+
+    every rank: init_process_group("nccl") -> get_backend() == "nccl"
+    """
     return initialized_world("get_backend").backend

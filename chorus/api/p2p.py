@@ -153,7 +153,11 @@ def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: in
 
 def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> int:
     """Receive into ``tensor`` from ``src`` (None = from any rank); returns the sender's
-    global rank (also when ``group_src`` was given, as torch 2.13 does); -1 if not in ``group``."""
+    global rank (also when ``group_src`` was given, as torch 2.13 does); -1 if not in ``group``.
+
+    rank 0: send(t, dst=1)   rank 2: send(u, dst=1)
+    rank 1: recv(x) -> 0 or 2, x holds that rank's data; recv(x) again -> the other one
+    """
     posted = _post_recv(tensor, src, group, tag, group_src, "recv")
     if posted is None:
         return -1
@@ -168,7 +172,11 @@ def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: in
 
 def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> Work | None:
     """Start sending ``tensor`` to ``dst``; returns a Work (do not modify ``tensor`` until
-    ``wait()`` returns).  None if this rank is not in ``group``."""
+    ``wait()`` returns).  None if this rank is not in ``group``.
+
+    rank 0: w = isend(t, dst=1); ...; w.wait()   rank 1: w = irecv(t, src=0); ...; w.wait()
+      -> rank 1's t holds rank 0's data once its wait() returns
+    """
     posted = _post_send(tensor, dst, group, tag, group_dst, "isend", sync=False)
     if type(posted) is _OnDevice:
         return _enqueue([posted], True)
@@ -176,7 +184,10 @@ def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: i
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> Work | None:
-    """Start receiving into ``tensor``; returns a Work (``wait()``, then read ``tensor``)."""
+    """Start receiving into ``tensor``; returns a Work (``wait()``, then read ``tensor``).
+
+    rank 0: isend(t, dst=1).wait()   rank 1: w = irecv(x, src=0); w.wait() -> x == rank 0's t
+    """
     posted = _post_recv(tensor, src, group, tag, group_src, "irecv")
     if type(posted) is _OnDevice:
         return _enqueue([posted], True)
@@ -199,7 +210,12 @@ class P2POp:
 
 
 def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
-    """Post every op of the list (receives first) and return their Works in list order."""
+    """Post every op of the list (receives first) and return their Works in list order.
+
+    A ring of W ranks, each sending to the next and receiving from the previous:
+    rank r: works = batch_isend_irecv([P2POp(isend, mine, (r + 1) % W), P2POp(irecv, theirs, (r - 1) % W)])
+            for w in works: w.wait()   ->   theirs holds rank (r - 1) % W's mine
+    """
     if not isinstance(p2p_op_list, (list, tuple)) or not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise InvalidArgumentError("batch_isend_irecv: expects a list of P2POp")
     if p2p_op_list and _on_cuda(p2p_op_list[0].tensor):

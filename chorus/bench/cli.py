@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cuda: chorus's CUDA collectives against NCCL (and torch's symmetric memory), one "
                         "process per GPU, CUDA-event GPU time and CPU time per call (chorus.bench.cuda)")
     p.add_argument("--algorithm", default=None,
-                   help="--device cuda: chorus's algorithm= (all_reduce: one_shot, two_shot, copy_reduce); "
+                   help="--device cuda: chorus's algorithm= (all_reduce: one_shot, two_shot, two_shot_push, two_shot_stores, copy_reduce); "
                         "several, comma-separated: one column each")
     p.add_argument("--lane", action="store_true",
                    help="--device cuda, all_reduce: also time the component's cached-plan lane (all_reduce_now)")

@@ -175,11 +175,9 @@ class Buffers:
         is first compared with ``exact``, the expectation in the buffer's own dtype (sums
         of the patterns' small integers are exact); only a piece with a difference is
         compared again with the tolerance (``rtol`` against ``expect``), which counts.
-        (It used to compare every piece in float64 with ``np.isclose``.  On the 2-core
-        machine its temporaries pushed the next op's buffers out of the caches: a 2 MiB
-        all_reduce of 2 ranks took 890-990 us after it, 560-590 us after a comparison
-        in float32; in ``chorus bench`` at 1 MiB chorus's time went from 393 to 173 us
-        and MPICH's from 456 to 259 us, medians of 6 runs.)"""
+        Not ``np.isclose`` in float64 on every piece: its temporaries would push the next
+        op's buffers out of the caches, and the timed op after each check would pay for
+        the misses."""
         if self.expect is None:
             return 0
         got, wrong = self.checked, 0

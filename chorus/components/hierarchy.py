@@ -83,17 +83,19 @@ def build(pg: ProcessGroup, hosts: tuple[int | None, ...], attach: Callable) -> 
         return None
     by_host = tuple(tuple(r for r, h in enumerate(hosts) if h == host) for host in range(n_hosts))
     host = hosts[pg.rank()]
-    local = _hidden(pg, 1 + host, by_host[host], f"{pg.name}/host{host}")
+    local = hidden_subgroup(pg, 1 + host, by_host[host], f"{pg.name}/host{host}")
     attach(local, settings=False)  # CHORUS_ALGO_* picks the parent's path, not this one's
     leaders = None
     if by_host[host][0] == pg.rank():
-        leaders = _hidden(pg, 0, tuple(ranks[0] for ranks in by_host), f"{pg.name}/leaders")
+        leaders = hidden_subgroup(pg, 0, tuple(ranks[0] for ranks in by_host), f"{pg.name}/leaders")
         leaders.components = (ScheduleComponent(),)  # one rank per host: TCP only
     return Hierarchy(pg, hosts, by_host, local, leaders)
 
 
-def _hidden(pg: ProcessGroup, index: int, ranks: tuple[int, ...], name: str) -> ProcessGroup:
-    """A sub-group of ``pg``'s group ranks ``ranks`` whose ops fail when any member of ``pg`` dies."""
+def hidden_subgroup(pg: ProcessGroup, index: int, ranks: tuple[int, ...], name: str) -> ProcessGroup:
+    """A sub-group of ``pg``'s group ranks ``ranks`` whose ops fail when any member of ``pg``
+    dies, with id ``HIDDEN | pg.id << 12 | index`` (index 0: the leaders, 1 + h: host h;
+    chorus.cuda.rails numbers its rails after those)."""
     me = pg.members[pg.rank()]
     sub = ProcessGroup(HIDDEN | pg.id << _INDEX_BITS | index, tuple(pg.members[r] for r in ranks), me,
                        pg.transport, pg.timeout, name=name, backend=pg.backend)

@@ -9,7 +9,7 @@ What an executor offers (addresses are ints; sizes are bytes unless they say ele
     x.barrier()                        every rank arrives; writes before it are seen after it
     x.copy(dst, src, nbytes, peer)     copy engine (peer: the rank whose memory is read/written)
     x.reduce(out, offset, n)           out[:n] = op over ranks r (in order) of slot(r)[offset:][:n]
-    x.all_reduce_fused(kind, inp, out, n)   one kernel: copy in, barrier(s), reduce (below)
+    x.all_reduce_fused(kind, inp, out, n, per_thread)   one kernel: copy in, barrier(s), reduce (below)
     x.send_chunk(peer, src, nbytes, tag, total)   through my channel to peer (flags, acks)
     x.recv_chunk(peer, dst, nbytes, tag, total)   out of peer's channel to me
 
@@ -20,9 +20,16 @@ which every rank reaches only after finishing round k's reads (one stream per ra
 all_reduce runs as one fused kernel per round (chorus.cuda.fused), chosen by size::
 
     one_shot    (< ONE_SHOT_MAX_BYTES)  rank r: slot_r <- data; barrier; data <- op(slot_0 .. slot_W-1)
-    two_shot    (from there on, in rounds of the slot)  rank r: slot_r <- data; barrier;
+    two_shot    (by name; in rounds of the slot)  rank r: slot_r <- data; barrier;
                 slot_r[slice r] = data[slice r] <- op over q of slot_q[slice r]; barrier;
                 data[slice q] <- slot_q[slice q] for every q
+    two_shot_push   (from ONE_SHOT_MAX_BYTES on) as two_shot, but rank r stores its reduced
+                slice into every slot_q[slice r] and the all-gather copies from its own slot:
+                stores cross the links there, not loads
+    two_shot_stores (by name) rank r: row r of slot_q <- data[slice q] for every q; barrier;
+                data[slice r] <- op over rows of slot_r, stored into every gather r of slot_q;
+                barrier; data[slice q] <- gather q of slot_r: only stores cross the links
+                (measured no faster than two_shot_push, in rounds of half the slot)
     copy_reduce (by name only) the copy engine, the barrier kernel, the reduce kernel: three
                 launches, as one_shot; kept to compare against
 
@@ -34,10 +41,14 @@ barrier reads what it needs from every rank's slot::
     reduce      as all_reduce, only the root reads
     broadcast   root: slot_root <- data;         barrier; others: data <- slot_root
     all_gather  rank r: slot_r <- input;         barrier; output[q] <- slot_q for every q
+                (fused, the default: one kernel a round, rank r storing its input into
+                row r of every slot, then copying the rows of its own: chorus.cuda.gather)
     gather      as all_gather, only the root reads
     scatter     root: slot_root[q] <- input[q];  barrier; rank q: output <- slot_root[q]
     reduce_scatter  rank r: slot_r[q] <- input block q;  barrier; rank q: output <- op over r
-                    of slot_r[q]  (slot_r[q]: the q-th of W equal pieces of the slot)
+                    of slot_r[q]  (slot_r[q]: the q-th of W equal pieces of the slot); with
+                    equal blocks fused (one kernel a round: rank r stores block q into row r
+                    of slot_q, then reduces the rows of its own slot: chorus.cuda.gather)
     all_to_all  one barrier, then pairwise through the channels (sizes differ per pair)
 
 Every collective passes at least one barrier, where the ranks compare their ops'
@@ -49,7 +60,7 @@ chorus.cuda.component picks the algorithm by name (``all_reduce_algorithm`` for 
 
 from __future__ import annotations
 
-from chorus.cuda.layout import two_shot_chunk
+from chorus.cuda.layout import GRAIN, two_shot_chunk
 
 #: the tag of the channel messages of all_to_all (p2p tags are the user's)
 EXCHANGE_TAG = -1
@@ -68,17 +79,30 @@ def _chunks(total: int, step: int):
 #: ): one-shot below ONE_SHOT_MAX_BYTES (one barrier: 7.3 us at 16 KiB, 13.0 at 512 KiB,
 #: against two-shot's 12.9 and 14.7), two-shot from there (it reads half as much over
 #: NVLink: 17.2 us at 1 MiB against 19.5); copy_reduce is slower at every size measured.
+#: Of the two-shot kernels, two_shot_push is the fastest from 1 MiB to 1 GiB (15.8 us at
+#: 1 MiB and 8.5 ms at 1 GiB, against two_shot's 17.5 us and 10.3 ms in the same run:
+#: docs/results/4xh200/pull-vs-push-bf16-w4.json; two_shot_stores 490 us and 8.5 ms:
+#: calibrate-two-shot-bf16-w4.json).
 ONE_SHOT_MAX_BYTES = 1 << 20
 #: ... for groups of more ranks than this, two-shot from ONE_SHOT_MAX_BYTES / 4 on (every
 #: one-shot rank reads W - 1 peers' whole messages; two-shot reads 2 (W - 1) / W of one)
 ONE_SHOT_WIDE = 4
-ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "copy_reduce")
+ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "two_shot_push", "two_shot_stores", "copy_reduce")
+
+
+#: two-shot's threads move 8 elements a step, WIDE_PER_THREAD from WIDE_FROM_BYTES on
+#: (two_shot_push, 4 x H200, bf16: 8 elements 15.8 us at 1 MiB, 127.6 at 16 MiB, 538 at
+#: 64 MiB, 8364 at 1 GiB; 32 elements 20.4, 133.1, 482 and 7259: in
+#: docs/results/4xh200/calibrate-two-shot-bf16-w4.json and
+#: calibrate-two-shot-32-per-thread-bf16-w4.json, commands in that folder's README)
+WIDE_FROM_BYTES = 64 << 20
+WIDE_PER_THREAD = 32
 
 
 def all_reduce_algorithm(nbytes: int, world: int) -> str:
     """The all_reduce algorithm for a message of ``nbytes`` on ``world`` ranks."""
     limit = ONE_SHOT_MAX_BYTES if world <= ONE_SHOT_WIDE else ONE_SHOT_MAX_BYTES // 4
-    return "one_shot" if nbytes < limit or world < 2 else "two_shot"
+    return "one_shot" if nbytes < limit or world < 2 else "two_shot_push"
 
 
 def all_reduce(x, data: int, n: int, item: int, algorithm: str = "auto") -> None:
@@ -91,10 +115,14 @@ def all_reduce(x, data: int, n: int, item: int, algorithm: str = "auto") -> None
             x.barrier()
             x.reduce(data + off * item, 0, m)
         return
-    step = x.layout.slot // item if algorithm == "one_shot" else two_shot_chunk(x.layout.slot, item, x.world)
+    if algorithm == "one_shot":
+        step = x.layout.slot // item
+    else:  # (two_shot_stores: rows and gathers, twice the message)
+        step = two_shot_chunk(x.layout.slot // (2 if algorithm == "two_shot_stores" else 1), item, x.world)
+    per_thread = WIDE_PER_THREAD if n * item >= WIDE_FROM_BYTES else 8
     for off, m in _chunks(n, step):
         x.round()
-        x.all_reduce_fused(algorithm, data + off * item, data + off * item, m)
+        x.all_reduce_fused(algorithm, data + off * item, data + off * item, m, per_thread)
 
 
 def reduce(x, data: int, n: int, item: int, root: int) -> None:
@@ -116,8 +144,24 @@ def broadcast(x, data: int, n: int, item: int, root: int) -> None:
             x.copy(data + off * item, x.slot(root), m * item, root)
 
 
-def all_gather(x, inp: int, out: int | None, n: int, item: int, root: int = -1) -> None:
-    """All-gather (``root`` -1) or gather to ``root`` (``out`` only there)."""
+#: element sizes (bytes) the fused all_gather moves (any dtype of these sizes)
+GATHER_ITEMS = frozenset({1, 2, 4, 8})
+
+
+def rows_chunk(slot_bytes: int, item: int, world: int) -> int:
+    """The most elements of each rank's block one fused all_gather / reduce_scatter round
+    moves: W rows of them fill a slot of ``slot_bytes``, each row GRAIN-aligned."""
+    return slot_bytes // item // world // GRAIN * GRAIN
+
+
+def all_gather(x, inp: int, out: int | None, n: int, item: int, root: int = -1, fused: bool = False) -> None:
+    """All-gather (``root`` -1) or gather to ``root`` (``out`` only there); ``fused``
+    (all-gather only): one kernel a round (chorus.cuda.gather), else copies and a barrier."""
+    if fused and root == -1:
+        for off, m in _chunks(n, rows_chunk(x.layout.slot, item, x.world)):
+            x.round()
+            x.rows_fused("all_gather", inp + off * item, out + off * item, m, -(-m // GRAIN) * GRAIN, n, item)
+        return
     for off, m in _chunks(n, x.layout.slot // item):
         x.round()
         x.copy(x.slot(x.rank), inp + off * item, m * item, x.rank)
@@ -141,7 +185,16 @@ def scatter(x, inp: int | None, out: int, n: int, item: int, root: int) -> None:
         x.copy(out + off * item, src, m * item, root)
 
 
-def reduce_scatter(x, inp: int, out: int, counts: tuple[int, ...], item: int) -> None:
+def reduce_scatter(x, inp: int, out: int, counts: tuple[int, ...], item: int, fused: bool = False) -> None:
+    """``fused`` (equal counts only): one kernel a round (chorus.cuda.gather), else copies,
+    a barrier and the reduce kernel."""
+    if fused and len(set(counts)) == 1:
+        big_n = counts[0]
+        for off, m in _chunks(big_n, rows_chunk(x.layout.slot, item, x.world)):
+            x.round()
+            x.rows_fused("reduce_scatter", inp + off * item, out + off * item, m, -(-m // GRAIN) * GRAIN, big_n,
+                         item)
+        return
     piece = x.layout.piece()
     step = piece // item
     starts = [sum(counts[:q]) for q in range(x.world)]

@@ -9,7 +9,7 @@ through pinned host memory instead (chorus.cuda.staging).
 Per call, with a mapped workspace::
 
     supports(call)   a CUDA call: all_reduce "one_shot" / "two_shot" by size (or
-                     "copy_reduce", by name: chorus.cuda.algorithms), "one_shot" (other
+                     "two_shot_push", "two_shot_stores", "copy_reduce", by name), "one_shot" (other
                      collectives), "channels" (all_to_all), "barrier"; "staging" for
                      reductions of dtypes the kernels lack
     all_reduce_now   a synchronous all_reduce from a cached plan, with none of the general
@@ -105,6 +105,11 @@ def attach(pg) -> CudaComponent:
         except (Unusable, ImportError) as exc:
             why = str(exc)
     if ws is None:
+        from chorus.cuda.rails import attach as rails
+
+        across = rails(pg, why)  # several hosts: chorus inside each, a communicator per rail between
+        if across is not None:
+            return across
         log.warning("chorus rank %d: group %s stages CUDA tensors through host memory: %s",
                     pg.members[pg.rank()], pg.name, why)
     return CudaComponent(pg, ws, why)
@@ -154,6 +159,11 @@ class CudaComponent(Component):
             if call.algorithm in A.ALL_REDUCE_ALGORITHMS:
                 return call.algorithm
             return A.all_reduce_algorithm(call.nbytes, self.pg.size())
+        if call.name in ("all_gather", "reduce_scatter") and call.algorithm != "one_shot":
+            first = _first(call)
+            if (call.name == "all_gather" and first.element_size() in A.GATHER_ITEMS) or (
+                    call.name == "reduce_scatter" and len(set(call.args["counts"])) == 1):
+                return "fused"  # one kernel a round (chorus.cuda.gather); "one_shot": copies
         return _ALGORITHMS.get(call.name, "one_shot")
 
     def start(self, call: Call, algorithm: str):
@@ -466,12 +476,13 @@ class CudaComponent(Component):
             elif name in ("all_gather", "gather"):
                 out = b["output"].data_ptr() if "output" in b else None
                 A.all_gather(x, b["input"].data_ptr(), out, b["input"].numel(), item,
-                             call.root if name == "gather" else -1)
+                             call.root if name == "gather" else -1, algorithm == "fused")
             elif name == "scatter":
                 inp = b["input"].data_ptr() if "input" in b else None
                 A.scatter(x, inp, b["output"].data_ptr(), b["output"].numel(), item, call.root)
             elif name == "reduce_scatter":
-                A.reduce_scatter(x, b["input"].data_ptr(), b["output"].data_ptr(), tuple(call.args["counts"]), item)
+                A.reduce_scatter(x, b["input"].data_ptr(), b["output"].data_ptr(), tuple(call.args["counts"]), item,
+                                 algorithm == "fused")
             elif name == "all_to_all":
                 A.all_to_all(x, b["input"].data_ptr(), b["output"].data_ptr(), call.args["send_counts"],
                              call.args["recv_counts"], item)

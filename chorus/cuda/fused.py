@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from chorus.cuda.kernels import (
+    as_ptr,
     combine,
     give_up,
     host_due,
@@ -109,8 +110,33 @@ def _peers_differ(words, world, value):
 
 
 @triton.jit
+def _agree(state):
+    """The block's one verdict of _host_says (every thread gets it): ABORTED (3) where any
+    thread read ABORT, else broken elsewhere (4) where any saw BROKEN, else TIMEOUT (2)
+    where any found the time up, else 0.  The warps of a block read the clock and the
+    words at different moments; a warp that left the spin alone would leave the others
+    waiting at the next poll's block-wide vote for ever."""
+    return tl.inline_asm_elementwise(
+        """{ .reg .pred %a, %b, %c, %A, %B, %C; .reg .s32 %r;
+             setp.eq.s32 %a, $1, 3; setp.eq.s32 %b, $1, 4; setp.eq.s32 %c, $1, 2;
+             bar.red.or.pred %A, 15, %a; bar.red.or.pred %B, 15, %b; bar.red.or.pred %C, 15, %c;
+             selp.s32 %r, 2, 0, %C; selp.s32 %r, 4, %r, %B; selp.s32 $0, 3, %r, %A; }""",
+        "=r,r", [state], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _block_any(flag):
+    """1 in every thread of the block when ``flag`` (an int32) is nonzero in any of them."""
+    return tl.inline_asm_elementwise(
+        """{ .reg .pred %p, %any; setp.ne.s32 %p, $1, 0; bar.red.or.pred %any, 15, %p;
+             selp.s32 $0, 1, 0, %any; }""",
+        "=r,r", [flag], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _spin_peers(words, world, target, host, mirror, timeout_ns, max_spins, INTERPRET: tl.constexpr):
-    """_spin_block's states, polling one word per peer thread (_peers_arrived)."""
+    """_spin_block's states, polling one word per peer thread (_peers_arrived); the
+    block leaves the spin together (_agree)."""
     state = 0
     spins = tl.zeros([], tl.int64)
     start = now(INTERPRET)
@@ -119,12 +145,21 @@ def _spin_peers(words, world, target, host, mirror, timeout_ns, max_spins, INTER
         if _peers_arrived(words, world, target) != 0:
             state = 1
         elif spins % 32 == 0:
-            state = _host_says(host, mirror, start, timeout_ns, spins, max_spins, INTERPRET)
+            state = _agree(_host_says(host, mirror, start, timeout_ns, spins, max_spins, INTERPRET).to(tl.int32))
     return state - 1
 
 
 @triton.jit
-def _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins,
+def broken_at_start(host, mirror, INTERPRET: tl.constexpr):
+    """is_broken, the same answer in every thread of the block (the block syncs later)."""
+    broken = is_broken(host, mirror)
+    if not INTERPRET:
+        broken = _block_any(broken.to(tl.int32)) != 0
+    return broken
+
+
+@triton.jit
+def block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins,
                 W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr):
     """Block ``blk``'s barrier at ``epoch``: push (fingerprint, epoch) into every rank's
     words of this block (release), spin on mine (acquire), compare the fingerprints.
@@ -137,7 +172,7 @@ def _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout
     prints = tl.where(blk == 0, 2560, extra + 512) + (epoch & 1) * 512
     base = tl.load(controls + rank)
     if blk == 0:
-        tl.store(base.to(tl.pointer_type(tl.int64)), epoch.to(tl.int64))  # EPOCH: barriers so far
+        tl.store(as_ptr(base, tl.int64), epoch.to(tl.int64))  # EPOCH: barriers so far
     mine = base + bar + lanes * 8
     e = tl.zeros([WP], tl.int64) + epoch
     mine_fp = tl.zeros([WP], tl.int64) + fprint
@@ -173,9 +208,9 @@ def _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout
 
 # The 16-byte alignment hint (tl.multiple_of) must be given to a pointer computed in the
 # function that applies it: on a function's argument it is silently dropped, and every
-# load falls back to one element.  So _get and _put take the base and the offsets.
+# load falls back to one element.  So get_vec and put_vec take the base and the offsets.
 @triton.jit
-def _get(base, offs, mask, MASKED: tl.constexpr, PEER: tl.constexpr, HINT: tl.constexpr):
+def get_vec(base, offs, mask, MASKED: tl.constexpr, PEER: tl.constexpr, HINT: tl.constexpr):
     """Load ``base[offs]``; a peer's memory bypasses L1 (written by another GPU since we
     last looked).  ``HINT``: ``base + offs`` is a contiguous run that starts 16-byte aligned."""
     ptrs = base + offs
@@ -195,8 +230,8 @@ def _get(base, offs, mask, MASKED: tl.constexpr, PEER: tl.constexpr, HINT: tl.co
 
 
 @triton.jit
-def _put(base, offs, values, mask, MASKED: tl.constexpr, HINT: tl.constexpr):
-    """``base[offs] = values`` (``HINT`` as _get's)."""
+def put_vec(base, offs, values, mask, MASKED: tl.constexpr, HINT: tl.constexpr):
+    """``base[offs] = values`` (``HINT`` as get_vec's)."""
     ptrs = base + offs
     if HINT:
         ptrs = tl.multiple_of(ptrs, 16)
@@ -210,24 +245,32 @@ def _put(base, offs, values, mask, MASKED: tl.constexpr, HINT: tl.constexpr):
 def _copy(src_addr, dst_addr, lo, hi, RAW: tl.constexpr, BLOCK: tl.constexpr, HS: tl.constexpr,
           HD: tl.constexpr, PEER: tl.constexpr):
     """dst[lo:hi] = src[lo:hi] (elements of RAW; addresses as int64)."""
-    src = src_addr.to(tl.pointer_type(RAW))
-    dst = dst_addr.to(tl.pointer_type(RAW))
+    copy_shifted(src_addr, dst_addr, lo, hi, 0, 0, RAW, BLOCK, HS, HD, PEER)
+
+
+@triton.jit
+def copy_shifted(src_addr, dst_addr, lo, hi, src_shift, dst_shift, RAW: tl.constexpr, BLOCK: tl.constexpr,
+                  HS: tl.constexpr, HD: tl.constexpr, PEER: tl.constexpr):
+    """dst[i + dst_shift] = src[i + src_shift] for i in [lo, hi) (shifts: multiples of
+    layout.GRAIN, so the alignment hints hold)."""
+    src = as_ptr(src_addr, RAW)
+    dst = as_ptr(dst_addr, RAW)
     full = (hi - lo) // BLOCK
     for i in range(0, full):
         offs = lo + i * BLOCK + tl.arange(0, BLOCK)
-        _put(dst, offs, _get(src, offs, offs < hi, False, PEER, HS), offs < hi, False, HD)
+        put_vec(dst, offs + dst_shift, get_vec(src, offs + src_shift, offs < hi, False, PEER, HS), offs < hi, False, HD)
     tail = lo + full * BLOCK
     if tail < hi:
         offs = tail + tl.arange(0, BLOCK)
         m = offs < hi
-        _put(dst, offs, _get(src, offs, m, True, PEER, HS), m, True, HD)
+        put_vec(dst, offs + dst_shift, get_vec(src, offs + src_shift, m, True, PEER, HS), m, True, HD)
 
 
 @triton.jit
 def _row_at(controls, r, slot_off, offs, mask, MASKED: tl.constexpr, DT: tl.constexpr, RAW: tl.constexpr,
             ACC: tl.constexpr, BOOL: tl.constexpr, HINT: tl.constexpr):
-    row = (tl.load(controls + r) + slot_off).to(tl.pointer_type(RAW))
-    x = _get(row, offs, mask, MASKED, True, HINT)
+    row = as_ptr(tl.load(controls + r) + slot_off, RAW)
+    x = get_vec(row, offs, mask, MASKED, True, HINT)
     if RAW != DT:
         x = x.to(DT, bitcast=True)
     x = x.to(ACC)
@@ -249,29 +292,41 @@ def _reduce_step(controls, slot_off, offs, mask, MASKED: tl.constexpr, W: tl.con
 
 
 @triton.jit
+def _spread(controls, slot_off, also, offs, y, m, MASKED: tl.constexpr, W: tl.constexpr, RAW: tl.constexpr,
+            HINT_WS: tl.constexpr, ALSO: tl.constexpr, PUSH: tl.constexpr):
+    """Where a reduced piece goes besides the output: this rank's slot (ALSO) or every
+    rank's (PUSH: stores over the links, which cost no round trip as loads do)."""
+    if PUSH:
+        for r in tl.static_range(W):
+            row = as_ptr(tl.load(controls + r) + slot_off, RAW)
+            put_vec(row, offs, y, m, MASKED, HINT_WS)
+    elif ALSO:
+        put_vec(also, offs, y, m, MASKED, HINT_WS)
+
+
+@triton.jit
 def _reduce_range(controls, slot_off, out_addr, also_addr, lo, hi, W: tl.constexpr, OP: tl.constexpr,
                   DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr,
-                  BLOCK: tl.constexpr, HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, ALSO: tl.constexpr):
+                  BLOCK: tl.constexpr, HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, ALSO: tl.constexpr,
+                  PUSH: tl.constexpr = False):
     """out[lo:hi] = op over ranks r of slot_r[lo:hi] (rank order, in ACC); when ALSO, the
-    result goes to ``also_addr`` (this rank's slot) too."""
-    out = out_addr.to(tl.pointer_type(RAW))
-    also = also_addr.to(tl.pointer_type(RAW))
+    result goes to ``also_addr`` (this rank's slot) too; when PUSH, to every rank's slot."""
+    out = as_ptr(out_addr, RAW)
+    also = as_ptr(also_addr, RAW)
     full = (hi - lo) // BLOCK
     for i in range(0, full):
         offs = lo + i * BLOCK + tl.arange(0, BLOCK)
         m = offs < hi
         y = _reduce_step(controls, slot_off, offs, m, False, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
-        _put(out, offs, y, m, False, HINT_IO)
-        if ALSO:
-            _put(also, offs, y, m, False, HINT_WS)
+        put_vec(out, offs, y, m, False, HINT_IO)
+        _spread(controls, slot_off, also, offs, y, m, False, W, RAW, HINT_WS, ALSO, PUSH)
     tail = lo + full * BLOCK
     if tail < hi:
         offs = tail + tl.arange(0, BLOCK)
         m = offs < hi
         y = _reduce_step(controls, slot_off, offs, m, True, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
-        _put(out, offs, y, m, True, HINT_IO)
-        if ALSO:
-            _put(also, offs, y, m, True, HINT_WS)
+        put_vec(out, offs, y, m, True, HINT_IO)
+        _spread(controls, slot_off, also, offs, y, m, True, W, RAW, HINT_WS, ALSO, PUSH)
 
 
 @triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
@@ -283,11 +338,11 @@ def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, 
     [b * per, (b + 1) * per)): copy them from ``inp`` into this rank's slot (at
     ``slot_off`` in its workspace), barrier of block b at ``epoch``, then
     ``out`` = op over every rank's slot, in rank order (the same bits on every rank)."""
-    host = host_addr.to(tl.pointer_type(tl.int64))
-    controls = controls_addr.to(tl.pointer_type(tl.int64))
+    host = as_ptr(host_addr, tl.int64)
+    controls = as_ptr(controls_addr, tl.int64)
     base = tl.load(controls + rank)
     mirror = base + 8  # BROKEN
-    broken = is_broken(host, mirror)
+    broken = broken_at_start(host, mirror, INTERPRET)
     blk = tl.program_id(0)
     lo = blk.to(tl.int64) * per
     hi = tl.maximum(tl.minimum(lo + per, n), lo)
@@ -295,7 +350,7 @@ def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, 
     _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
     tl.debug_barrier()  # every thread's copy is done before the release
     if not broken:  # (a broken group's kernel copies into its own slot only)
-        state = _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
+        state = block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
                             INTERPRET)
         tl.debug_barrier()
         if state == 0:
@@ -307,7 +362,8 @@ def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, 
 def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host_addr, op_id, fprint, epoch,
                     timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
                     RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
-                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
+                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr,
+                    PUSH: tl.constexpr = False):
     """Two-shot all_reduce of elements [0, n) in one launch, two barriers (epochs
     ``epoch`` and ``epoch + 1``).  Slice s = elements [s * piece, (s + 1) * piece); block
     b owns elements [b * per, (b + 1) * per) of every slice::
@@ -318,12 +374,15 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
         barrier 2
         all-gather:     out[slice s] <- slot_s[slice s] for every s != rank
 
+    PUSH: the reduce-scatter stores its slice into every rank's slot (slot_r[slice rank]:
+    after barrier 1 only this rank reads it), and the all-gather reads only this rank's
+    own slot; the same bytes cross the links, as stores instead of loads.
     Every slice is reduced once (by its owner) and copied: the same bits everywhere."""
-    host = host_addr.to(tl.pointer_type(tl.int64))
-    controls = controls_addr.to(tl.pointer_type(tl.int64))
+    host = as_ptr(host_addr, tl.int64)
+    controls = as_ptr(controls_addr, tl.int64)
     base = tl.load(controls + rank)
     mirror = base + 8  # BROKEN
-    broken = is_broken(host, mirror)
+    broken = broken_at_start(host, mirror, INTERPRET)
     blk = tl.program_id(0)
     start = blk.to(tl.int64) * per
     mine = base + slot_off
@@ -333,16 +392,16 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
         _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
     tl.debug_barrier()
     if not broken:
-        state = _block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
+        state = block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
                             INTERPRET)
         tl.debug_barrier()
         if state == 0:
             lo = rank * piece + start
             hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (rank + 1) * piece), n), lo)
             _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
-                          HINT_WS, True)
+                          HINT_WS, True, PUSH)
             tl.debug_barrier()
-            state = _block_sync(controls, rank, blk, epoch + 1, fprint, host, mirror, op_id, timeout_ns, max_spins, W,
+            state = block_sync(controls, rank, blk, epoch + 1, fprint, host, mirror, op_id, timeout_ns, max_spins, W,
                                 WP, INTERPRET)
             tl.debug_barrier()
             if state == 0:
@@ -350,4 +409,103 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
                     if s != rank:
                         lo = s * piece + start
                         hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
-                        _copy(tl.load(controls + s) + slot_off, out, lo, hi, RAW, BLOCK, HINT_WS, HINT_IO, True)
+                        src = mine if PUSH else tl.load(controls + s) + slot_off
+                        _copy(src, out, lo, hi, RAW, BLOCK, HINT_WS, HINT_IO, True)
+
+
+@triton.jit
+def _reduce_rows(controls, slot_off, mine_addr, out_addr, lo, hi, piece, rank, MASKED: tl.constexpr,
+                 W: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr,
+                 BOOL: tl.constexpr, BLOCK: tl.constexpr, HINT_IO: tl.constexpr, HINT_WS: tl.constexpr):
+    """One step of two_shot_stores_kernel's reduction, elements [lo, lo + BLOCK) of slice
+    ``rank`` (those < ``hi``): out = op over r of my row r (local reads), and the result
+    stored into every other rank's gather row ``rank``."""
+    mine = as_ptr(mine_addr, RAW)
+    offs = lo + tl.arange(0, BLOCK)
+    m = offs < hi
+    loc = offs - rank * piece  # within the slice
+    acc = get_vec(mine, loc, m, MASKED, True, HINT_WS)
+    if RAW != DT:
+        acc = acc.to(DT, bitcast=True)
+    acc = acc.to(ACC)
+    if BOOL:
+        acc = (acc != 0).to(ACC)
+    for r in tl.static_range(1, W):
+        x = get_vec(mine, r * piece + loc, m, MASKED, True, HINT_WS)
+        if RAW != DT:
+            x = x.to(DT, bitcast=True)
+        x = x.to(ACC)
+        if BOOL:
+            x = (x != 0).to(ACC)
+        acc = combine(acc, x, OP)
+    y = acc.to(DT)
+    if RAW != DT:
+        y = y.to(RAW, bitcast=True)
+    put_vec(as_ptr(out_addr, RAW), offs, y, m, MASKED, HINT_IO)
+    for q in tl.static_range(W):
+        if q != rank:
+            put_vec(as_ptr(tl.load(controls + q) + slot_off, RAW), (W + rank) * piece + loc, y, m, MASKED, HINT_WS)
+
+
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
+def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host_addr, op_id, fprint, epoch,
+                           timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr,
+                           DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr,
+                           BLOCK: tl.constexpr, HINT_IO: tl.constexpr, HINT_WS: tl.constexpr,
+                           INTERPRET: tl.constexpr):
+    """Two-shot all_reduce of elements [0, n) in which only stores cross the links (a
+    load from a peer waits a round trip; a store does not).  Slot layout, in elements
+    (slice s = elements [s * piece, (s + 1) * piece) of the message)::
+
+        row r      [r * piece, (r + 1) * piece)         slice `me` of rank r's input (r writes)
+        gather s   [(W + s) * piece, (W + s + 1) * piece)   slice s, reduced (rank s writes)
+
+    Block b owns elements [b * per, (b + 1) * per) of every slice, on every rank::
+
+        scatter:  rank q's row `rank` <- inp[slice q]        for every q (stores)
+        barrier 1
+        reduce:   out[slice rank] = op over r of my row r (local reads, rank order);
+                  rank q's gather `rank` <- it               for every q != rank (stores)
+        barrier 2
+        gather:   out[slice s] <- my gather s               for every s != rank (local)
+
+    Twice the slot of two_shot per element (rows and gathers); the same bits everywhere:
+    every slice is reduced once, by its owner."""
+    host = as_ptr(host_addr, tl.int64)
+    controls = as_ptr(controls_addr, tl.int64)
+    base = tl.load(controls + rank)
+    mirror = base + 8  # BROKEN
+    broken = broken_at_start(host, mirror, INTERPRET)
+    blk = tl.program_id(0)
+    start = blk.to(tl.int64) * per
+    mine = base + slot_off
+    if not broken:  # (a broken group's kernel writes nothing into the peers' memory)
+        for q in tl.static_range(W):
+            lo = q * piece + start
+            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (q + 1) * piece), n), lo)
+            copy_shifted(inp, tl.load(controls + q) + slot_off, lo, hi, 0, (rank - q) * piece, RAW, BLOCK,
+                          HINT_IO, HINT_WS, False)
+        tl.debug_barrier()  # every thread's stores are done before the release
+        state = block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
+                            INTERPRET)
+        tl.debug_barrier()
+        if state == 0:
+            lo = rank * piece + start
+            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (rank + 1) * piece), n), lo)
+            full = (hi - lo) // BLOCK
+            for i in range(0, full):
+                _reduce_rows(controls, slot_off, mine, out, lo + i * BLOCK, hi, piece, rank, False, W, OP, DT, RAW,
+                             ACC, BOOL, BLOCK, HINT_IO, HINT_WS)
+            if lo + full * BLOCK < hi:
+                _reduce_rows(controls, slot_off, mine, out, lo + full * BLOCK, hi, piece, rank, True, W, OP, DT, RAW,
+                             ACC, BOOL, BLOCK, HINT_IO, HINT_WS)
+            tl.debug_barrier()
+            state = block_sync(controls, rank, blk, epoch + 1, fprint, host, mirror, op_id, timeout_ns, max_spins, W,
+                                WP, INTERPRET)
+            tl.debug_barrier()
+            if state == 0:
+                for s in tl.static_range(W):
+                    if s != rank:
+                        lo = s * piece + start
+                        hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
+                        copy_shifted(mine, out, lo, hi, W * piece, 0, RAW, BLOCK, HINT_WS, HINT_IO, True)

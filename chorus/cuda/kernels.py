@@ -45,6 +45,15 @@ NEVER = 1 << 62  # max_spins when the clock bounds the spin
 
 # -- memory-model helpers ---------------------------------------------------------------------
 @triton.jit
+def as_ptr(addr, T: tl.constexpr):
+    """The address ``addr`` (an int, or int64 words) as a pointer to ``T``.  Through
+    int64 first: Triton passes an int that fits in 32 bits as an int32, and the
+    interpreter of some versions cannot widen that into a pointer (a host address
+    under 2**31, as the CPU tests' buffers can have)."""
+    return addr.to(tl.int64).to(tl.pointer_type(T))
+
+
+@triton.jit
 def now(INTERPRET: tl.constexpr):
     if INTERPRET:
         return tl.zeros([], tl.int64)
@@ -56,7 +65,7 @@ def now(INTERPRET: tl.constexpr):
 @triton.jit
 def load_acquire(addrs, INTERPRET: tl.constexpr):
     """int64 words at ``addrs`` (a block of addresses), acquire, system scope."""
-    ptrs = addrs.to(tl.pointer_type(tl.int64))
+    ptrs = as_ptr(addrs, tl.int64)
     if INTERPRET:
         return tl.atomic_add(ptrs, tl.zeros(addrs.shape, tl.int64), sem="acquire", scope="sys")
     else:
@@ -68,7 +77,7 @@ def load_acquire(addrs, INTERPRET: tl.constexpr):
 def _store_release(addrs, values, mask, INTERPRET: tl.constexpr):
     """``*addrs = values`` where ``mask``, release, system scope (plain stores)."""
     if INTERPRET:
-        tl.atomic_xchg(addrs.to(tl.pointer_type(tl.int64)), values, mask=mask, sem="release", scope="sys")
+        tl.atomic_xchg(as_ptr(addrs, tl.int64), values, mask=mask, sem="release", scope="sys")
     else:
         tl.inline_asm_elementwise(
             """{ .reg .pred %p; setp.ne.s32 %p, $2, 0; @%p st.release.sys.global.b64 [$1], $3; mov.u32 $0, 0; }""",
@@ -80,9 +89,9 @@ def _store_header_release(hdr, tag, nbytes, flag, value, INTERPRET: tl.constexpr
     """Write a channel header (tag, nbytes) at ``hdr``, then ``*flag = value`` (release):
     one thread does both, so whoever acquires the flag sees the header."""
     if INTERPRET:
-        tl.store(hdr.to(tl.pointer_type(tl.int64)), tag)
-        tl.store(hdr.to(tl.pointer_type(tl.int64)) + 1, nbytes)
-        tl.atomic_xchg(flag.to(tl.pointer_type(tl.int64)), value, sem="release", scope="sys")
+        tl.store(as_ptr(hdr, tl.int64), tag)
+        tl.store(as_ptr(hdr, tl.int64) + 1, nbytes)
+        tl.atomic_xchg(as_ptr(flag, tl.int64), value, sem="release", scope="sys")
     else:
         tl.inline_asm_elementwise(
             """{ st.global.b64 [$1], $2; st.global.b64 [$1+8], $3;
@@ -95,8 +104,8 @@ def store_pair_release(a_addrs, a_values, b_addrs, b_values, mask, INTERPRET: tl
     """``*a_addrs = a_values`` (plain), then ``*b_addrs = b_values`` (release, system
     scope), where ``mask``: both by one thread per lane, so whoever acquires b sees a."""
     if INTERPRET:
-        tl.store(a_addrs.to(tl.pointer_type(tl.int64)), a_values, mask=mask)
-        tl.atomic_xchg(b_addrs.to(tl.pointer_type(tl.int64)), b_values, mask=mask, sem="release", scope="sys")
+        tl.store(as_ptr(a_addrs, tl.int64), a_values, mask=mask)
+        tl.atomic_xchg(as_ptr(b_addrs, tl.int64), b_values, mask=mask, sem="release", scope="sys")
     else:
         tl.inline_asm_elementwise(
             """{ .reg .pred %p; setp.ne.s32 %p, $2, 0;
@@ -145,7 +154,7 @@ def is_broken(host, mirror):
     """Whether the group is broken: the BROKEN word of my workspace (``mirror``, an int64
     address; 0: none, then the control page's STATUS, over PCIe)."""
     if mirror != 0:
-        status = tl.load(mirror.to(tl.pointer_type(tl.int64)), volatile=True)
+        status = tl.load(as_ptr(mirror, tl.int64), volatile=True)
     else:
         status = tl.load(host + 1, volatile=True)
     return status != 0
@@ -160,7 +169,7 @@ def give_up(host, mirror, state, op_id, what, peers):
     tl.store(host + 4, peers)  # FAIL_PEERS
     tl.store(host + 1, state)  # STATUS
     if mirror != 0:
-        tl.store(mirror.to(tl.pointer_type(tl.int64)), tl.zeros([], tl.int64) + state)
+        tl.store(as_ptr(mirror, tl.int64), tl.zeros([], tl.int64) + state)
 
 
 # -- kernels ------------------------------------------------------------------------------------
@@ -172,13 +181,13 @@ def barrier_kernel(controls, rank, host_addr, op_id, fprint, timeout_ns, max_spi
     compare my FPRINT[e % 2][r] with ``fprint``.  ``controls``: int64 addresses of every
     rank's workspace (index = group rank).  ``epoch`` > 0: e itself (the executor counts
     the group's barriers, fused kernels' included); 0: e = my EPOCH word + 1."""
-    host = host_addr.to(tl.pointer_type(tl.int64))
+    host = as_ptr(host_addr, tl.int64)
     base = tl.load(controls + rank)
     mirror = base + 8  # BROKEN
     if not is_broken(host, mirror):
         lanes = tl.arange(0, WP)
         mask = lanes < W
-        epoch_ptr = base.to(tl.pointer_type(tl.int64))  # EPOCH = 0
+        epoch_ptr = as_ptr(base, tl.int64)  # EPOCH = 0
         e = tl.load(epoch_ptr) + 1
         if epoch > 0:
             e = epoch.to(tl.int64)
@@ -208,7 +217,7 @@ def post_kernel(flag_addr, value, hdr_addr, tag, nbytes, host_addr, mirror,
                 HEADER: tl.constexpr, INTERPRET: tl.constexpr):
     """``*flag_addr = value`` (release), after writing the channel header at ``hdr_addr``
     when ``HEADER``.  Skipped once the group is broken (``mirror``: my BROKEN word)."""
-    host = host_addr.to(tl.pointer_type(tl.int64))
+    host = as_ptr(host_addr, tl.int64)
     if not is_broken(host, mirror):
         one = tl.zeros([1], tl.int64)
         if HEADER:
@@ -224,14 +233,14 @@ def wait_kernel(flag_addr, target, hdr_addr, expect_tag, expect_nbytes, peer, ho
     """Wait until ``*flag_addr >= target`` (a local word that peer ``peer`` stores into);
     then, when ``HEADER``, check the sender's channel header at ``hdr_addr``: another
     size breaks the group (SIZE_MISMATCH), another tag is recorded (TAG_*)."""
-    host = host_addr.to(tl.pointer_type(tl.int64))
+    host = as_ptr(host_addr, tl.int64)
     if not is_broken(host, mirror):
         one = tl.zeros([1], tl.int64)
         state = _spin(one + flag_addr, one == 0, target, host, timeout_ns, max_spins, INTERPRET)
         if state != 0:
             give_up(host, mirror, state, op_id, what, tl.full([], 1, tl.int64) << peer)
         elif HEADER:
-            hdr = hdr_addr.to(tl.pointer_type(tl.int64))
+            hdr = as_ptr(hdr_addr, tl.int64)
             got_tag = tl.load(hdr, volatile=True)
             got_nbytes = tl.load(hdr + 1, volatile=True)
             if got_nbytes != expect_nbytes:
@@ -280,13 +289,13 @@ def reduce_kernel(rows, offset, out_addr, n, W: tl.constexpr, OP: tl.constexpr, 
     out = acc.to(DT)
     if RAW != DT:
         out = out.to(RAW, bitcast=True)
-    tl.store(out_addr.to(tl.pointer_type(RAW)) + offs, out, mask=mask)
+    tl.store(as_ptr(out_addr, RAW) + offs, out, mask=mask)
 
 
 @triton.jit
 def _load_row(rows, r, offset, offs, mask, DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr,
               BOOL: tl.constexpr):
-    row = (tl.load(rows + r) + offset).to(tl.pointer_type(RAW))
+    row = as_ptr(tl.load(rows + r) + offset, RAW)
     x = tl.load(row + offs, mask=mask, other=0)
     if RAW != DT:
         x = x.to(DT, bitcast=True)

@@ -46,6 +46,12 @@ class Lanes:
         # the fused all_reduce kernels' shape: warps a block (at least a thread per rank), blocks
         self.fused = (max(config.get("CHORUS_CUDA_FUSED_WARPS"), -(-self.world // 32)),
                       config.get("CHORUS_CUDA_FUSED_BLOCKS"))
+        per_thread = config.get("CHORUS_CUDA_TWO_SHOT_PER_THREAD")
+        if per_thread & (per_thread - 1):
+            raise ValueError(f"CHORUS_CUDA_TWO_SHOT_PER_THREAD={per_thread}: a power of two is needed "
+                             "(the kernels' step is 32 x warps x this many elements); e.g. 8, 16 or 32, "
+                             "or 0 (by size)")
+        self.two_shot_per_thread = per_thread  # 0: the algorithm's choice by size
         self.rounds = 0
         # barriers enqueued so far (every rank enqueues the same ones: the epochs agree);
         # the workspace's check made the first ones
@@ -98,19 +104,36 @@ class Lanes:
         if recorder.current is not None:
             recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype))
 
-    def all_reduce_fused(self, kind: str, inp: int, out: int, n: int) -> None:
+    def all_reduce_fused(self, kind: str, inp: int, out: int, n: int, per_thread: int = 8) -> None:
         """One launch: ``out[:n]`` = op over ranks of ``inp[:n]`` through this round's
-        slots (``kind`` "one_shot" or "two_shot": chorus.cuda.fused), with its own
-        barrier(s) at the group's next epoch(s)."""
+        slots (``kind``: one of chorus.cuda.launchers.FUSED_KINDS), with its own barrier(s)
+        at the group's next epoch(s); a two-shot kernel's threads move ``per_thread``
+        elements a step (CHORUS_CUDA_TWO_SHOT_PER_THREAD, when set, instead)."""
         if n <= 0:
             return
         t = time.perf_counter()
+        extra = {} if kind == "one_shot" else {"per_thread": self.two_shot_per_thread or per_thread}
         self.epoch += self.k.all_reduce_fused(
             kind, inp, out, n, self.controls_addr, self.layout.slot_at(self.rounds & 1), self.rank, self.world,
             self.host, self.op_id, self.fprint, self.epoch + 1, self.timeout_ns, self.reduce_op, self.dtype,
-            stream=self.stream, warps=self.fused[0], blocks=self.fused[1])
+            stream=self.stream, warps=self.fused[0], blocks=self.fused[1], **extra)
         if recorder.current is not None:
             recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype), algorithm=kind)
+
+    def rows_fused(self, kind: str, inp: int, out: int, m: int, stride: int, big_n: int, item: int) -> None:
+        """One launch: a round of the fused ``kind`` ("all_gather" or "reduce_scatter":
+        chorus.cuda.gather) through this round's slots, with its barrier at the group's
+        next epoch."""
+        if m <= 0:
+            return
+        t = time.perf_counter()
+        self.epoch += self.k.rows_fused(
+            kind, inp, out, m, stride, big_n, self.controls_addr, self.layout.slot_at(self.rounds & 1), self.rank,
+            self.world, self.host, self.op_id, self.fprint, self.epoch + 1, self.timeout_ns, self.reduce_op,
+            self.dtype, item, stream=self.stream, warps=self.fused[0], blocks=self.fused[1])
+        if recorder.current is not None:
+            recorder.transfer("copy" if kind == "all_gather" else "reduce", self.ctx, "cuda", t, m * item,
+                              algorithm="fused")
 
     def send_chunk(self, peer: int, src: int, nbytes: int, tag: int, total: int) -> None:
         """Chunk s of my channel to ``peer`` (parity s % 2): wait until ``peer`` took

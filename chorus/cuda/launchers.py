@@ -13,7 +13,9 @@ import triton.language as tl
 
 from chorus import config
 from chorus.cuda import layout as L
-from chorus.cuda.fused import one_shot_kernel, two_shot_kernel
+from chorus.cuda.algorithms import GATHER_ITEMS
+from chorus.cuda.fused import one_shot_kernel, two_shot_kernel, two_shot_stores_kernel
+from chorus.cuda.gather import all_gather_kernel, reduce_scatter_kernel
 from chorus.cuda.kernels import (
     INTERPRET,
     NEVER,
@@ -105,22 +107,27 @@ HINTS = config.get("CHORUS_CUDA_HINTS")
 
 
 _PLANS: dict = {}  # all_reduce_fused's per-shape launch plans
+#: the fused all_reduce kernels by name (chorus.cuda.fused)
+FUSED_KINDS = ("one_shot", "two_shot", "two_shot_push", "two_shot_stores")
 _SMALL = (1 << 31) - 2
 
 
 def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, slot_off: int, rank: int,
                      world: int, host_addr: int, op_id: int, fprint: int, epoch: int, timeout_ns: int, op: str,
                      dtype: str, max_spins: int = NEVER, stream: int | None = None, warps: int = 4,
-                     blocks: int = L.MAX_BLOCKS) -> int:
-    """Launch the one-shot (``kind`` "one_shot") or two-shot ("two_shot") all_reduce
-    kernel of ``n`` elements from ``inp`` into ``out`` (addresses on this device) through
-    this rank's slot at ``slot_off``; its barriers are epochs ``epoch`` (and ``epoch`` +
-    1: two-shot).  Returns the number of barriers it uses (1 or 2).  ``warps`` per block
-    (at least ``world`` threads), at most ``blocks`` blocks.  What depends only on the
-    shape is planned once (geometry, types, the launch key's fixed part)."""
+                     blocks: int = L.MAX_BLOCKS, per_thread: int = PER_THREAD) -> int:
+    """Launch the one-shot (``kind`` "one_shot") or two-shot ("two_shot"; "two_shot_push":
+    its all-gather by stores; "two_shot_stores": both halves by stores, through a slot
+    twice the message's size) all_reduce kernel of ``n`` elements from
+    ``inp`` into ``out`` (addresses on this device) through this rank's slot at
+    ``slot_off``; its barriers are epochs ``epoch`` (and ``epoch`` + 1: two-shot).
+    Returns the number of barriers it uses (1 or 2).  ``warps`` per block (at least
+    ``world`` threads), at most ``blocks`` blocks, ``per_thread`` elements a thread per
+    step (a power of two).  What depends only on the shape is planned once (geometry,
+    types, the launch key's fixed part)."""
     aligned = not (inp | out) & 15
     pkey = (kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS, warps,
-            blocks)
+            blocks, per_thread)
     plan = _PLANS.get(pkey)
     if plan is None:
         plan = _fused_plan(pkey)
@@ -135,33 +142,89 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
             raise
         _no_hints(exc)
         return all_reduce_fused(kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
-                                epoch, timeout_ns, op, dtype, max_spins, stream, warps, blocks)
+                                epoch, timeout_ns, op, dtype, max_spins, stream, warps, blocks, per_thread)
     return barriers
 
 
-def clear_plans() -> None:
-    """Forget all_reduce_fused's plans (a tool that changes the layout's geometry)."""
-    _PLANS.clear()
-
-
 def _fused_plan(pkey: tuple) -> tuple:
-    kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, hints, warps, blocks \
-        = pkey
+    kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, hints, warps, blocks, \
+        per_thread = pkey
     if len(_PLANS) >= 4096:
         _PLANS.clear()
     if warps * 32 < world or not 1 <= blocks <= L.MAX_BLOCKS:
         raise ValueError(f"a fused all_reduce of {world} ranks needs {world} threads a block and 1..{L.MAX_BLOCKS} "
                          f"blocks, not {warps} warps and {blocks} blocks")
+    if kind not in FUSED_KINDS:
+        raise ValueError(f"no fused all_reduce kernel {kind!r}: {', '.join(FUSED_KINDS)}")
+    if per_thread < 1 or per_thread & (per_thread - 1):
+        raise ValueError(f"a fused kernel's thread moves a power of two of elements a step, not {per_thread}")
     dt, raw, acc, is_bool, red = _ops(op, dtype)
     wp = max(2, _pow2(world))
-    step = 32 * PER_THREAD * warps
+    step = 32 * per_thread * warps
     tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, step, hints and aligned, hints, INTERPRET)
     if kind == "one_shot":
         grid, per = L.one_shot_geometry(n, blocks, step)
         plan = (one_shot_kernel, grid, (n, per, rank, host_addr), tail, 1)
+    elif kind == "two_shot_stores":
+        grid, per, piece = L.two_shot_geometry(n, world, blocks, step)
+        plan = (two_shot_stores_kernel, grid, (n, per, piece, rank, host_addr), tail, 2)
     else:
         grid, per, piece = L.two_shot_geometry(n, world, blocks, step)
-        plan = (two_shot_kernel, grid, (n, per, piece, rank, host_addr), tail, 2)
+        plan = (two_shot_kernel, grid, (n, per, piece, rank, host_addr), (*tail, kind == "two_shot_push"), 2)
+    _PLANS[pkey] = plan
+    return plan
+
+
+#: element size -> how all_gather moves elements of a dtype it needs not reduce
+_RAW_BY_SIZE = {1: tl.uint8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
+
+
+def rows_fused(kind: str, inp: int, out: int, m: int, stride: int, big_n: int, controls_addr: int, slot_off: int,
+               rank: int, world: int, host_addr: int, op_id: int, fprint: int, epoch: int, timeout_ns: int, op: str,
+               dtype: str, item: int, max_spins: int = NEVER, stream: int | None = None, warps: int = 4,
+               blocks: int = L.MAX_BLOCKS) -> int:
+    """Launch one round of the fused ``kind`` ("all_gather" or "reduce_scatter",
+    chorus.cuda.gather): ``m`` elements of each rank's block, rows ``stride`` elements
+    apart in the slot at ``slot_off``, blocks of ``big_n`` elements in the op's
+    W-block buffer; ``inp``/``out`` already point at the round's first element.  One
+    barrier, at ``epoch``; returns 1."""
+    aligned_in = not inp & 15 and (kind == "all_gather" or big_n % L.GRAIN == 0)
+    aligned_out = not out & 15 and (kind == "reduce_scatter" or big_n % L.GRAIN == 0)
+    pkey = (kind, m, stride, big_n, dtype, op, world, aligned_in, aligned_out, controls_addr, rank, host_addr,
+            timeout_ns, max_spins, HINTS, warps, blocks)
+    plan = _PLANS.get(pkey)
+    if plan is None:
+        plan = _rows_plan(pkey, item)
+    kernel, grid, head, tail = plan
+    fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
+    args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, *tail)
+    launch(kernel, (pkey, slot_off <= _SMALL and op_id <= _SMALL and epoch <= _SMALL, _fits(fprint)), grid, args,
+           warps, stream)
+    return 1
+
+
+def _rows_plan(pkey: tuple, item: int) -> tuple:
+    kind, m, stride, big_n, dtype, op, world, aligned_in, aligned_out, controls_addr, rank, host_addr, timeout_ns, \
+        max_spins, hints, warps, blocks = pkey
+    if len(_PLANS) >= 4096:
+        _PLANS.clear()
+    if warps * 32 < world or not 1 <= blocks <= L.MAX_BLOCKS:
+        raise ValueError(f"a fused {kind} of {world} ranks needs {world} threads a block and 1..{L.MAX_BLOCKS} "
+                         f"blocks, not {warps} warps and {blocks} blocks")
+    wp = max(2, _pow2(world))
+    step = 32 * PER_THREAD * warps
+    grid, per = L.one_shot_geometry(m, blocks, step)
+    head = (m, per, stride, big_n, rank, host_addr)
+    if kind == "all_gather":
+        raw = _TYPES[dtype][1] if dtype in _TYPES else _RAW_BY_SIZE[item]
+        tail = (timeout_ns, max_spins, world, wp, raw, step, hints and aligned_in, hints and aligned_out, hints,
+                INTERPRET)
+        plan = (all_gather_kernel, grid, head, tail)
+    else:
+        dt, raw, acc, is_bool, red = _ops(op, dtype)
+        tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, step, hints and aligned_in,
+                hints and aligned_out, hints, INTERPRET)
+        plan = (reduce_scatter_kernel, grid, head, tail)
     _PLANS[pkey] = plan
     return plan
 
@@ -228,3 +291,4 @@ assert (L.BARRIER, L.BROKEN, L.STATUS, L.FAIL_OP, L.FAIL_WHAT, L.FAIL_PEERS, L.A
 assert (L.FAIL_EXPECT, L.FAIL_GOT, L.TAG_OP, L.TAG_PEER, L.TAG_EXPECT, L.TAG_GOT) == (5, 6, 8, 9, 10, 11)
 assert (L.FPRINT, L.FPRINT_PARITY, L.FAIL_FP, L.MISMATCH) == (2560, 512, 7, 4)
 assert (L.BLOCKS, L.BLOCK_STRIDE) == (4096, 1536), "the fused kernels hard-code these offsets"
+assert frozenset(_RAW_BY_SIZE) == GATHER_ITEMS, "the fused all_gather's element sizes"

@@ -204,7 +204,17 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool
 
     ``fn`` must be picklable (a module-level function) for the ``spawn`` start method.
     Returns None when ``join`` is True (after every process finished), else the
-    :class:`SpawnContext`.
+    :class:`SpawnContext`::
+
+        def worker(i, world):                       # process i of nprocs
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+            chorus.init_process_group("gloo", rank=i, world_size=world)
+            ...
+
+        chorus.spawn(worker, args=(4,), nprocs=4)   # worker(0, 4) .. worker(3, 4)
+
+    If a process raises, the others are stopped and ``spawn`` raises
+    :class:`ProcessRaisedException` with that process's traceback.
     """
     if nprocs < 1:
         raise InvalidArgumentError(f"spawn(nprocs={nprocs}): needs at least 1 process")

@@ -40,7 +40,7 @@ op) AbortedError; anything else (EPERM after a successful probe, ENOMEM, ...)
 destination sits a few bytes past its source, modulo a 4 KiB page, runs 4-10x slower
 than at any other offset: glibc's ``memmove`` and numpy's copy (256 KiB in 93-96 us
 against 8-12 us) as well as the kernel's copy behind ``process_vm_readv``
-(``bench/skew_probe.py``; Intel hosts showed no such step).  Two numpy buffers from the
+(``tools/skew_probe.py``; Intel hosts showed no such step).  Two numpy buffers from the
 heap sit at random 16-byte offsets, so single copy between them was slow in one run and
 not the next.  Where chorus chooses an address (the window's data area:
 chorus.shm.window.SKEW; single copy's scratch) it keeps away from them; where two user
@@ -77,7 +77,7 @@ SLOW_BYTES = 64
 #: the slow string copy only in between (at skew 16: 64 KiB 35 us against 3, 256 KiB 126
 #: against 10; 1 MiB 54 against 45, 4 MiB 170 against 177: no step), and below, the
 #: bounce's Python costs more than it saves (32 KiB: 22 us against 16; 64 KiB 28 against
-#: 41, 256 KiB 45 against 146).  (bench/skew_probe.py)
+#: 41, 256 KiB 45 against 146).  (tools/skew_probe.py)
 MIN_BYTES = 64 << 10
 MAX_BYTES = 512 << 10
 #: A bounced user-space copy moves in pieces of this size (they stay in the first-level caches).

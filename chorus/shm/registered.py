@@ -133,7 +133,11 @@ def empty_shared(shape, dtype=np.float32) -> np.ndarray:
     """A new, uninitialised numpy array in its own shared-memory file (``memfd``),
     registered: the shared-memory collectives move it with plain loads and stores
     between ranks of one host (chorus.shm.mapped).  Use it for buffers that are
-    communicated again and again."""
+    communicated again and again.
+
+    every rank: buf = chorus.empty_shared(1 << 20); buf[:] = grads; chorus.all_reduce(buf)
+      -> every rank's buf holds the sum; keep buf and reuse it for the next all_reduce
+    """
     dtype = np.dtype(dtype)
     nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
     fd = os.memfd_create("chorus-registered", os.MFD_CLOEXEC)

@@ -87,6 +87,9 @@ class TCPStore(Store):
     one process share the server of one port.  ``token`` (else $CHORUS_TOKEN) must match
     the server's.  Other torch keyword arguments (``use_libuv``, ...) are accepted and
     ignored.
+
+    rank 0: store = TCPStore("10.0.0.1", 29500, 2, is_master=True); store.set("k", "v")
+    rank 1: store = TCPStore("10.0.0.1", 29500, 2); store.get("k") -> b"v"
     """
 
     def __init__(self, host_name: str, port: int, world_size: int | None = None,

@@ -35,6 +35,11 @@ TORCH_DIR="$OUT/torch_variant"
 rm -rf "$TORCH_DIR" && mkdir -p "$TORCH_DIR"
 cp "$SEEDS"/*.py "$TORCH_DIR/"
 sed -i -E 's/^import chorus as dist\b.*$/import torch.distributed as dist/' "$TORCH_DIR"/*.py
+# basic_collectives.py hands CPU tensors to an "nccl" group: torch's NCCL refuses them
+# ("No backend type associated with device type cpu"), while a chorus group takes CPU and
+# CUDA tensors whatever its backend's name; its torch run uses gloo, which prints what the
+# seed means to print
+sed -i 's/backend="nccl"/backend="gloo"/' "$TORCH_DIR/basic_collectives.py"
 if grep -qE '^\s*(import|from)\s+chorus\b' "$TORCH_DIR"/*.py; then
     echo "run_on_gpus.sh: the torch copy still imports chorus" >&2
     exit 1

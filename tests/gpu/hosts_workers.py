@@ -31,7 +31,8 @@ def run(rank: int, world: int, port: int, steps: int, seed: int, out: str) -> No
     pg = current().default_group
     comp = pg.device_components["cuda"]
     facts = {"staged": comp.lanes is None, "reason": comp.staging_reason, "hierarchical": pg.hierarchy is not None,
-             "first_sum_right": bool((x == sum(range(1, world + 1))).all())}
+             "first_sum_right": bool((x == sum(range(1, world + 1))).all()), "component": type(comp).__name__,
+             "rails": getattr(comp, "kind", None)}
     prog = api_workers.Program(rank, world, seed)
     for i in range(steps):
         prog.step(i)

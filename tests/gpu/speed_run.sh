@@ -12,7 +12,9 @@
 #   3. calibrate: chorus's all_reduce one_shot vs two_shot vs copy_reduce, 16 KiB .. 8 MiB
 #      (the ONE_SHOT_MAX_BYTES threshold of chorus/cuda/algorithms.py); then all_reduce
 #      1 MiB .. 256 MiB with 8 and 16 warps a block of the fused kernels
-#   4. all_gather, reduce_scatter bf16, 1 KiB .. 256 MiB (x4)
+#   4. all_reduce 16 MiB .. 1 GiB on two simulated hosts (CHORUS_HOST_ID=a,a,b,b) through
+#      chorus.cuda.rails' NCCL rails, against flat NCCL; all_gather, reduce_scatter bf16,
+#      1 KiB .. 256 MiB (x4)
 #   5. broadcast and all_to_all bf16, 1 KiB .. 64 MiB (x8)
 # then a compact table per part: size, chorus us (GPU), chorus cpu us, nccl us, nccl/chorus,
 # symm us, #wrong.  Exits non-zero unless every part passed.
@@ -92,6 +94,10 @@ bench calibrate 30 --collective all_reduce -b 16K -e 8M -f 2 -n 200 -w 20 --base
 # the fused kernels' shape (CHORUS_CUDA_FUSED_WARPS, default 4) where bandwidth rules
 CHORUS_CUDA_FUSED_WARPS=8 bench warps8 30 --collective all_reduce -b 1M -e 256M -f 4 -n 50 -w 5 --scale-iters
 CHORUS_CUDA_FUSED_WARPS=16 bench warps16 30 --collective all_reduce -b 1M -e 256M -f 4 -n 50 -w 5 --scale-iters
+# two simulated hosts of two GPUs: chorus inside each, NCCL rails between (chorus.cuda.rails),
+# against torch's flat NCCL group on the same 4 GPUs
+CHORUS_HOST_ID=a,a,b,b CHORUS_CUDA_RAILS=nccl bench rails 40 --collective all_reduce -b 16M -e 1G -f 4 -n 50 -w 5 \
+    --scale-iters
 bench all_gather 35 --collective all_gather -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
 bench reduce_scatter 35 --collective reduce_scatter -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
 bench broadcast 20 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
@@ -114,7 +120,7 @@ def load(name):
     except (OSError, ValueError):
         return None
 
-for name in ("all_reduce", "warps8", "warps16", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
+for name in ("all_reduce", "warps8", "warps16", "rails", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
     doc = load(name)
     if doc is None:
         print(f"\n== {name}: no results (see {name}.log)")

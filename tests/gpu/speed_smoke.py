@@ -1,5 +1,5 @@
 """A quick correctness check of chorus.cuda's fused all_reduce paths against NCCL, one
-process per GPU: every algorithm (auto, one_shot, two_shot, copy_reduce up to 1 MiB),
+process per GPU: every algorithm (auto, one_shot, two_shot, two_shot_push, copy_reduce up to 1 MiB),
 bfloat16 and float32, sizes 8 B .. 64 MiB (x4) plus odd counts, through the public API,
 the component's lane (all_reduce_now) and async_op; integer-valued data, so the results
 must equal NCCL's bit for bit.  Prints one compact line per (dtype, algorithm) and a
@@ -53,7 +53,7 @@ def rank_main(rank, world, ports, max_bytes, queue):
     for dtype in (torch.bfloat16, torch.float32):
         item = dtype.itemsize
         counts = sorted({max(1, s // item) for s in sizes} | {1, 3, 1001, 65537, 1000003})
-        for algo in ("auto", "one_shot", "two_shot", "copy_reduce", "lane", "async"):
+        for algo in ("auto", "one_shot", "two_shot", "two_shot_push", "copy_reduce", "lane", "async"):
             wrong = checked = 0
             error = ""
             t0 = time.perf_counter()
@@ -81,6 +81,9 @@ def rank_main(rank, world, ports, max_bytes, queue):
                     traceback.print_exc()
                     break
             results.append((str(dtype)[6:], algo, checked, wrong, error, time.perf_counter() - t0))
+            # as it goes (stderr): a run killed at its time limit still shows how far each rank got
+            print(f"rank {rank}: {str(dtype)[6:]} {algo}: {checked} sizes, {wrong} wrong, "
+                  f"{time.perf_counter() - t0:.1f} s{' ' + error if error else ''}", file=sys.stderr, flush=True)
             if error:
                 break
         if any(r[4] for r in results):

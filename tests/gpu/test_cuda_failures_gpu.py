@@ -3,7 +3,8 @@ one process per GPU (tests/gpu/failure_workers.py, started with subprocess):
 
 * a rank SIGKILLed in the middle of a loop of large all_reduces: every other rank raises
   PeerLostError within 5 s of the kill, every process exits by itself, and none of the
-  job's processes is left on a GPU;
+  job's processes is left on a GPU (on one host, and on two simulated hosts whose
+  all_reduce crosses NCCL rails);
 * rank 1 all-gathers where the others all-reduce: CollectiveMismatchError on every rank,
   naming both calls, within seconds (the group's timeout is 60 s), at the op's
   ``Work.synchronize()``, at the next CUDA call and at the next CPU call of the group.
@@ -107,7 +108,13 @@ def read(tmp_path, rank: int) -> dict:
     return json.loads((tmp_path / f"rank{rank}.json").read_text())
 
 
-def test_sigkill_mid_all_reduce(job, tmp_path):
+@pytest.mark.parametrize("hosts", [None, "a,a,b,b"], ids=["one-host", "two-hosts-rails"])
+def test_sigkill_mid_all_reduce(hosts, job, tmp_path, monkeypatch):
+    """(two-hosts-rails: two simulated hosts of two GPUs, all_reduce through the NCCL rails
+    between them: chorus.cuda.rails aborts them.)"""
+    if hosts:
+        monkeypatch.setenv("CHORUS_HOST_ID", hosts)
+        monkeypatch.setenv("CHORUS_CUDA_RAILS", "nccl")
     procs = job("kill")
     deadline = time.monotonic() + 120
     while True:  # every rank past its first 3 (checked) all_reduces
