@@ -237,11 +237,14 @@ SETTINGS: dict[str, Setting] = _declare(
                     "claiming more is refused before anything is allocated and its sender is "
                     "disconnected, so every rank fails; unset: this host's physical memory"),
     Setting("CHORUS_HANDSHAKE_TIMEOUT", "float", 10.0, minimum=0.1, unit="seconds",
-            meaning="an incoming transport connection must finish its whole handshake (token "
-                    "proof, HELLO, shared-memory offer) within this time, or it is closed"),
+            meaning="an incoming transport or store connection must finish its whole handshake "
+                    "(token proof; for the transport HELLO and shared-memory offer too) within this "
+                    "time, or it is closed"),
     Setting("CHORUS_MAX_PENDING_CONNECTIONS", "int", 64, minimum=1, unit="connections",
-            meaning="incoming transport connections a rank handshakes at once; more wait in the "
-                    "listen backlog until one finishes or times out (a flood costs no more)"),
+            meaning="incoming connections a rank's transport (and a store server) handshakes at "
+                    "once, and at most an eighth of the open-file limit; with no room the oldest "
+                    "that sent nothing for 0.25 s is shed, else the next waits in the listen "
+                    "backlog (a flood costs no more)"),
     Setting("CHORUS_STORE_MAX_VALUE_BYTES", "int", 1 * MIB, minimum=0, unit="bytes",
             meaning="the largest value (and, plus 64 KiB for keys, request) the store accepts "
                     "from a client that did not prove the job token; larger ones get an error"),

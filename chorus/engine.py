@@ -125,7 +125,7 @@ def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: 
         transport.wait_all(handles, ctx.deadline, ctx.describe, label=ctx.label)
         if started:
             _report(step, ctx, buffers, started, algorithm)
-    transport.finished(ctx.group, ctx.seq)
+    transport.finished(ctx.group, ctx.seq, ctx.fingerprint)
 
 
 def _report(step, ctx: OpContext, buffers: dict[str, np.ndarray], started: float, algorithm: str) -> None:

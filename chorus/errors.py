@@ -85,7 +85,17 @@ class BufferMismatchError(ChorusError, ValueError):
 
 
 class CollectiveMismatchError(ChorusError):
-    """Ranks of one group called different collectives at the same sequence number."""
+    """Ranks of one group called different collectives at the same sequence number.
+
+    The message names each distinct call and the ranks that made it.  ``group`` is the
+    group's id and ``expect`` this rank's (op number, fingerprint) where it raised (None
+    if not known, or outside a collective).
+    """
+
+    def __init__(self, message: str, group: int | None = None, expect: tuple[int, int] | None = None):
+        super().__init__(message)
+        self.group = group
+        self.expect = expect
 
 
 class ConcurrentCallError(ChorusError):

@@ -14,6 +14,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from chorus import config
 from chorus.errors import AuthenticationError, ProtocolError, RendezvousError
@@ -199,6 +200,31 @@ def _label(purpose: bytes) -> str:
     return f"{purpose.decode(errors='replace')} connection"
 
 
+class Unanswered(ProtocolError):
+    """The server closed the connection before answering the handshake: it shed it (no
+    room while it handshakes a flood of connections; see Pending).  Worth trying again."""
+
+
+def connect_and_handshake(host: str, port: int, token: bytes | None, purpose: bytes,
+                          timeout: float) -> socket.socket:
+    """``connect`` then ``client_handshake``, within ``timeout`` seconds in all; a
+    connection the server sheds before answering is made again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = connect(host, port, max(0.1, deadline - time.monotonic()))
+        try:
+            client_handshake(sock, token, purpose, max(1.0, deadline - time.monotonic()))
+            return sock
+        except Unanswered:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+        except BaseException:
+            sock.close()
+            raise
+
+
 def client_handshake(sock: socket.socket, token: bytes | None, purpose: bytes,
                      timeout: float) -> None:
     """Run the connecting side of the handshake; return once the server is accepted.
@@ -209,11 +235,13 @@ def client_handshake(sock: socket.socket, token: bytes | None, purpose: bytes,
     """
     hs = ClientHandshake(token, purpose)
     deadline = time.monotonic() + timeout
+    answered = False
     with _socket_timeout(sock, timeout):
         try:
             sock.sendall(hs.initial_bytes())
             while not hs.done:
                 out = hs.receive(recv_exact(sock, hs.bytes_needed(), deadline))
+                answered = True
                 if out:
                     sock.sendall(out)
         except TimeoutError:
@@ -222,6 +250,8 @@ def client_handshake(sock: socket.socket, token: bytes | None, purpose: bytes,
                 f"chorus {purpose.decode(errors='replace')} endpoint, or it is overloaded"
             ) from None
         except ConnectionError as e:
+            if not answered:
+                raise Unanswered(f"{_peer(sock)} closed the {_label(purpose)} before it answered ({e})") from e
             raise ProtocolError(
                 f"{_peer(sock)} closed the {_label(purpose)} during the handshake ({e}); "
                 f"check that it is a chorus endpoint of the same version and job"
@@ -231,8 +261,9 @@ def client_handshake(sock: socket.socket, token: bytes | None, purpose: bytes,
 
 
 def server_handshake(sock: socket.socket, token: bytes | None, purpose: bytes,
-                     timeout: float) -> None:
+                     timeout: float, opened: Callable[[], None] | None = None) -> None:
     """Run the accepting side of the handshake; return once the client is accepted.
+    ``opened()`` runs once the client's opening message (its HELLO) has arrived.
 
     Raises ProtocolError (wrong magic, version or purpose; a client silent or too slow to
     finish within ``timeout`` seconds in all, however it trickles its bytes) or
@@ -245,6 +276,9 @@ def server_handshake(sock: socket.socket, token: bytes | None, purpose: bytes,
             while not hs.done:
                 out = hs.receive(recv_exact(sock, hs.bytes_needed(), deadline))
                 if out:
+                    if opened is not None:
+                        opened()
+                        opened = None
                     sock.sendall(out)
                 if hs.error is not None:
                     raise hs.error
@@ -264,3 +298,82 @@ def server_handshake(sock: socket.socket, token: bytes | None, purpose: bytes,
             ) from e
     if not hs.authenticated:
         warn_unauthenticated_once(_label(purpose))
+
+
+#: A connection that has not sent its opening handshake message this long after it was
+#: accepted may be shed to admit a newer one (a rank sends its own at once).
+SHED_AFTER_S = 0.25
+
+
+def pending_limit() -> int:
+    """How many incoming connections a server handshakes at once: CHORUS_MAX_PENDING_CONNECTIONS,
+    and at most an eighth of this process's open-file limit (a rank has a transport and
+    often a store server; each must leave descriptors for the job's own files and sockets)."""
+    limit = config.get("CHORUS_MAX_PENDING_CONNECTIONS")
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return limit
+    return limit if soft == resource.RLIM_INFINITY else max(4, min(limit, soft // 8))
+
+
+class Pending:
+    """The incoming connections a server is handshaking, oldest first: at most ``limit``
+    (``pending_limit()``).  A server with no room sheds the oldest that has
+    not sent its opening message for SHED_AFTER_S (a flood's idle connection, or a
+    slow-loris), else waits for room: a flood then costs ``limit`` descriptors and drains
+    at ``limit / SHED_AFTER_S`` connections a second, and a rank's connection, which
+    opens at once, is never shed.  Thread-safe; the keys are the server's (sockets, ...)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.shed = 0  # connections shed so far
+        self._since: dict[object, float] = {}  # key -> when accepted, oldest first
+        self._opened: set[object] = set()
+        self._shed: set[object] = set()  # shed, until removed
+        self._cv = threading.Condition()
+
+    def add(self, key: object) -> None:
+        with self._cv:
+            self._since[key] = time.monotonic()
+
+    def opened(self, key: object) -> None:
+        """``key`` sent its opening message: it is never shed."""
+        with self._cv:
+            if key in self._since:
+                self._opened.add(key)
+
+    def remove(self, key: object) -> None:
+        """``key`` finished its handshake, or failed it."""
+        with self._cv:
+            self._since.pop(key, None)
+            self._opened.discard(key)
+            self._shed.discard(key)
+            self._cv.notify_all()
+
+    def was_shed(self, key: object) -> bool:
+        return key in self._shed
+
+    def room(self) -> tuple[bool, object | None, float]:
+        """(True, None, 0) while there is room; (True, victim, 0) when ``victim``, removed
+        here, must be shed to make room; else (False, None, seconds until one may be)."""
+        with self._cv:
+            if len(self._since) < self.limit:
+                return True, None, 0.0
+            now = time.monotonic()
+            for key, since in self._since.items():
+                if key not in self._opened:
+                    if now - since < SHED_AFTER_S:
+                        return False, None, SHED_AFTER_S - (now - since)
+                    del self._since[key]
+                    self._shed.add(key)
+                    self.shed += 1
+                    return True, key, 0.0
+            return False, None, SHED_AFTER_S
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` or until a connection leaves."""
+        with self._cv:
+            self._cv.wait(seconds)

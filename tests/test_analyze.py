@@ -85,8 +85,9 @@ def test_mismatch_side_by_side(tmp_path):
 
 
 def test_a_mismatch_told_by_a_peer_whose_culprit_left_no_dump(tmp_path):
-    error = ("CollectiveMismatchError: collective mismatch on group 0: rank 2 called broadcast(float32, "
-             "count=4, root=0) as op #1, but this rank (rank 0) called " + AR + " as op #1.")
+    error = ("CollectiveMismatchError: collective mismatch on group 0 (this rank is rank 0): ranks [0, 1] "
+             "called " + AR + " as op #1; rank 2 called broadcast(float32, count=4, root=0) as op #1. The group "
+             "is unusable from now on.")
     for r in (0, 1):
         write(tmp_path, r, [op(0), op(1, "failed", error=error)], members=(0, 1, 2))
     report = analyze(str(tmp_path))

@@ -1,7 +1,8 @@
 """Ranks that call different collectives get CollectiveMismatchError, on every rank, fast:
 on threads over the loopback transport and over shared-memory windows (every kind, 4
 ranks), and in real processes over TCP and over shared memory (every kind in one job, each
-on a group of its own: a mismatch leaves its group unusable)."""
+on a group of its own: a mismatch leaves its group unusable).  Every rank's message names
+each distinct call and the ranks that made it."""
 
 import threading
 import time
@@ -11,6 +12,8 @@ import pytest
 
 import chorus as dist
 from chorus.testing import run_processes, run_threads
+from chorus.transport.base import MISMATCH_SETTLE_S
+from chorus.wire.fingerprint import describe_calls, fingerprint, ranks_text
 
 KINDS = ["op", "dtype", "count", "root", "reduce_op"]
 TRANSPORTS = {"loopback": "tcp", "shm": "auto"}  # CHORUS_TRANSPORT
@@ -64,11 +67,30 @@ def _every_kind(rank, world):
     return out
 
 
-def _check(kind, results):
+#: The calls every rank's message names, with the ranks that made each (op #1: the
+#: barrier before it is op #0).  Ranks 0-3; one call per clause, by lowest rank.
+CALLS = {
+    "op": "rank 0 called all_reduce(float32, count=8, op=SUM) as op #1; "
+          "ranks [1-3] called broadcast(float32, count=8, root=0) as op #1",
+    "dtype": "ranks [0, 2, 3] called all_reduce(float32, count=8, op=SUM) as op #1; "
+             "rank 1 called all_reduce(float64, count=8, op=SUM) as op #1",
+    "count": "ranks [0, 2, 3] called all_reduce(float32, count=8, op=SUM) as op #1; "
+             "rank 1 called all_reduce(float32, count=9, op=SUM) as op #1",
+    "root": "ranks [0, 2, 3] called broadcast(float32, count=8, root=0) as op #1; "
+            "rank 1 called broadcast(float32, count=8, root=1) as op #1",
+    "reduce_op": "ranks [0, 1, 3] called all_reduce(float32, count=8, op=SUM) as op #1; "
+                 "rank 2 called all_reduce(float32, count=8, op=MAX) as op #1",
+}
+
+
+def _check(kind, results, world=4):
+    """Every rank raised within 2 s, naming itself and the same calls with their ranks."""
+    calls = CALLS[kind] if world == 4 else CALLS[kind].replace("ranks [1-3]", "ranks [1, 2]").replace(
+        "ranks [0, 2, 3]", "ranks [0, 2]").replace("ranks [0, 1, 3]", "ranks [0, 1]")
     for rank, (message, elapsed, _where) in enumerate(results):
-        assert "collective mismatch" in message, (kind, rank, message)
+        assert message.startswith("collective mismatch on group"), (kind, rank, message)
         assert elapsed < 2.0, (kind, rank, elapsed)
-        assert f"this rank (rank {rank}) called" in message, (kind, rank, message)
+        assert f"(this rank is rank {rank}): {calls}. The group is unusable" in message, (kind, rank, message)
 
 
 def _body_then_stay(rank, world, kind, everyone):
@@ -87,10 +109,11 @@ def test_mismatch_raises_on_every_rank_within_2s(kind, transport, monkeypatch):
     _check(kind, run_threads(_body_then_stay, 4, kind, threading.Barrier(4)))
 
 
-def test_mismatch_message_names_both_calls():
-    message = run_threads(_body_then_stay, 2, "count", threading.Barrier(2))[0][0]
-    assert "all_reduce(float32, count=9, op=SUM)" in message or "all_reduce(float32, count=8, op=SUM)" in message
-    assert "count=8" in message and "count=9" in message
+def test_mismatch_message_names_both_calls_and_who_made_each():
+    messages = [m for m, _, _ in run_threads(_body_then_stay, 2, "count", threading.Barrier(2))]
+    for rank, message in enumerate(messages):
+        assert (f"(this rank is rank {rank}): rank 0 called all_reduce(float32, count=8, op=SUM) as op #1; "
+                "rank 1 called all_reduce(float32, count=9, op=SUM) as op #1. ") in message, message
 
 
 @pytest.mark.slow
@@ -100,4 +123,39 @@ def test_mismatch_in_processes(transport, monkeypatch):
     results = run_processes(_every_kind, 3)
     assert [r.pop("world") for r in results] == [3] * 3
     for kind in KINDS:
-        _check(kind, [r[kind] for r in results])
+        _check(kind, [r[kind] for r in results], world=3)
+
+
+def test_calls_are_described_one_clause_per_call_with_the_ranks_that_made_it():
+    a = fingerprint("all_reduce", "float32", 1024, -1, "SUM")
+    b = fingerprint("broadcast", "float32", 1024, 0)
+    text = describe_calls({0: (1, a), 2: (1, a), 1: (1, b), 5: (2, b)}, range(8))
+    assert text == ("ranks [0, 2] called all_reduce(float32, count=1024, op=SUM) as op #1; "
+                    "rank 1 called broadcast(float32, count=1024, root=0) as op #1; "
+                    "rank 5 called broadcast(float32, count=1024, root=0) as op #2; ranks [3, 4, 6, 7]: not known")
+    assert ranks_text([0, 1, 2, 3, 5, 7, 8]) == "ranks [0-3, 5, 7, 8]"
+
+
+def test_a_member_that_never_reaches_the_op_is_named_as_not_known_after_a_second(monkeypatch):
+    """Ranks 0 and 1 disagree on the count; rank 2 stays out of the group's ops until
+    they have raised: they wait at most MISMATCH_SETTLE_S for its call, then name it.
+    (Between threads: over shared memory the first sync waits for every rank.)"""
+    monkeypatch.setenv("CHORUS_TRANSPORT", "tcp")
+    both_raised = threading.Barrier(3)
+
+    def body(rank, world):
+        dist.barrier()
+        if rank == 2:
+            both_raised.wait(30)
+            return None
+        started = time.monotonic()
+        with pytest.raises(dist.CollectiveMismatchError) as info:
+            dist.all_reduce(np.ones(8 + rank, np.float32))
+        elapsed = time.monotonic() - started
+        both_raised.wait(30)
+        return str(info.value), elapsed
+
+    for rank, (message, elapsed) in enumerate(run_threads(body, 3)[:2]):
+        assert (f"(this rank is rank {rank}): rank 0 called all_reduce(float32, count=8, op=SUM) as op #1; "
+                "rank 1 called all_reduce(float32, count=9, op=SUM) as op #1; rank 2: not known.") in message, message
+        assert MISMATCH_SETTLE_S - 0.1 < elapsed < MISMATCH_SETTLE_S + 1.0, elapsed

@@ -5,6 +5,7 @@ processes: a rank SIGKILLed mid-collective (ranks started by hand, and under cho
 chorusrun itself SIGKILLed mid-job, an oversubscribed host, no growth over 12,000 ops."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,21 +42,30 @@ def test_host_id_is_this_machine_and_its_dev_shm(monkeypatch):
     assert identity.host_digest(0) != identity.host_digest(2) and identity.host_digest(0) == identity.host_digest(1)
 
 
-def test_segment_create_attach_unlink_and_sweep(job):
+def test_a_segment_has_no_name_once_made_and_is_reached_through_its_creators_descriptor(job):
+    """Killed at any moment after create() returned, a creator leaves nothing in /dev/shm."""
     seg = Segment.create(1 << 16, group_id=7)
-    assert seg.path.startswith(f"/dev/shm/chorus-{job}-g7-") and os.stat(seg.path).st_mode & 0o777 == 0o600
+    assert re.fullmatch(rf"/proc/{os.getpid()}/fd/\d+", seg.path) and os.stat(seg.path).st_mode & 0o777 == 0o600
+    assert not leftovers(job)  # no name, from the start
     other = Segment.attach(seg.path, 1 << 16)
     seg.buf[:5] = b"hello"
     assert other.buf[:5] == b"hello"  # one memory, two mappings
     with pytest.raises(OSError, match="expected"):
         Segment.attach(seg.path, 1 << 17)
+    with pytest.raises(OSError, match="expected a file of /dev/shm"):
+        Segment.attach(f"/proc/{os.getpid()}/fd/0", 10)  # a descriptor, but not a segment's
     with pytest.raises(OSError, match="not a chorus segment"):
         Segment.attach("/etc/passwd", 10)
     seg.unlink()
-    assert not leftovers(job) and other.buf[:5] == b"hello"  # mappings outlive the name
+    assert other.buf[:5] == b"hello"  # mappings outlive the descriptor
     seg.close(), other.close()
-    stale = [Segment.create(4096, g) for g in (1, 2)]  # as if rank 0 died before unlinking
-    assert sorted(sweep(job)) == sorted(s.path for s in stale) and sweep(job) == []
+
+
+def test_sweep_removes_a_jobs_files_left_between_open_and_unlink(job):
+    stale = [f"/dev/shm/chorus-{job}-g{g}-1.2-0123456789ab" for g in (1, 2)]  # made by hand: as if
+    for path in stale:  # a creator died in the microseconds its name existed
+        open(path, "wb").close()
+    assert sorted(sweep(job)) == sorted(stale) and sweep(job) == []
     assert sweep("") == []  # never sweeps jobs without an id
 
 
@@ -69,10 +79,10 @@ def test_a_segment_whose_creator_died_is_swept_by_the_next_one_whatever_the_laun
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
     pid = int(dead.stdout)  # exited: no such process (unless the pid came round again: then kept)
-    mine = Segment.create(4096, 5)  # a live creator: this process
-    ns = os.path.basename(mine.path).split("-")[-2].split(".")[0]
+    ns = os.stat("/proc/self/ns/pid").st_ino
     names = {"dead": f"/dev/shm/chorus-nojob-g1-{ns}.{pid}-0123456789ab",
-             "other namespace": f"/dev/shm/chorus-nojob-g1-{int(ns) + 1}.{pid}-0123456789ab",
+             "alive": f"/dev/shm/chorus-nojob-g1-{ns}.{os.getpid()}-0123456789ab",
+             "other namespace": f"/dev/shm/chorus-nojob-g1-{ns + 1}.{pid}-0123456789ab",
              "old style": "/dev/shm/chorus-nojob-g1-0123456789ab"}
     try:
         for path in names.values():
@@ -80,14 +90,12 @@ def test_a_segment_whose_creator_died_is_swept_by_the_next_one_whatever_the_laun
                 pass
         fresh = Segment.create(4096, 6)
         left = {k for k, path in names.items() if os.path.exists(path)}
-        assert left == {"other namespace", "old style"}, left  # the dead creator's file is gone
-        assert os.path.exists(mine.path)  # a live creator's file stays
+        assert left == {"alive", "other namespace", "old style"}, left  # only the dead creator's file is gone
         fresh.unlink(), fresh.close()
     finally:
-        for path in (*names.values(), mine.path):
+        for path in names.values():
             if os.path.exists(path):
                 os.unlink(path)
-        mine.close()
 
 
 # -- when a group gets a window ----------------------------------------------------------------
@@ -171,7 +179,7 @@ def test_every_collective_across_processes_and_nothing_left_after_exit():
 
 _KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time, numpy as np, chorus as dist
-    from chorus.host.segment import Segment
+    from chorus.host.segment import job_tag
     victim, outdir = int(sys.argv[1]), sys.argv[2]
     # chorusrun SIGTERMs the survivors once it sees the victim die: carry on, so that what
     # the survivors raise is checked whatever the launcher's timing (its SIGKILL follows in 3 s)
@@ -180,7 +188,8 @@ _KILL_SCRIPT = textwrap.dedent("""
     rank = dist.get_rank()
     assert dist.group.WORLD.shm is not None
     if "--stale" in sys.argv and rank == 0:
-        Segment.create(4096, 99)  # a named segment, as if rank 0 died between create and unlink
+        ns = os.stat("/proc/self/ns/pid").st_ino  # a named segment, as if rank 0 had died in the
+        open(f"/dev/shm/chorus-{job_tag()}-g99-{ns}.{os.getpid()}-0123456789ab", "wb").close()  # microseconds it has a name
     x = np.ones(1000, np.float32)
     i = 0
     try:

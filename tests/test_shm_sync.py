@@ -16,7 +16,7 @@ from chorus.errors import CollectiveMismatchError, CommTimeoutError
 from chorus.shm import placement
 from chorus.shm import sync as shm_sync
 from chorus.shm.sync import ARRIVED, OP, WORDS, Backoff, Sync, token
-from chorus.wire.fingerprint import fingerprint
+from chorus.wire.fingerprint import describe_calls, fingerprint
 
 FP = fingerprint("all_reduce", "float32", 4, -1, "SUM")
 OTHER_FP = fingerprint("all_reduce", "float32", 5, -1, "SUM")
@@ -33,6 +33,12 @@ class _Transport:
 
     def group_mismatch(self, group, culprit, seq, fp, detector):
         self.mismatches.append((culprit, seq, fp))
+
+    def note_calls(self, group, calls):
+        self.calls = calls
+
+    def mismatch_error(self, group, expect, why=None):
+        return CollectiveMismatchError(describe_calls(self.calls))
 
 
 def _syncs(world: int, polls: int, packed: bool = False):

@@ -23,7 +23,7 @@ import pytest
 
 from chorus import config, net
 from chorus.errors import BufferMismatchError, CommTimeoutError, PeerLostError
-from chorus.store import HashStore
+from chorus.store import HashStore, TCPStore, TCPStoreServer
 from chorus.transport import shm_link
 from chorus.transport.base import control_header
 from chorus.transport.ring import RingReader, RingWriter, ring_size
@@ -319,8 +319,81 @@ def test_a_slow_loris_is_cut_off_at_the_handshake_deadline_and_the_job_still_set
     assert not _admit_threads(), "a handshake thread outlived its deadline"
 
 
+def test_pending_connections_shed_the_oldest_unopened_one_and_never_an_opened_one(monkeypatch):
+    monkeypatch.setattr(net, "SHED_AFTER_S", 0.05)
+    pending = net.Pending(2)
+    pending.add("rank")
+    pending.opened("rank")  # sent its opening message: never shed
+    pending.add("idle")
+    room, victim, wait = pending.room()
+    assert (room, victim) == (False, None) and 0 < wait <= 0.05  # "idle" is too young to shed yet
+    time.sleep(0.06)
+    assert pending.room() == (True, "idle", 0.0) and pending.was_shed("idle") and pending.shed == 1
+    assert pending.room() == (True, None, 0.0)  # room left by the shed one
+    pending.add("late")
+    pending.remove("rank")
+    assert pending.room() == (True, None, 0.0)
+
+
+def _flood(host: str, port: int, n: int) -> list[socket.socket]:
+    """``n`` connections that connect and send nothing (non-blocking: the backlog may be full)."""
+    out = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex((host, port))
+        out.append(s)
+    return out
+
+
+def test_a_flood_of_idle_connections_is_shed_and_a_rank_behind_it_joins_within_seconds():
+    """96 idle connections reach rank 0's transport before rank 1 does; with 16 handshake
+    slots they would hold rank 1 back for 96 / 16 x 10 s; shed a quarter-second after
+    they were accepted, for about 96 / 16 x 0.25 s."""
+    store, ranks = HashStore(), {}
+    with config.override(CHORUS_MAX_PENDING_CONNECTIONS=16):
+        r0 = threading.Thread(target=lambda: ranks.setdefault(0, TcpTransport(0, 2, store, token=TOKEN, timeout=60)))
+        r0.start()
+        host, port = store.get("tcp/addr/0").decode().rsplit(":", 1)
+        flood = _flood(host, int(port), 96)
+        start = time.monotonic()
+        try:
+            ranks[1] = TcpTransport(1, 2, store, token=TOKEN, timeout=60)
+            joined = time.monotonic() - start
+            r0.join(10)
+        finally:
+            for s in flood:
+                s.close()
+    for t in ranks.values():
+        t.close()
+    assert set(ranks) == {0, 1} and joined < 8.0, joined
+
+
+def test_the_store_server_sheds_a_flood_of_idle_connections_and_keeps_its_descriptors():
+    """The same against a store server: a client behind 96 idle connections is served
+    within seconds, and the server holds at most its 16 slots' worth of them."""
+    before = len(os.listdir("/proc/self/fd"))
+    with config.override(CHORUS_MAX_PENDING_CONNECTIONS=16):
+        server = TCPStoreServer("127.0.0.1", 0, token=TOKEN)
+    flood = _flood("127.0.0.1", server.port, 96)
+    try:
+        start = time.monotonic()
+        client = TCPStore("127.0.0.1", server.port, timeout=60, token=TOKEN)
+        client.set("k", b"v")
+        assert client.get("k") == b"v"
+        joined = time.monotonic() - start
+        held = len(os.listdir("/proc/self/fd")) - before - len(flood)
+        client.close()
+    finally:
+        for s in flood:
+            s.close()
+        server.close()
+    assert joined < 8.0, joined
+    assert held <= 16 + 6, held  # the slots, the listener, the loop's wake pair, the client and its peer
+
+
 _STARVE = textwrap.dedent("""
-    import logging, resource, sys, threading
+    import logging, os, resource, sys, threading
 
     starved = threading.Event()
 
@@ -334,14 +407,22 @@ _STARVE = textwrap.dedent("""
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
 
     def flood_then_go(address):
+        hoard = []  # every descriptor left: the next accept has none
+        while True:
+            try:
+                hoard.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                break
         print(address, flush=True)  # the test floods it ...
         print("starved" if starved.wait(10) else "never starved", flush=True)
+        for fd in hoard:
+            os.close(fd)
         sys.stdin.readline()  # ... and the flood is gone
 """)
 
 _TRANSPORT_AFTER_STARVING = _STARVE + textwrap.dedent("""
     import numpy as np
-    from chorus.store import HashStore
+    from chorus.store import HashStore, TCPStore, TCPStoreServer
     from chorus.transport.tcp import TcpTransport
     from chorus.wire.frames import Kind
 
@@ -372,8 +453,9 @@ _STORE_AFTER_STARVING = _STARVE + textwrap.dedent("""
 
 @pytest.mark.parametrize("script", [_TRANSPORT_AFTER_STARVING, _STORE_AFTER_STARVING], ids=["transport", "store"])
 def test_accepting_survives_running_out_of_descriptors(tmp_path, script):
-    """Open-file limit 64, 150 connections from this process: the accept loop runs out
-    of descriptors, says so, keeps accepting, and a rank (a store client) then joins."""
+    """Open-file limit 64, all of them taken, 20 connections from this process: the
+    accept loop runs out of descriptors, says so, keeps accepting, and once descriptors
+    are free again a rank (a store client) joins."""
     path = tmp_path / "starve.py"
     path.write_text(script)
     env = dict(os.environ, CHORUS_MAX_PENDING_CONNECTIONS="1000", CHORUS_SHM_P2P="0",
@@ -383,7 +465,7 @@ def test_accepting_survives_running_out_of_descriptors(tmp_path, script):
     flood = []
     try:
         host, port = proc.stdout.readline().strip().rsplit(":", 1)
-        flood = [socket.create_connection((host, int(port))) for _ in range(150)]
+        flood = [socket.create_connection((host, int(port))) for _ in range(20)]
         assert proc.stdout.readline().strip() == "starved"
         for s in flood:
             s.close()

@@ -13,10 +13,14 @@ finalizers with that ``SystemExit`` in flight, the exception as its ``__context_
   ``@record`` format, plus the time with its fraction under ``"chorus"``), and every peer
   is told "rank 1 failed with ValueError: ..." (a FAILED frame), so that their
   PeerLostError names the cause instead of a lost connection;
-- when the error is a PeerLostError and some peer failed by raising, the rank waits until
-  that peer's process has exited (at most FIRST_CAUSE_WAIT_S), and EXIT_MARGIN_S more,
-  before it exits itself: ``torch.multiprocessing.spawn`` reports the first child it sees
-  exit (by index when it sees several at one look), and that must be the one that raised.
+- when the error is a PeerLostError, the notices this rank queued when it noticed the
+  loss (PEER_LOST, naming the lost rank) leave first (at most NOTICE_FLUSH_S): the exit
+  closes this rank's connections, and a peer that saw that EOF before the notice would
+  name this rank, a survivor, as the one lost.  Then, when some peer failed by raising,
+  the rank waits until that peer's process has exited (at most FIRST_CAUSE_WAIT_S), and
+  EXIT_MARGIN_S more, before it exits itself: ``torch.multiprocessing.spawn`` reports the
+  first child it sees exit (by index when it sees several at one look), and that must be
+  the one that raised.
 
 Only ``Exception`` is relayed: a KeyboardInterrupt is a stop, not a failure (the rank
 still leaves without BYE).  A spawned function's ``sys.exit(N)``, N != 0, is relayed as
@@ -39,6 +43,8 @@ from chorus.errors import PeerLostError
 
 log = logging.getLogger("chorus")
 
+#: Longest wait, at exit, for the notices of a loss this rank noticed to leave (seconds).
+NOTICE_FLUSH_S = 2.0
 #: Longest wait, at exit, for a peer that raised to exit first (seconds).
 FIRST_CAUSE_WAIT_S = 5.0
 #: Further wait once it has: its parent must see it gone before this rank (seconds).
@@ -109,6 +115,7 @@ def failed(error: BaseException | str) -> None:
     try:
         if isinstance(error, PeerLostError):
             if transport is not None:
+                transport.flush(NOTICE_FLUSH_S)
                 _let_causes_exit_first(transport)
             return
         text = describe(error)

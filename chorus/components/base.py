@@ -23,6 +23,7 @@ from collections.abc import Callable
 from chorus import recorder
 from chorus.call import Call
 from chorus.debug import flight
+from chorus.errors import CollectiveMismatchError
 from chorus.work import QueuedWork, Work
 
 
@@ -67,6 +68,7 @@ def run_in_order(call: Call, component: str, algorithm: str, transfers: Callable
         if entry is not None:
             entry[flight.STATE] = flight.STARTED
             entry[flight.STARTED_AT] = flight.clock()
+        ctx = None
         try:
             if call.before is not None:
                 call.before()
@@ -84,9 +86,12 @@ def run_in_order(call: Call, component: str, algorithm: str, transfers: Callable
             if call.after is not None:
                 call.after()
         except BaseException as exc:
+            error = settled(pg, exc, ctx)
             if entry is not None:
-                flight.failed(entry, pg.members[ring.group_rank], exc)
-            raise
+                flight.failed(entry, pg.members[ring.group_rank], error)
+            if error is exc:
+                raise
+            raise error from None
         if entry is not None:
             entry[flight.CALL] = flight.summary(call)  # (not the Call: its buffers would stay alive)
             entry[flight.STATE] = flight.DONE
@@ -95,3 +100,11 @@ def run_in_order(call: Call, component: str, algorithm: str, transfers: Callable
 
     out = call.group.submit(body, call.async_op)
     return QueuedWork(out, call.result) if call.async_op else None
+
+
+def settled(pg, error: BaseException, ctx) -> BaseException:
+    """``error`` as op ``ctx`` of ``pg`` raises it: a CollectiveMismatchError first waits,
+    briefly and once per group, for every member's call (Transport.settled), to name them."""
+    if not isinstance(error, CollectiveMismatchError):
+        return error
+    return pg.transport.settled(error, pg.members, None if ctx is None else ctx.deadline)

@@ -38,7 +38,9 @@ members, so a member dying anywhere fails every phase on every rank (PeerLostErr
 collective mismatch is seen in whichever phase meets the differing calls; a rank that
 sees one marks its other sub-groups broken too (the transport tells their members), so
 ranks waiting in another phase raise CollectiveMismatchError instead of waiting for the
-timeout, which applies to each phase.
+timeout, which applies to each phase.  Each rank then raises the *group's* mismatch,
+naming the calls its members made (not the phases' calls), after telling every member
+its own.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ class Hierarchy(Component):
 
         def transfers(ctx) -> None:
             self._phases(ctx, OPS[call.name], Phases(self, call, ctx))
-            pg.transport.finished(pg.id, ctx.seq)
+            pg.transport.finished(pg.id, ctx.seq, ctx.fingerprint)
 
         return run_in_order(call, self.name, algorithm, transfers, hosts=len(self.by_host))
 
@@ -147,7 +149,10 @@ class Hierarchy(Component):
             algorithm(c)
         except CollectiveMismatchError:
             self._break(ctx)
-            raise
+            # the user's calls, not the phases': this rank's goes to every member of the group
+            t = self.pg.transport
+            t.group_mismatch(self.pg.id, t.rank, ctx.seq, ctx.fingerprint, t.rank)
+            raise t.mismatch_error(self.pg.id, (ctx.seq, ctx.fingerprint)) from None
         except PeerLostError as exc:
             raise PeerLostError(f"{ctx.describe()} (hierarchical), in {exc}", exc.lost_rank,
                                 exc.reporter) from None

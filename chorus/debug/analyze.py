@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 __all__ = ["Finding", "Report", "analyze", "load", "main", "summary"]
 
 _RANK_FILE = re.compile(r"rank(\d+)\.json$")
-_MISMATCH = re.compile(r"rank (\d+) (?:called|ran) (.+?) (?:as op #|\(op #)(\d+)")
+# one clause of a CollectiveMismatchError: "ranks [0, 2-4] called all_reduce(...) as op #5"
+_MISMATCH = re.compile(r"ranks? \[?([\d, -]+?)\]? (?:called|ran) (.+?) (?:as op #|\(op #)(\d+)")
 
 
 @dataclass
@@ -205,15 +206,25 @@ def _analyze_group(group: _Group, dumps: dict[int, dict], report: Report, explai
 
 
 def _told_mismatch(group: _Group, present: list[int], seq: int | None):
-    """(seq, culprit, its call) from a CollectiveMismatchError in the dumps, if any."""
+    """(seq, {rank: its call}) from the first CollectiveMismatchError in the dumps, if any."""
     for r in present:
         for e in sorted(group.ops[r].values(), key=lambda e: e["seq"]):
             error = e.get("error") or ""
             if error.startswith("CollectiveMismatchError"):
-                m = _MISMATCH.search(error)
-                if m:
-                    return int(m.group(3)), int(m.group(1)), m.group(2)
+                clauses = _MISMATCH.findall(error)
+                if clauses:
+                    calls = {rank: call for ranks, call, _ in clauses for rank in _rank_list(ranks)}
+                    return int(clauses[0][2]), calls
     return None
+
+
+def _rank_list(text: str) -> list[int]:
+    """[0, 2, 3, 4] for "0, 2-4"."""
+    out: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
 
 
 def _mismatch(group: _Group, present: list[int], seq: int, told, report: Report) -> list[str]:
@@ -222,8 +233,10 @@ def _mismatch(group: _Group, present: list[int], seq: int, told, report: Report)
         e = group.ops[r].get(seq)
         if e is not None:
             calls[e.get("call") or e["op"]].append(r)
-    if told is not None and told[0] == seq and told[1] not in present:
-        calls[told[2] + " (as a peer's error reports)"].append(told[1])
+    if told is not None and told[0] == seq:
+        for rank, call in sorted(told[1].items()):
+            if rank not in present:
+                calls[call + " (as a peer's error reports)"].append(rank)
     majority = max(calls.values(), key=len) if calls else []
     odd = sorted(r for ranks in calls.values() if ranks is not majority for r in ranks)
     lines = [f"  MISMATCH at op #{seq}: the ranks called different collectives"]

@@ -1,14 +1,18 @@
 """A POSIX shared-memory file under ``/dev/shm``: create, attach, unlink, sweep.
 
-Lifetime (see ``chorus.shm.handshake``): group rank 0 creates the file, the other
-members map it, and as soon as every member has mapped it rank 0 *unlinks* it.  From
-then on no ``/dev/shm`` entry exists; the memory lives only in the processes' mappings
-and disappears with them — after a normal exit, an exception or ``kill -9`` alike.
+Lifetime (see ``chorus.shm.handshake``): group rank 0 creates the file and removes its
+name at once, before anything else: the other members reach it through rank 0's open
+descriptor, ``/proc/<pid>/fd/<n>`` (``Segment.path``; same user, same pid namespace), and
+once every member has mapped it rank 0 closes that descriptor (``unlink``).  The memory
+lives only in the processes' mappings and disappears with them — after a normal exit,
+an exception or ``kill -9`` at any moment alike, whatever launched the job: a kill
+while members are still mapping it (milliseconds, each time a group is made) leaves
+nothing behind.
 
-The one window where a name exists is between creation and the unlink (the members'
-``open`` + ``mmap``, milliseconds).  A process killed inside it can leave a file
-behind; files are named ``chorus-<job id>-g<group>-<pid namespace>.<pid>-<random>`` (the creator's
-pid) so that ``chorusrun`` removes them with :func:`sweep` when the job ends (its janitor,
+A name exists only between the ``open`` that creates it and the ``unlink`` right after
+(microseconds).  A process killed inside that can leave a file; files are named
+``chorus-<job id>-g<group>-<pid namespace>.<pid>-<random>`` (the creator's pid) so that
+``chorusrun`` removes them with :func:`sweep` when the job ends (its janitor,
 ``chorus.launch.janitor``, does it when ``chorusrun`` itself is SIGKILLed), and so that,
 whatever launched the job (torchrun, mp.spawn, by hand), the next segment created on the
 host first removes this user's files whose creator is dead (:func:`sweep_dead`).
@@ -30,6 +34,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 
 from chorus import config
 from chorus.host.process import pid_alive
@@ -47,17 +52,20 @@ def job_tag(job_id: str | None = None) -> str:
 class Segment:
     """One mapped shared-memory file.  ``buf`` is the mapping (an ``mmap``)."""
 
-    def __init__(self, path: str, size: int, buf: mmap.mmap):
-        self.path = path
+    def __init__(self, path: str, size: int, buf: mmap.mmap, fd: int | None = None):
+        self.path = path  # how the members reach it: its creator's descriptor, /proc/<pid>/fd/<n>
         self.size = size
         self.buf = buf
+        self._fd = fd  # the creator's descriptor, open until the members have mapped it
 
     @classmethod
     def create(cls, size: int, group_id: int) -> Segment:
-        """Create, size, reserve and map a new file; on any error nothing is left behind."""
+        """Create, size, reserve and map a new file whose name is gone before this returns
+        (see the module docstring); on any error nothing is left behind."""
         sweep_dead()
-        path = os.path.join(SHM_DIR, f"{PREFIX}{job_tag()}-g{group_id}-{_pid_tag()}-{secrets.token_hex(6)}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        name = os.path.join(SHM_DIR, f"{PREFIX}{job_tag()}-g{group_id}-{_pid_tag()}-{secrets.token_hex(6)}")
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        _unlink(name)
         try:
             os.ftruncate(fd, size)
             try:
@@ -66,34 +74,37 @@ class Segment:
                 raise OSError(exc.errno, f"cannot reserve {size >> 20} MiB in {SHM_DIR} for a "
                                          f"shared-memory window ({exc.strerror}); enlarge {SHM_DIR} "
                                          "(docker run --shm-size=...) or set CHORUS_SHM_BYTES lower") from None
-            return cls(path, size, _map(fd, size))
+            return cls(f"/proc/{os.getpid()}/fd/{fd}", size, _map(fd, size), fd)
         except BaseException:
-            _unlink(path)
-            raise
-        finally:
             os.close(fd)
+            raise
 
     @classmethod
     def attach(cls, path: str, size: int) -> Segment:
-        """Map an existing file created by another member of the group."""
-        if os.path.dirname(path) != SHM_DIR or not os.path.basename(path).startswith(PREFIX):
-            raise OSError(f"refusing to attach {path!r}: not a chorus segment in {SHM_DIR}")
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        """Map a segment another member of the group created (its ``path``)."""
+        if _REOPEN.fullmatch(path) is None:
+            raise OSError(f"refusing to attach {path!r}: not a chorus segment's descriptor")
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
-            if st.st_size != size or st.st_uid != os.getuid():
-                raise OSError(f"{path}: {st.st_size} bytes owned by uid {st.st_uid}, expected "
-                              f"{size} bytes owned by uid {os.getuid()}")
+            if (not stat.S_ISREG(st.st_mode) or st.st_dev != os.stat(SHM_DIR).st_dev or st.st_size != size
+                    or st.st_uid != os.getuid()):
+                raise OSError(f"{path}: {st.st_size} bytes owned by uid {st.st_uid}, expected a file of "
+                              f"{SHM_DIR} of {size} bytes owned by uid {os.getuid()} (another pid namespace?)")
             return cls(path, size, _map(fd, size))
         finally:
             os.close(fd)
 
     def unlink(self) -> None:
-        """Remove the name (the mappings stay valid until every process unmaps)."""
-        _unlink(self.path)
+        """The members have mapped it (or given up): close the descriptor they reached it
+        through (the mappings stay valid until every process unmaps)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def close(self) -> None:
         """Unmap now if no view of the mapping is alive; else when the last one dies."""
+        self.unlink()
         try:
             self.buf.close()
         except BufferError:
@@ -125,6 +136,7 @@ def _pid_tag(pid: int | None = None) -> str:
 
 
 _CREATOR = re.compile(r"-(\d+)\.(\d+)-[0-9a-f]{12}$")
+_REOPEN = re.compile(r"/proc/\d+/fd/\d+")
 
 
 def sweep_dead() -> list[str]:

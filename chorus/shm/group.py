@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 
-from chorus.errors import AbortedError
+from chorus.errors import AbortedError, CollectiveMismatchError
 from chorus.host.segment import Segment
 from chorus.shm import collectives as algo
 from chorus.shm.cma import address
@@ -144,8 +144,10 @@ class ShmGroup:
             except algo.CountsDisagree:
                 raise  # raised by every rank at the same sync: still in step
             except BaseException as exc:
-                self._failed(ctx or pg.context("all_to_all", seq, plan.fingerprint), exc)
-                raise
+                error = self._failed(ctx or pg.context("all_to_all", seq, plan.fingerprint), exc)
+                if error is exc:
+                    raise
+                raise error from None
         finally:
             lock.release()
         t.finished_seq[self.group] = seq
@@ -178,8 +180,10 @@ class ShmGroup:
                     sync.settle_first(_context(pg, seq, plan))
                 plan.into[p](data)
             except BaseException as exc:
-                self._failed(_context(pg, seq, plan), exc)
-                raise
+                error = self._failed(_context(pg, seq, plan), exc)
+                if error is exc:
+                    raise
+                raise error from None
         finally:
             lock.release()
         t.finished_seq[self.group] = seq
@@ -200,19 +204,25 @@ class ShmGroup:
             except algo.CountsDisagree:
                 raise  # raised by every rank at the same sync: still in step
             except BaseException as exc:
-                self._failed(ctx, exc)
-                raise
+                error = self._failed(ctx, exc)
+                if error is exc:
+                    raise
+                raise error from None
         t.finished_seq[self.group] = ctx.seq  # t.finished(), inlined
 
-    def _failed(self, ctx, exc: BaseException) -> None:
-        """Op ``ctx`` failed half-way with ``exc`` (re-raised by the caller): mark the group
-        unusable and tell the others; a destroyed group raises AbortedError instead."""
+    def _failed(self, ctx, exc: BaseException) -> BaseException:
+        """Op ``ctx`` failed half-way with ``exc``: mark the group unusable and tell the
+        others; return what the caller raises (a destroyed group raises AbortedError; a
+        collective mismatch, once every member's call is known: Transport.settled)."""
         if self.closed:
             raise AbortedError(f"{ctx.describe()}: the group was destroyed while the op was running") from None
         self.broken = (f"an earlier op (seq {ctx.seq}) failed half-way ({type(exc).__name__}); "
                        "the group's shared-memory window is out of step and the group is "
                        "unusable: create a new group")
         self.sync.abandon(ctx.seq)
+        if isinstance(exc, CollectiveMismatchError):
+            return self.transport.settled(exc, self.sync.members, ctx.deadline)
+        return exc
 
     def _check_transport(self, ctx) -> None:
         error = self.transport.failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))

@@ -557,22 +557,21 @@ class Sync:
         return seq - 1, fp, path
 
     def _mismatch(self, q: int, seq: int, fp: int, ctx, path: int = SHM) -> CollectiveMismatchError:
-        """The error for rank ``q`` having called (seq, fp) where this rank is in ``ctx``;
-        the transport tells the group's other members (TCP peers learn it too)."""
+        """The error for rank ``q`` having called (seq, fp) where this rank is in ``ctx``:
+        the transport notes what every member shows in the window at either op, tells the
+        group's other members (TCP peers learn it too) and names every rank's call."""
         culprit = self.members[q]
         mine = self.members[self.rank]
+        why = None
         if seq == ctx.seq and fp == ctx.fingerprint and path != SHM:
             why = (f"rank {culprit} ran {describe(fp)} (op #{seq}) over TCP while rank {mine} used "
                    "shared memory: algorithm=, CHORUS_ALGO_* and CHORUS_TRANSPORT must be the same "
                    "on every rank")
-        else:
-            why = f"rank {culprit} called {describe(fp)} as op #{seq}"
+        shown = {self.members[i]: latest[:2] for i in range(len(self.members))
+                 if (latest := self._latest(i * WORDS)) is not None and latest[0] in (seq, ctx.seq)}
+        self.transport.note_calls(self.group, {**shown, culprit: (seq, fp)})
         self.transport.group_mismatch(self.group, culprit, seq, fp, mine)
-        return CollectiveMismatchError(
-            f"collective mismatch on group {self.group}: {why}, but this rank (rank {mine}) called "
-            f"{describe(ctx.fingerprint)} as op #{ctx.seq}. The group is unusable from now on. Every "
-            "rank of a group must call the same collectives, in the same order, with the same dtype, "
-            "count, root and op.")
+        return self.transport.mismatch_error(self.group, (ctx.seq, ctx.fingerprint), why)
 
     def _timeout(self, target: int, ctx, waited: float) -> CommTimeoutError:
         missing = [self.members[q] for q in self._pending(target)]

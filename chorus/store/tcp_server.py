@@ -13,7 +13,12 @@ Limits.  A client that did not prove the job token (every client of a tokenless 
 send values of at most ``CHORUS_STORE_MAX_VALUE_BYTES`` (a longer request is dropped as it
 arrives, never buffered) and may not grow the store beyond ``CHORUS_STORE_MAX_BYTES`` of
 keys and values; either gets an ERROR answer naming the limit, and the connection goes on.
-Out of descriptors (EMFILE), the loop stops accepting for a moment instead of spinning.
+At most ``CHORUS_MAX_PENDING_CONNECTIONS`` connections handshake at once, each within
+``CHORUS_HANDSHAKE_TIMEOUT``: with no room, the oldest that has not sent its opening
+message within a quarter of a second is shed for the newcomer, else accepting waits
+(``chorus.net.Pending``), so a flood neither exhausts the process's descriptors nor
+keeps a rank's connection, which opens at once, waiting long.  Out of descriptors
+(EMFILE), the loop stops accepting for a moment instead of spinning.
 A failed handshake is also written into the store, under
 REFUSED_KEY (why, the last one) and REFUSALS_KEY (how many): ranks waiting at rendezvous
 for a rank that will never join - one started with another token - read them there.
@@ -33,7 +38,14 @@ import time
 
 from chorus import config
 from chorus.errors import AuthenticationError, InvalidArgumentError, ProtocolError
-from chorus.net import get_token, listen, warn_unauthenticated_once
+from chorus.net import (
+    SHED_AFTER_S,
+    Pending,
+    get_token,
+    listen,
+    pending_limit,
+    warn_unauthenticated_once,
+)
 from chorus.store.base import add_to, compare_set_result
 from chorus.wire.handshake import TOKEN_ADVICE, ServerHandshake
 from chorus.wire.store_codec import (
@@ -104,10 +116,11 @@ class TCPStoreServer:
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 token: bytes | str | None = None, *, handshake_timeout: float = 30.0,
+                 token: bytes | str | None = None, *, handshake_timeout: float | None = None,
                  max_frame: int = MAX_FRAME):
         self._token = get_token(token)
-        self._handshake_timeout = handshake_timeout
+        self._handshake_timeout = handshake_timeout or config.get("CHORUS_HANDSHAKE_TIMEOUT")
+        self._pending = Pending(pending_limit())
         self._max_frame = max_frame
         self._max_value = config.get("CHORUS_STORE_MAX_VALUE_BYTES")
         self._max_bytes = config.get("CHORUS_STORE_MAX_BYTES")
@@ -197,6 +210,17 @@ class TCPStoreServer:
 
     def _accept(self, mask: int) -> None:
         for _ in range(64):
+            room, victim, wait = self._pending.room()
+            if victim is not None:
+                if self._pending.shed == 1:
+                    logger.warning("chorus store server on %s:%s: %d connections are handshaking and more "
+                                   "arrive: shedding the oldest that sent nothing within %g s (a flood of "
+                                   "connections?)", self.host, self.port, self._pending.limit, SHED_AFTER_S)
+                self._drop(victim)
+            elif not room:
+                self._sel.unregister(self._listener)  # until one may be shed (or leaves)
+                self._push_deadline(time.monotonic() + wait, _Resume())
+                return
             try:
                 sock, addr = self._listener.accept()
             except BlockingIOError:
@@ -213,6 +237,7 @@ class TCPStoreServer:
             peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
             conn = _Conn(sock, peer, ServerHandshake(self._token, b"store"), self._max_frame)
             self._conns.add(conn)
+            self._pending.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, lambda m, c=conn: self._on_event(c, m))
             self._push_deadline(time.monotonic() + self._handshake_timeout, conn)
 
@@ -265,11 +290,13 @@ class TCPStoreServer:
         if not hs.done:
             reply = hs.receive(data)
             if reply:
+                self._pending.opened(conn)
                 self._send(conn, reply)
             if hs.error is not None:
                 raise hs.error
             if not hs.done:
                 return
+            self._pending.remove(conn)
             self._on_joined(hs)
             if not hs.authenticated:
                 conn.limited = True
@@ -324,6 +351,7 @@ class TCPStoreServer:
             return
         conn.closed = True
         self._conns.discard(conn)
+        self._pending.remove(conn)
         if conn.parked is not None:
             self._unpark(conn.parked)
         try:

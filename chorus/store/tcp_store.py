@@ -19,7 +19,7 @@ from chorus.errors import (
     RendezvousError,
     StoreTimeoutError,
 )
-from chorus.net import client_handshake, connect, get_token, recv_exact
+from chorus.net import connect_and_handshake, get_token, recv_exact
 from chorus.store.base import (
     DEFAULT_TIMEOUT,
     Store,
@@ -116,8 +116,7 @@ class TCPStore(Store):
             port = self._server.port
         self.port: int = port
         try:
-            self._sock = connect(_connect_host(host_name), port, self._timeout)
-            client_handshake(self._sock, token, b"store", self._timeout)
+            self._sock = connect_and_handshake(_connect_host(host_name), port, token, b"store", self._timeout)
             if is_master and wait_for_workers and world_size:
                 self.wait_for_workers(world_size)
         except BaseException:

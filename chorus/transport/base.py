@@ -35,12 +35,16 @@ from chorus.transport.rendezvous_sends import (
 )
 from chorus.transport.waiting import WaitReport
 from chorus.wire.dtypes import dtype_name
-from chorus.wire.fingerprint import describe
+from chorus.wire.fingerprint import describe, describe_calls
 from chorus.wire.frames import Header, Kind, LostReason, pack_failed, pack_fields
 
 log = logging.getLogger("chorus")
 
 DATA = int(Kind.DATA)
+#: How long a rank raising CollectiveMismatchError waits for the other members of the
+#: group to say what they called, so that its message names every rank's call (seconds;
+#: they answer within milliseconds unless they are elsewhere, e.g. in another group's op).
+MISMATCH_SETTLE_S = 1.0
 
 
 class Transport:
@@ -62,6 +66,14 @@ class Transport:
         self.mismatched: dict[int, str] = {}  # group -> why it is unusable (collective mismatch)
         self.mismatched_at: dict[int, int] = {}  # group -> the op number where it broke
         self.finished_seq: dict[int, int] = {}  # group -> seq of the last collective finished here
+        self.finished_call: dict[int, tuple[int, int]] = {}  # group -> (seq, fingerprint) of it (engine)
+        # group -> global rank -> (seq, fingerprint) of its call where the group broke, as
+        # each rank says of itself and its detectors say of it (for the mismatch message)
+        self.calls: dict[int, dict[int, tuple[int, int]]] = {}
+        self._calls_cv = threading.Condition(self._state_lock)
+        self._told_calls: set[int] = set()  # groups whose members were told this rank's call
+        self._settled: set[int] = set()  # groups whose calls were awaited once already
+        self._why: dict[int, str] = {}  # group -> what its calls do not show (mismatch_error)
         self.closed_reason: str | None = None
         # Whether every peer proved the job token (the TCP transport with a token, given or
         # derived for a job on one host: chorus.host.secret): object
@@ -245,7 +257,7 @@ class Transport:
         """
         if handle.expect is not None and handle.expect != (header.seq, header.fingerprint):
             self.group_mismatch(header.group, source, header.seq, header.fingerprint, self.rank)
-            return self._mismatch_error(handle.expect, self.mismatched.get(header.group, ""))
+            return self.mismatch_error(header.group, handle.expect)
         nbytes = len(handle.view) if handle.view is not None else 0
         if header.nbytes == nbytes and (header.dtype == handle.dtype or not header.dtype or not handle.dtype):
             return None
@@ -292,7 +304,7 @@ class Transport:
         if not self.dead and not self.left and not self.mismatched:
             return None
         if group in self.mismatched and (expect is None or expect[0] >= self.mismatched_at[group]):
-            return self._mismatch_error(expect, self.mismatched[group])
+            return self.mismatch_error(group, expect)
         members = self._groups.get(group, ())
         for rank, why in self.dead.items():
             if rank in members:
@@ -307,7 +319,7 @@ class Transport:
         mismatch in ``group``, or a member of ``group`` that died (peers often leave
         *because* of it, and the thread relaying it may not have reached this op yet)."""
         if group in self.mismatched:
-            return self._mismatch_error(handle.expect if handle else None, self.mismatched[group])
+            return self.mismatch_error(group, handle.expect if handle else None)
         members = self._groups.get(group, ())
         dead = next((r for r in self.dead if r in members), None)
         if dead is not None:
@@ -328,6 +340,7 @@ class Transport:
                 return False
             self.dead[rank] = why
             doomed = {g for g, members in self._groups.items() if rank in members}
+            self._calls_cv.notify_all()  # a mismatch's settling waits for no word from it
         log.warning("chorus rank %d: rank %d %s", self.rank, rank, why)
         self._tell_listeners(-1, f"rank {rank} {why}")
         notice = notice or pack_fields(int(Kind.PEER_LOST), 0, rank, int(reason), 0, 0, 0)
@@ -356,7 +369,7 @@ class Transport:
         if self.closed_reason is not None:
             return
         self._notify([r for r in range(self.world_size) if r != self.rank], pack_failed(self.rank, text))
-        self._flush(timeout)
+        self.flush(timeout)
         with self._state_lock:
             if self.closed_reason is None:
                 self.closed_reason = f"this rank failed ({text})"
@@ -375,19 +388,26 @@ class Transport:
         """``rank`` said BYE: fail receives addressed to it; it will send nothing more."""
         with self._state_lock:
             self.left.add(rank)
+            self._calls_cv.notify_all()
         why = "left the job (destroy_process_group) before sending"
         self._matcher.fail_where(lambda h: h.peer == rank, lambda h: self._lost_error(rank, why, h.group, h))
         unreceived = "left the job (destroy_process_group) without receiving this send"
         self.sends.fail_where(lambda h: h.peer == rank, lambda h: self._lost_error(rank, unreceived, h.group))
 
     def group_mismatch(self, group: int, culprit: int, seq: int, fingerprint: int, detector: int) -> None:
-        """Rank ``culprit`` called another collective (``seq``, ``fingerprint``) in ``group``:
-        fail every pending receive of the group here and tell the other members (once)."""
+        """Rank ``culprit`` called another collective (``seq``, ``fingerprint``) in ``group``
+        (or, told by ``culprit`` itself, this is its call there): note that call, and the
+        first time fail every pending receive of the group here, tell the other members
+        (once) and what this rank called there if it finished that op already."""
         why = (f"rank {culprit} called {describe(fingerprint)} as op #{seq} of group {group}"
                f" (reported by rank {detector})")
+        if culprit != self.rank:
+            self.note_calls(group, {culprit: (seq, fingerprint)})
         with self._state_lock:
             if group in self.mismatched or self.closed_reason is not None:
                 return
+            if culprit == self.rank:  # the notice below tells the others this rank's own call
+                self._told_calls.add(group)
             self.mismatched[group] = why
             self.mismatched_at[group] = seq
             members = sorted(self._groups.get(group, ()))
@@ -395,9 +415,80 @@ class Transport:
         self._tell_listeners(group, why)
         notice = pack_fields(int(Kind.ABORT), group, culprit, seq, 0, 0, fingerprint)
         self._notify([m for m in members if m != self.rank], notice)  # tell first, then fail here
+        mine = self.finished_call.get(group)
+        if mine is not None and mine[0] == seq:  # this rank's part of that op completed
+            self._tell_own_call(group, mine)
         # ops before the mismatched one (a slow rank's barrier, say) may still complete
         self._matcher.fail_where(lambda h: h.group == group and (h.expect is None or h.expect[0] >= seq),
-                                 lambda h: self._mismatch_error(h.expect, why))
+                                 lambda h: self.mismatch_error(group, h.expect))
+
+    def note_calls(self, group: int, calls: dict[int, tuple[int, int]]) -> None:
+        """Record what ranks called where ``group`` broke: global rank -> (seq,
+        fingerprint).  The first word about a rank stands."""
+        with self._calls_cv:
+            known = self.calls.setdefault(group, {})
+            for rank, call in calls.items():
+                known.setdefault(rank, call)
+            self._calls_cv.notify_all()
+
+    def _tell_own_call(self, group: int, call: tuple[int, int]) -> None:
+        """Note this rank's call where ``group`` broke and tell the other members (once):
+        an ABORT frame naming this rank itself."""
+        self.note_calls(group, {self.rank: call})
+        with self._state_lock:
+            if group in self._told_calls or self.closed_reason is not None:
+                return
+            self._told_calls.add(group)
+            members = sorted(self._groups.get(group, ()))
+        notice = pack_fields(int(Kind.ABORT), group, self.rank, call[0], 0, 0, call[1])
+        self._notify([m for m in members if m != self.rank], notice)
+
+    def mismatch_error(self, group: int, expect: tuple[int, int] | None,
+                       why: str | None = None) -> CollectiveMismatchError:
+        """The CollectiveMismatchError of broken ``group`` for this rank's op ``expect``
+        ((seq, fingerprint); None outside a collective), naming every distinct call known
+        and the ranks that made it; ``why`` (kept for the group's later errors) explains a
+        mismatch the calls do not show: equal calls run different ways."""
+        if expect is not None:
+            done, at = self.finished_call.get(group), self.mismatched_at.get(group)
+            # raised in a later op: this rank's part of the broken one had completed
+            self._tell_own_call(group, done if done and done[0] == at and expect[0] > at else expect)
+        with self._state_lock:
+            if why:
+                self._why.setdefault(group, why)
+            why = self._why.get(group)
+            members = sorted(self._groups.get(group, ()))
+            calls = dict(self.calls.get(group, {}))
+        text = describe_calls(calls, members)
+        if len(set(calls.values())) < 2:  # the calls do not show it (yet)
+            if why:
+                text = f"{why}; {text}"
+            elif calls and set(members) <= calls.keys():
+                text += (": the same call, run different ways (algorithm=, CHORUS_ALGO_* and CHORUS_TRANSPORT "
+                         "must be the same on every rank)")
+        return CollectiveMismatchError(
+            f"collective mismatch on group {group} (this rank is rank {self.rank}): {text}. The group is "
+            "unusable from now on. Every rank of a group must call the same collectives, in the same order, "
+            "with the same dtype, count, root and op.", group=group, expect=expect)
+
+    def settled(self, error: CollectiveMismatchError, members: Iterable[int],
+                deadline: float | None) -> CollectiveMismatchError:
+        """``error`` as the op raises it: the first time for its group, wait until the call
+        of every live rank of ``members`` (the group's) is known (at most MISMATCH_SETTLE_S,
+        and not past ``deadline``), then name them all.  Only in the thread that raises."""
+        group = error.group
+        if group is None:
+            return error
+        with self._calls_cv:
+            if group not in self._settled:
+                wanted = frozenset(members)
+                until = time.monotonic() + MISMATCH_SETTLE_S
+                until = until if deadline is None else min(until, deadline)
+                self._calls_cv.wait_for(
+                    lambda: wanted <= self.calls.get(group, {}).keys() | self.dead.keys() | self.left,
+                    timeout=max(0.0, until - time.monotonic()))
+                self._settled.add(group)
+        return self.mismatch_error(group, error.expect)
 
     # A frame of another call may never *match* a receive (its tag can differ), so the
     # fingerprints are also compared whenever a collective frame is stashed or a collective
@@ -411,10 +502,11 @@ class Transport:
         if a is not None:
             self.group_mismatch(handle.group, a.peer, a.header.seq, a.header.fingerprint, self.rank)
 
-    def finished(self, group: int, seq: int) -> None:
-        """The engine finished collective ``seq`` of ``group``: a frame of it or of an
-        earlier op that arrives from now on was never meant for this rank."""
+    def finished(self, group: int, seq: int, fingerprint: int = 0) -> None:
+        """The engine finished collective ``seq`` (``fingerprint``) of ``group``: a frame of
+        it or of an earlier op that arrives from now on was never meant for this rank."""
         self.finished_seq[group] = seq
+        self.finished_call[group] = (seq, fingerprint)
 
     def stashed(self, source: int, header: Header) -> None:
         """Transports call this when a frame found no posted receive and was stashed."""
@@ -429,14 +521,6 @@ class Transport:
         if h is not None:
             self.group_mismatch(header.group, source, header.seq, header.fingerprint, self.rank)
 
-    def _mismatch_error(self, expect: tuple[int, int] | None, why: str) -> CollectiveMismatchError:
-        mine = (f"this rank (rank {self.rank}) called {describe(expect[1])} as op #{expect[0]}"
-                if expect else f"this rank (rank {self.rank}) was in a point-to-point op")
-        return CollectiveMismatchError(
-            f"collective mismatch: {why}, but {mine}. The group is unusable from now on. Every rank "
-            "of a group must call the same collectives, in the same order, with the same dtype, "
-            "count, root and op.")
-
     def _notify(self, ranks: list[int], frame: bytes) -> None:
         """Send a payload-less control frame to ``ranks`` (best effort, never blocks long)."""
         raise NotImplementedError
@@ -444,9 +528,9 @@ class Transport:
     def _fail_sends(self, pred: Callable[[Handle], bool], error_for: Callable[[Handle], BaseException]) -> None:
         """Fail queued sends matching ``pred`` (transports with send queues override)."""
 
-    def _flush(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for queued frames to leave (transports with send
-        queues override)."""
+    def flush(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for queued frames (notices included) to leave
+        (transports with send queues override)."""
 
     def close(self) -> None:
         """Leave cleanly: tell peers, stop threads, fail whatever is still pending."""

@@ -22,10 +22,13 @@ Set-up, on the raw socket right after the HELLO (before the reader thread starts
     --- ack (1: mapped, 0: failed) ------->
                                             UNLINK: both mapped it (or gave up)
 
-From the unlink on, the rings exist only as the two processes' mappings and vanish with
-them, ``kill -9`` included.  Only an acceptor killed between create and unlink leaves a
-file, named ``chorus-<CHORUS_JOB_ID>-gp<lo>.<hi>-<random>`` so that
-``chorus.shm.sweep(job_id)`` (chorusrun runs it) removes it.  Segment layout::
+The segment's name is gone as soon as it is created: the connector maps it through the
+acceptor's descriptor (``chorus.host.segment``), which the acceptor closes at UNLINK.
+The rings exist only as the two processes' mappings and vanish with them, ``kill -9``
+at any moment included.  (Only an acceptor killed in the microseconds between the
+``open`` that creates the file and its ``unlink`` leaves a file, named
+``chorus-<CHORUS_JOB_ID>-gp<lo>.<hi>-...`` so that ``chorus.shm.sweep(job_id)``, which
+chorusrun runs, and the next segment created on the host remove it.)  Segment layout::
 
     0              4 KiB               magic, ring bytes, nonce (checked at attach)
     4 KiB          4 KiB + R           ring 0: connector -> acceptor

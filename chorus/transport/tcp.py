@@ -182,8 +182,8 @@ class TcpTransport(Transport):
     # -- set-up ----------------------------------------------------------------------------
     def _connect(self, peer: int, addr: str, deadline: float) -> None:
         host, _, port = addr.rpartition(":")
-        sock = net.connect(host, int(port), max(0.1, deadline - time.monotonic()))
-        net.client_handshake(sock, self._token, b"transport", max(1.0, deadline - time.monotonic()))
+        sock = net.connect_and_handshake(host, int(port), self._token, b"transport",
+                                         max(1.0, deadline - time.monotonic()))
         sock.sendall(control_header(Kind.HELLO, tag=self.rank, group=self.world_size)
                      + self._session.to_bytes(8, "little"))
         sock.settimeout(max(1.0, deadline - time.monotonic()))
@@ -456,7 +456,7 @@ class TcpTransport(Transport):
             for *_, h in doomed:
                 h.complete(error=error_for(h))
 
-    def _flush(self, timeout: float) -> None:
+    def flush(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for conn in list(self._conns.values()):
             with conn.cv:
@@ -534,7 +534,7 @@ class TcpTransport(Transport):
         """Flush queued sends (up to 5 s), say BYE to every peer, close every socket."""
         if self.closed_reason is not None:
             return
-        self._flush(5.0)
+        self.flush(5.0)
         super().close()
         self._closing.set()
         bye = control_header(Kind.BYE)

@@ -4,11 +4,15 @@ Theory of operation: one thread accepts; each accepted connection is admitted by
 thread of its own — the token handshake (``chorus.net``), the HELLO naming the rank and
 the job's session, the shared-memory offer (``shm_link``) — the whole of it within
 ``CHORUS_HANDSHAKE_TIMEOUT`` seconds however slowly its bytes trickle in (a slow-loris
-holds nothing longer).  At most ``CHORUS_MAX_PENDING_CONNECTIONS`` are admitted at once;
-more wait in the kernel's listen backlog, so a flood costs no more threads and
-descriptors than that.  A rank's own connection takes milliseconds, so it gets through
-as soon as a slot frees.  Out of descriptors (EMFILE, ENFILE) the loop logs once, pauses
-(10 ms, doubling to 1 s) and goes on accepting: it ends only when the listener is closed.
+holds nothing longer).  At most ``CHORUS_MAX_PENDING_CONNECTIONS`` are admitted at once
+(``net.Pending``): with no room, the oldest connection that has not sent its opening
+message within a quarter of a second is shed for the newcomer (its thread ends at once),
+else the newcomer waits for room.  A flood thus costs no more threads and descriptors
+than that, and drains from the listen backlog quickly; a rank's own connection opens at
+once, so it is never shed (and one shed before the handshake answered, in a burst of
+them, is made again: ``net.connect_and_handshake``).  Out of descriptors (EMFILE,
+ENFILE) the loop logs once, pauses (10 ms, doubling to 1 s) and goes on accepting: it
+ends only when the listener is closed.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ class Doorway:
         self.connected: Callable[[int], bool] | None = connected
         self.register: Register | None = register  # both dropped at close: no cycle to the transport
         self.handshake_s = config.get("CHORUS_HANDSHAKE_TIMEOUT")
-        self.slots = threading.BoundedSemaphore(config.get("CHORUS_MAX_PENDING_CONNECTIONS"))
+        self.pending = net.Pending(net.pending_limit())
         self.closed = False
 
     def start(self) -> None:
@@ -67,12 +71,9 @@ class Doorway:
     def _accept_loop(self) -> None:
         pause, starved = BACKOFF_S[0], False
         while not self.closed:
-            if not self.slots.acquire(timeout=1.0):
-                continue
             try:
                 sock, addr = self.listener.accept()
             except OSError as exc:
-                self.slots.release()
                 if self.closed or exc.errno in (errno.EBADF, errno.EINVAL):
                     return  # the listener was closed
                 if exc.errno not in OUT_OF_DESCRIPTORS:
@@ -87,19 +88,40 @@ class Doorway:
                 pause = min(2 * pause, BACKOFF_S[1])
                 continue
             pause = BACKOFF_S[0]
+            self._make_room()
+            self.pending.add(sock)
             try:
                 threading.Thread(target=self._admit, args=(sock, addr), daemon=True,
                                  name=f"chorus-admit-r{self.rank}").start()
             except RuntimeError as exc:  # no thread to spare: drop this one
                 log.warning("chorus rank %d: dropped a connection from %s: %s", self.rank, addr, exc)
+                self.pending.remove(sock)
                 sock.close()
-                self.slots.release()
+
+    def _make_room(self) -> None:
+        """Wait until one more connection may be handshaken, shedding the oldest that has
+        not opened yet if need be (its admit thread ends on the shut-down socket)."""
+        while not self.closed:
+            room, victim, wait = self.pending.room()
+            if victim is not None:
+                if self.pending.shed == 1:
+                    log.warning("chorus rank %d: %d connections are handshaking and more arrive: shedding "
+                                "the oldest that sent nothing within %g s (a flood of connections?)",
+                                self.rank, self.pending.limit, net.SHED_AFTER_S)
+                try:
+                    victim.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            if room:
+                return
+            self.pending.wait(wait)
 
     def _admit(self, sock: socket.socket, addr) -> None:
         """Handshake an incoming connection; close and log anything that is not a rank."""
         deadline = time.monotonic() + self.handshake_s
         try:
-            net.server_handshake(sock, self.token, b"transport", self.handshake_s)
+            net.server_handshake(sock, self.token, b"transport", self.handshake_s,
+                                 opened=lambda: self.pending.opened(sock))
             hello = unpack_header(net.recv_exact(sock, HEADER_SIZE, deadline))
             session = int.from_bytes(net.recv_exact(sock, 8, deadline), "little")
             peer = hello.tag
@@ -119,7 +141,8 @@ class Doorway:
                         "within %g s (CHORUS_HANDSHAKE_TIMEOUT)", self.rank, addr, self.handshake_s)
             sock.close()
         except Exception as exc:  # noqa: BLE001 - whatever a stranger sends, the job goes on
-            log.warning("chorus rank %d: rejected a transport connection from %s: %s", self.rank, addr, exc)
+            level = logging.DEBUG if self.pending.was_shed(sock) else logging.WARNING  # a flood: one warning
+            log.log(level, "chorus rank %d: rejected a transport connection from %s: %s", self.rank, addr, exc)
             sock.close()
         finally:
-            self.slots.release()
+            self.pending.remove(sock)

@@ -13,6 +13,7 @@ It is an encoding, not a hash, so the receiving rank can name the peer's call::
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 
 from chorus.wire.dtypes import DTYPE_CODES, dtype_name
 
@@ -45,3 +46,36 @@ def describe(fp: int) -> str:
     if red:
         parts.append(f"op={REDUCE_OPS[red - 1] if red <= len(REDUCE_OPS) else red}")
     return f"{COLLECTIVES[code - 1]}({', '.join(parts)})"
+
+
+def describe_calls(calls: dict[int, tuple[int, int]], members: Iterable[int] = ()) -> str:
+    """Who called what, one clause per distinct call (by lowest rank), then the
+    ``members`` whose call is not known::
+
+        {0: (1, a), 2: (1, a), 1: (1, b)}, members 0..3  ->
+        "ranks [0, 2] called all_reduce(float32, count=1024, op=SUM) as op #1;
+         rank 1 called broadcast(float32, count=1024, root=0) as op #1; rank 3: not known"
+
+    ``calls`` maps a global rank to (op number, fingerprint) of its call."""
+    by_call: dict[tuple[int, int], list[int]] = {}
+    for rank in sorted(calls):
+        by_call.setdefault(calls[rank], []).append(rank)
+    clauses = [f"{ranks_text(ranks)} called {describe(fp)} as op #{seq}" for (seq, fp), ranks in by_call.items()]
+    unknown = sorted(set(members) - set(calls))
+    if unknown:
+        clauses.append(f"{ranks_text(unknown)}: not known")
+    return "; ".join(clauses)
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """``"rank 3"``, ``"ranks [0, 2]"``, ``"ranks [0-63, 65]"`` (runs of 3 or more folded)."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    parts = [f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run)) for run in runs]
+    return f"ranks [{', '.join(parts)}]"

@@ -1,0 +1,1 @@
+"""The fault campaigns of ``tools/fault_campaign.py``, one module each."""
