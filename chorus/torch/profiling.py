@@ -22,14 +22,12 @@ import threading
 
 import torch
 
-_enabled = torch._C._autograd._profiler_enabled
 _enter = torch.autograd._record_function_with_args_enter
 _leave = torch.autograd._record_function_with_args_exit
 
-
-def profiling() -> bool:
-    """Whether torch's profiler is recording in this process."""
-    return _enabled()
+#: ``profiling()``: whether torch's profiler is recording in this process (torch's own
+#: function, called directly: it is asked once per op).
+profiling = torch._C._autograd._profiler_enabled
 
 
 class Recording:
