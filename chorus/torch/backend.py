@@ -44,7 +44,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d
 
 from chorus.api import collectives, exchange, gathering, p2p
 from chorus.errors import InvalidArgumentError, InvalidTensorError
@@ -121,8 +120,10 @@ class ChorusProcessGroup(dist.ProcessGroup):
         unless the group was asked for by another name and given to chorus.  Profiler events
         are named after it, as torch's own backends name theirs.  (``getBackendName`` stays
         "chorus": torch's C++ looks up its own backend objects by that name.)"""
-        entry = distributed_c10d._world.pg_map.get(self)
-        name = str(entry[0]) if entry is not None else BACKEND_NAME
+        try:
+            name = str(dist.get_backend(self))
+        except (ValueError, RuntimeError):  # not (yet) in torch's table of groups
+            return BACKEND_NAME
         return name if name.isidentifier() else BACKEND_NAME  # "cpu:chorus,cuda:nccl": chorus
 
     def rank(self) -> int:

@@ -30,7 +30,8 @@ def all_reduce_sparse(t: torch.Tensor, op, pg) -> None:
             f"chorus.torch all_reduce: sparse tensors are reduced with ReduceOp.SUM only (as gloo), "
             f"got {op}; reduce t.to_dense() for other ops")
     local = t.detach().coalesce()
-    meta = torch.tensor([local._nnz(), local.sparse_dim(), local.dense_dim(), *local.shape], dtype=torch.int64)
+    nnz = local.indices().shape[1]
+    meta = torch.tensor([nnz, local.sparse_dim(), local.dense_dim(), *local.shape], dtype=torch.int64)
     metas = [torch.empty_like(meta) for _ in range(pg.size())]
     gathering.all_gather(metas, meta, group=pg)
     for rank, other in enumerate(metas):
