@@ -5,6 +5,10 @@ Errors about bad input also derive from the built-in ``ValueError`` or ``TypeErr
 which raises those built-ins, keeps catching them.
 
 Each message says what happened, to which op and ranks, and what to do next.
+
+Where chorus runs as a torch backend (``chorus.torch``), the errors that leave it are also
+torch's ``DistBackendError`` / ``DistNetworkError`` / ``DistStoreError``
+(``chorus/torch/errors.py``); this module does not import torch.
 """
 
 from __future__ import annotations

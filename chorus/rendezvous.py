@@ -474,8 +474,8 @@ def _wait_for_verdict(store: Store, prefix: str, world_size: int, timeout: float
         if now - start >= timeout:
             missing = [r for r in range(world_size) if not store.check([f"{prefix}rank/{r}"])]
             raise StoreTimeoutError(
-                f"rendezvous: after {timeout:g} s only {_joined(store, prefix)} of {world_size} ranks "
-                f"joined (missing: ranks {missing}); start every rank, check that they use the same "
+                f"rendezvous: Timed out after {timeout:g} s: only {_joined(store, prefix)} of {world_size} "
+                f"ranks joined (missing: ranks {missing}); start every rank, check that they use the same "
                 f"MASTER_ADDR/MASTER_PORT, or pass a longer timeout")
 
 

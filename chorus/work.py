@@ -222,7 +222,7 @@ class QueuedWork(Work):
         try:
             self._cf.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except concurrent.futures.TimeoutError:
-            raise TimeoutError("Work.wait(timeout=...) expired before the op finished; "
+            raise TimeoutError("Work.wait(timeout=...): Timed out before the op finished; "
                                "the op is still running") from None
 
     def _poll(self) -> bool:

@@ -148,3 +148,15 @@ def test_chorusrun_prints_the_analysis_when_the_job_fails(tmp_path, job):
     assert f"chorusrun: the flight recorders in {dumps} say:" in run.stderr
     assert "MISMATCH at op #2" in run.stderr
     assert "diagnosis: group WORLD (id 0): op #2 is a mismatch" in run.stderr
+
+
+def test_the_silent_ranks_are_read_from_every_timeout_wording():
+    from chorus.debug.flight import waiting_on
+
+    assert waiting_on("recv from rank 1 (seq 2): Timed out waiting for the op's transfers: "
+                      "no answer from ranks [1, 3].") == [1, 3]
+    assert waiting_on("all_reduce (seq 5) on group 0: Timed out after 10.0 s (the group's timeout): "
+                      "rank(s) [2] did not arrive at shared-memory sync #6") == [2]
+    assert waiting_on("Ranks 1, 2 failed to pass monitoredBarrier in 100 ms (op #0 of group WORLD)") == [1, 2]
+    assert waiting_on("Rank 3 failed to pass monitoredBarrier in 100 ms") == [3]
+    assert waiting_on("Rank 0 timed out in monitoredBarrier after 0 ms") == []

@@ -27,6 +27,11 @@ FOREIGN = {
        for name in ("_C", "_cuda_getDevice", "_cuda_getCurrentRawStream")},
     ("chorus/bench/cuda.py", "_sleep"):
         "holding the GPU busy while the CPU enqueues a timed batch has no public call in torch",
+    **{("chorus/torch/profiling.py", name): "a profiler event that shows the op's input tensors "
+                                           "(record_function takes a string) and whether the profiler "
+                                           "records have no public call in torch"
+       for name in ("_record_function_with_args_enter", "_record_function_with_args_exit", "_C", "_autograd",
+                    "_profiler_enabled")},
 }
 
 

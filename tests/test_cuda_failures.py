@@ -47,7 +47,7 @@ def test_timeout_names_op_and_ranks_and_sticks():
     op = comp._name_op("all_reduce (op #7 of group g3)")
     w = comp.ws.words
     w[L.FAIL_OP], w[L.FAIL_WHAT], w[L.FAIL_PEERS], w[L.STATUS] = op, L.WAIT_BARRIER, 0b110, L.TIMEOUT
-    with pytest.raises(CommTimeoutError, match=r"all_reduce \(op #7 of group g3\) timed out after 2 s .*\[5, 6\]"):
+    with pytest.raises(CommTimeoutError, match=r"all_reduce \(op #7 of group g3\): Timed out after 2 s .*\[5, 6\]"):
         comp.check("broadcast")
     assert w[L.ABORT] == 1
     with pytest.raises(CommTimeoutError):  # broken from now on

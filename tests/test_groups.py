@@ -147,11 +147,12 @@ def test_monitored_barrier_names_the_missing_rank():
             time.sleep(1.0)  # never calls the barrier in time
             return "slept"
         if rank == 0:
-            with pytest.raises(dist.CommTimeoutError, match=r"rank\(s\) \[2\] did not arrive"):
+            with pytest.raises(dist.CommTimeoutError, match=r"^Rank 2 failed to pass monitoredBarrier in 300 ms"):
                 dist.monitored_barrier(timeout=0.3)
             time.sleep(0.8)  # stay until the others time out (leaving would tell them at once)
             return "reported"
-        with pytest.raises(dist.CommTimeoutError, match="release the barrier"):
+        with pytest.raises(dist.CommTimeoutError,
+                           match=f"^Rank {rank} successfully reached monitoredBarrier, .*release the barrier"):
             dist.monitored_barrier(timeout=0.6)
         return "released never"
 
@@ -165,3 +166,24 @@ def test_monitored_barrier_passes_when_all_arrive():
         return True
 
     assert run_threads(body, 4) == [True] * 4
+
+
+def test_monitored_barrier_speaks_gloos_words_for_all_missing_ranks_and_no_time():
+    import threading
+
+    reported = threading.Event()  # the absent ranks stay (a rank that leaves is reported at once)
+
+    def body(rank, world):
+        if rank != 0:
+            reported.wait(30)
+            return None
+        try:
+            with pytest.raises(dist.CommTimeoutError, match=r"^Ranks 1, 2 failed to pass monitoredBarrier in 200 ms"):
+                dist.monitored_barrier(timeout=0.2, wait_all_ranks=True)
+            with pytest.raises(dist.CommTimeoutError, match=r"^Rank 0 timed out in monitoredBarrier after 0 ms"):
+                dist.monitored_barrier(timeout=0)
+        finally:
+            reported.set()
+        return "reported"
+
+    assert run_threads(body, 3) == ["reported", None, None]

@@ -99,6 +99,8 @@ def _checks(rank, world, workdir):
         checks += [(f"ddp_{variant}", lambda v=variant: ddp_variant(rank, world, gloo, v))
                    for variant in ("bucket_view", "unused", "no_sync", "fp16_hook")]
         checks.append(("mismatch", lambda: _mismatch(rank)))
+        checks.append(("profiler", lambda: _profiler_events(rank)))
+        checks.append(("sparse", lambda: _sparse(rank)))
         checks.append(("gloo_default", lambda: _gloo_default_job(rank, world, workdir)))
     if world == 4:
         checks.append(("device_mesh", lambda: device_mesh(rank)))
@@ -336,7 +338,34 @@ def _mismatch(rank):
         return {"error": None}
     except Exception as exc:  # noqa: BLE001
         return {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__,
-                "seconds": time.monotonic() - start}
+                "seconds": time.monotonic() - start, "torch_class": isinstance(exc, tdist.DistBackendError)}
+
+
+def _profiler_events(rank):
+    """The events torch's profiler shows for chorus's ops: name, async, input shapes."""
+    t = torch.ones(4, 5)
+    with torch.autograd.profiler.profile(record_shapes=True) as prof:
+        tdist.all_reduce(t)
+        tdist.all_reduce(torch.ones(3, dtype=torch.complex64), async_op=True).wait()
+        if rank == 0:
+            tdist.send(torch.ones(2), dst=1)
+        else:
+            tdist.recv(torch.empty(2), src=0)
+    return sorted((e.name, e.is_async, e.input_shapes) for e in prof.function_events if e.name.startswith("chorus:"))
+
+
+def _sparse(rank):
+    """all_reduce of a sparse COO tensor (SUM, as gloo); other ops and collectives refuse one."""
+    t = torch.sparse_coo_tensor([[rank, 2]], [1.0 + rank, 10.0], (4,))
+    tdist.all_reduce(t)
+    out = {"sum": t.to_dense().tolist()}
+    for name, call in (("max", lambda: tdist.all_reduce(t, op=tdist.ReduceOp.MAX)),
+                       ("broadcast", lambda: tdist.broadcast(t, src=0))):
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 def _gloo_default_job(rank, world, workdir):
@@ -435,5 +464,20 @@ def test_collective_mismatch_in_ddp_fails_every_rank_fast(job2):
         assert "all_reduce(float32, count=3, op=SUM)" in m["error"], m  # names the odd call
         assert m["seconds"] < 5, m
     assert job2[1]["mismatch"]["type"] == "CollectiveMismatchError"  # chorus's own, from all_reduce
+    assert job2[1]["mismatch"]["torch_class"]  # and torch's DistBackendError
+
+
+def test_ops_are_async_events_of_torch_profiler(job2):
+    for rank, r in enumerate(job2):
+        p2p = ("chorus:send", True, [[2]]) if rank == 0 else ("chorus:recv", True, [[2]])
+        assert r["profiler"] == sorted([("chorus:all_reduce", True, [[4, 5]]),
+                                        ("chorus:all_reduce", True, [[3, 2]]), p2p])
+
+
+def test_sparse_all_reduce_sums_and_other_uses_are_refused(job2):
+    for r in job2:
+        assert r["sparse"]["sum"] == [1.0, 2.0, 20.0, 0.0]
+        assert "sparse tensors are reduced with ReduceOp.SUM only" in r["sparse"]["max"]
+        assert "sparse_coo tensor" in r["sparse"]["broadcast"] and ".to_dense()" in r["sparse"]["broadcast"]
     # rank 0 is inside DDP's backward: torch's C++ reducer wraps it in a RuntimeError
     assert isinstance(job2[0]["mismatch"]["type"], str)

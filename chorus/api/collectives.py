@@ -16,7 +16,7 @@ from chorus.api.calls import (
     writable,
 )
 from chorus.buffers import clone, is_torch_tensor
-from chorus.errors import CommTimeoutError
+from chorus.errors import CommTimeoutError, PeerLostError
 from chorus.reductions import ReduceOp, check_op, combiner, divide, scale
 from chorus.wire.fingerprint import fingerprint
 from chorus.wire.frames import Kind
@@ -128,30 +128,41 @@ _TOKEN = np.empty(0, np.uint8)  # the barrier's messages carry no data
 def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
     """A barrier that names the ranks that did not arrive within ``timeout``.
 
-    Every rank reports to group rank 0, which answers when all arrived.  If some do not
-    arrive in time, rank 0 raises CommTimeoutError naming the first missing rank (all
-    missing ranks with ``wait_all_ranks=True``), and the others raise because rank 0
-    never released them.
+    Every rank reports to group rank 0, which answers when all arrived.  The errors use
+    gloo's words, so code that matches them keeps working (ranks are global ranks)::
 
-    rank 0, 1: monitored_barrier(timeout=30)   rank 2: stuck elsewhere
-      -> rank 0: CommTimeoutError "... rank(s) [2] did not arrive within 30.0 s ..."
+        rank 0, rank 1 missing:   CommTimeoutError "Rank 1 failed to pass monitoredBarrier in 2000 ms ..."
+          (wait_all_ranks=True)   CommTimeoutError "Ranks 1, 2 failed to pass monitoredBarrier in 2000 ms ..."
+        rank 0, timeout <= 0:     CommTimeoutError "Rank 0 timed out in monitoredBarrier after 0 ms ..."
+        rank 1, never released:   "Rank 1 successfully reached monitoredBarrier, but received
+                                  errors while waiting for send/recv from rank 0 ..." (the
+                                  CommTimeoutError or PeerLostError it got)
     """
     pg = member_group(group, "monitored_barrier")
     if pg is None:
         return None
     limit = seconds(timeout)
     ctx = pg.next_context("monitored_barrier", _MB_FP, limit)
+    allowed_ms = round(1000 * (pg.timeout if limit is None else limit))
     token = memoryview(b"")
     t = pg.transport
     post = dict(kind=Kind.COLL, group=pg.id, expect=(ctx.seq, ctx.fingerprint))
     send = dict(kind=Kind.COLL, group=pg.id, seq=ctx.seq, fingerprint=ctx.fingerprint)
+    root = pg.members[0]
     if pg.rank() != 0:
-        t.wait_all([t.isend(pg.members[0], token, tag=0, **send)], ctx.deadline, ctx.describe, label=ctx.label)
-        t.wait_all([t.irecv(pg.members[0], memoryview(bytearray(0)), tag=1, **post)], ctx.deadline,
-                   lambda: f"{ctx.describe()}: waiting for rank {pg.members[0]} to release the barrier",
-                   label=ctx.label)
+        try:
+            t.wait_all([t.isend(root, token, tag=0, **send)], ctx.deadline, ctx.describe, label=ctx.label)
+            t.wait_all([t.irecv(root, memoryview(bytearray(0)), tag=1, **post)], ctx.deadline,
+                       lambda: f"{ctx.describe()}: waiting for rank {root} to release the barrier",
+                       label=ctx.label)
+        except (CommTimeoutError, PeerLostError) as exc:
+            raise _unreleased(exc, pg.members[pg.rank()], root) from exc
         return None
     arrivals = {r: t.irecv(pg.members[r], memoryview(bytearray(0)), tag=0, **post) for r in range(1, pg.size())}
+    if allowed_ms <= 0 and arrivals:
+        raise CommTimeoutError(
+            f"Rank {root} timed out in monitoredBarrier after {allowed_ms} ms (op #{ctx.seq} of group "
+            f"{pg.name}): no time left to wait for ranks {list(pg.members[1:])}; pass a positive timeout")
     waiting = list(arrivals.values())
     for handle in waiting:
         if not handle.done():
@@ -160,15 +171,25 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
     missing = [pg.members[r] for r, h in arrivals.items() if not h.done()]
     if missing:
         shown = missing if wait_all_ranks else missing[:1]
+        who = f"Ranks {', '.join(map(str, shown))}" if len(shown) > 1 else f"Rank {shown[0]}"
         raise CommTimeoutError(
-            f"monitored_barrier (op #{ctx.seq} of group {pg.name}): rank(s) {shown} did not arrive within "
-            f"{pg.timeout if limit is None else limit} s; they are hung, slow, or called another op")
+            f"{who} failed to pass monitoredBarrier in {allowed_ms} ms (op #{ctx.seq} of group {pg.name}); "
+            "they are hung, slow, or called another op")
     for h in arrivals.values():
         if h.error is not None:
             raise h.error
     t.wait_all([t.isend(pg.members[r], token, tag=1, **send) for r in range(1, pg.size())],
                ctx.deadline, ctx.describe, label=ctx.label)
     return None
+
+
+def _unreleased(exc: CommTimeoutError | PeerLostError, me: int, root: int) -> CommTimeoutError | PeerLostError:
+    """What a rank that reached the monitored barrier raises when its root never released it."""
+    message = (f"Rank {me} successfully reached monitoredBarrier, but received errors while waiting for "
+               f"send/recv from rank {root}. Rank {root}'s error names the faulty rank. ({exc})")
+    if isinstance(exc, PeerLostError):
+        return PeerLostError(message, exc.lost_rank, exc.reporter)
+    return CommTimeoutError(message)
 
 
 _MB_FP = fingerprint("monitored_barrier")

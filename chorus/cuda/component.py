@@ -356,7 +356,7 @@ class CudaComponent(Component):
             return type(lost)(f"{where}: {lost}")
         if status == L.TIMEOUT:
             return CommTimeoutError(
-                f"{where}: {op} timed out after {self.pg.timeout:g} s waiting for rank(s) {ranks} to {waited}; "
+                f"{where}: {op}: Timed out after {self.pg.timeout:g} s waiting for rank(s) {ranks} to {waited}; "
                 "they are hung, slow, or called another op. The group's CUDA ops are unusable from now on.")
         if status == L.SIZE_MISMATCH:
             return BufferMismatchError(

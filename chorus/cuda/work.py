@@ -68,8 +68,8 @@ class CudaWork(Work):
         else:
             while not self._event.query():
                 if time.monotonic() >= deadline:
-                    raise TimeoutError("Work.wait(timeout=...) expired before the op finished on the GPU; "
-                                       "the op is still running")
+                    raise TimeoutError("Work.wait(timeout=...): Timed out before the op finished on the "
+                                       "GPU; the op is still running")
                 time.sleep(50e-6)
         self._done()
         if self._error is not None:

@@ -258,9 +258,11 @@ def on_error(rank: int, exc: BaseException) -> None:
 
 # -- the file ----------------------------------------------------------------------------
 
-# Peers named by the errors of a wait (chorus.transport.handles.wait_all, chorus.shm.sync).
+# Peers named by the errors of a wait (chorus.transport.handles.wait_all, chorus.shm.sync,
+# monitored_barrier's gloo wording).
 _WAITING = (re.compile(r"no answer from ranks \[([\d, ]*)\]"),
-            re.compile(r"rank\(s\) \[([\d, ]*)\] did not arrive"))
+            re.compile(r"rank\(s\) \[([\d, ]*)\] did not arrive"),
+            re.compile(r"Ranks? ([\d, ]*\d) failed to pass monitoredBarrier"))
 
 
 def waiting_on(error: str) -> list[int]:

@@ -576,6 +576,6 @@ class Sync:
     def _timeout(self, target: int, ctx, waited: float) -> CommTimeoutError:
         missing = [self.members[q] for q in self._pending(target)]
         return CommTimeoutError(
-            f"{ctx.describe()}: rank(s) {missing} did not arrive at shared-memory sync #{target} "
-            f"within {waited:.1f} s (the group's timeout); they are hung, slow, or called another op. "
+            f"{ctx.describe()}: Timed out after {waited:.1f} s (the group's timeout): rank(s) {missing} "
+            f"did not arrive at shared-memory sync #{target}; they are hung, slow, or called another op. "
             "Their output (or py-spy dump) shows where they are.")

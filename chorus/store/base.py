@@ -68,7 +68,7 @@ def timeout_error(what: str, missing: Sequence[str], seconds: float) -> StoreTim
     """Return the StoreTimeoutError for a ``what`` call still missing ``missing`` keys."""
     names = ", ".join(repr(k) for k in missing)
     return StoreTimeoutError(
-        f"store {what} timed out after {seconds:g}s waiting for key(s) {names}; the rank that "
+        f"store {what}: Timed out after {seconds:g}s waiting for key(s) {names}; the rank that "
         f"sets them may have failed or not started yet: check its log, or pass a longer "
         f"timeout (init_process_group(timeout=...) or store.set_timeout)"
     )

@@ -133,8 +133,8 @@ class TCPStore(Store):
         joined = self._server.wait_for_clients(world_size, self._timeout)
         if joined < world_size:
             raise StoreTimeoutError(
-                f"the TCPStore master on {self.host}:{self.port} waited {self._timeout:g}s "
-                f"for {world_size} clients but only {joined} connected; start the other "
+                f"the TCPStore master on {self.host}:{self.port}: Timed out after {self._timeout:g}s "
+                f"waiting for {world_size} clients but only {joined} connected; start the other "
                 f"ranks, check that they use this MASTER_ADDR/MASTER_PORT, or raise the timeout"
             )
 

@@ -18,7 +18,11 @@ Pieces (one concept per module):
 * ``work``      — ``TorchWork``, the torch ``Work`` / ``Future`` over chorus ops;
 * ``fabric``    — chorus transports and groups made from what torch passes the backend;
 * ``stores``    — store adapters in both directions;
-* ``rendezvous``— ``init_method="chorus://"``, and ``env://`` through chorusrun's store.
+* ``rendezvous``— ``init_method="chorus://"``, and ``env://`` through chorusrun's store;
+* ``errors``    — chorus's errors as torch's ``DistBackendError`` / ``DistNetworkError`` /
+  ``DistStoreError``;
+* ``profiling`` — each op as an event of torch's profiler;
+* ``sparse``    — all_reduce of sparse COO tensors.
 
 Registration: torch 2.13 loads out-of-tree *device* extensions through the
 ``torch.backends`` entry-point group, but has no entry point for *process-group*
@@ -46,10 +50,15 @@ __all__ = ["BACKEND_NAME", "ChorusProcessGroup", "ChorusView", "TorchView", "Tor
 
 def create_process_group(opts, backend_options=None) -> ChorusProcessGroup:
     """The backend creator torch calls (extended API) for every group of backend "chorus"."""
+    from chorus.torch.errors import as_torch_error
     from chorus.torch.fabric import join
 
-    membership = join(opts.store, opts.group_rank, opts.group_size, opts.timeout.total_seconds(),
-                      str(opts.group_id), list(opts.global_ranks_in_group))
+    try:
+        membership = join(opts.store, opts.group_rank, opts.group_size, opts.timeout.total_seconds(),
+                          str(opts.group_id), list(opts.global_ranks_in_group))
+    except BaseException as exc:
+        as_torch_error(exc)  # RendezvousError: a DistNetworkError, StoreTimeoutError: a DistStoreError
+        raise
     return ChorusProcessGroup(membership, opts.group_rank, opts.group_size, str(opts.group_id))
 
 

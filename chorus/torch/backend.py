@@ -29,6 +29,12 @@ thread in issue order and the returned :class:`~chorus.torch.work.TorchWork` del
 the result or the error.
 
 ``monitored_barrier`` is implemented, but torch 2.13 only routes it to gloo groups.
+
+Errors leave as torch's ``DistBackendError`` / ``DistNetworkError`` / ``DistStoreError``
+(still chorus's classes too: chorus.torch.errors).  While torch's profiler records, each op
+adds a ``"chorus:<op>"`` event (chorus.torch.profiling).  A sparse COO tensor is all-reduced
+(SUM) as gloo does it (chorus.torch.sparse); the other collectives refuse sparse tensors
+before anything is sent.
 """
 
 from __future__ import annotations
@@ -42,8 +48,11 @@ import torch.distributed as dist
 from chorus.api import collectives, exchange, gathering, p2p
 from chorus.errors import InvalidArgumentError, InvalidTensorError
 from chorus.reductions import ReduceOp, make_premul_sum
+from chorus.torch.errors import as_torch_error
 from chorus.torch.fabric import Membership, entered
+from chorus.torch.profiling import Recording, profiling
 from chorus.torch.sharing import Sharing, unmarked_view
+from chorus.torch.sparse import all_reduce_sparse
 from chorus.torch.work import TorchWork
 
 BACKEND_NAME = "chorus"
@@ -106,6 +115,17 @@ class ChorusProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
 
+    def _name_in_torch(self) -> str:
+        """The backend name torch created this group under (``get_backend(group)``): "chorus",
+        unless the group was asked for by another name and given to chorus.  Profiler events
+        are named after it, as torch's own backends name theirs.  (``getBackendName`` stays
+        "chorus": torch's C++ looks up its own backend objects by that name.)"""
+        try:
+            name = str(dist.get_backend(self))
+        except (ValueError, RuntimeError):  # not (yet) in torch's table of groups
+            return BACKEND_NAME
+        return name if name.isidentifier() else BACKEND_NAME  # "cpu:chorus,cuda:nccl": chorus
+
     def rank(self) -> int:
         return self._rank
 
@@ -137,26 +157,49 @@ class ChorusProcessGroup(dist.ProcessGroup):
         self._membership.close()
 
     # -- issuing -------------------------------------------------------------------------
-    def _issue(self, op: str, opts, tensors, calls, result, finish=None) -> TorchWork:
-        """Run ``calls`` (each ``call(async_op)`` issues one chorus op) in issue order."""
+    def _issue(self, op: str, opts, tensors, calls, result, finish=None, inputs=None) -> TorchWork:
+        """Run ``calls`` (each ``call(async_op)`` issues one chorus op) in issue order.
+
+        ``op`` is torch's name for the op (its profiler events' names); ``inputs`` are the
+        tensors the event shows (``tensors``, inputs and outputs, unless given)."""
         _check_cpu(op, tensors)
         async_op = _async(opts)
-        with entered(self._world):
-            works = [call(async_op) for call in calls]
-        work = TorchWork(works if async_op else [], result, finish)
+        works, recording = self._start(op, tensors if inputs is None else inputs, calls, async_op)
+        work = TorchWork(works if async_op else [], result, finish, recording=recording)
         if async_op:
             self._sharing.issued(tensors, work)  # their storages are not moved while it runs
         return work
+
+    def _start(self, op: str, inputs, calls, async_op: bool) -> tuple[list, Recording | None]:
+        """``call(async_op)`` for each call, in this group's chorus World, under the op's
+        profiler event while torch's profiler records; chorus's errors leave as torch's."""
+        recording = self._record(op, inputs) if profiling() else None
+        try:
+            with entered(self._world):
+                return [call(async_op) for call in calls], recording
+        except BaseException as exc:
+            if recording is not None:
+                recording.close()
+            as_torch_error(exc)
+            raise
+
+    def _record(self, op: str, inputs) -> Recording:
+        """The profiler event of one op, as gloo's: complex tensors shown as real views."""
+        shown = [torch.view_as_real(t) if t.is_complex() else t for t in inputs]
+        return Recording(f"{self._name_in_torch()}:{op}", shown)
 
     # -- reductions ----------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         """Large tensors all-reduced again and again (DDP's buckets) move into shared memory
         (chorus.torch.sharing) before the view of their memory is taken."""
         op = chorus_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
+        if tensors and tensors[0].is_sparse:
+            calls = [functools.partial(_all_reduce_sparse, t, op, self._pg) for t in tensors]
+            return self._issue("sparse_all_reduce", opts, tensors, calls, list(tensors))
         for t in tensors:
             self._sharing.offer(t)
         calls = [functools.partial(_all_reduce, _array(t, self._sharing.share_bytes), op, self._pg) for t in tensors]
-        return self._issue("allreduce", opts, tensors, calls, list(tensors))
+        return self._issue("all_reduce", opts, tensors, calls, list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         """One all_reduce over the tensors flattened (per dtype), copied back at the end."""
@@ -168,7 +211,7 @@ class ChorusProcessGroup(dist.ProcessGroup):
             flats.append(flat)
             finishers.append(functools.partial(_unflatten, flat, same))
         calls = [functools.partial(_all_reduce, flat, op, self._pg) for flat in flats]
-        return self._issue("allreduce_coalesced", opts, tensors, calls, list(tensors),
+        return self._issue("all_reduce", opts, tensors, calls, list(tensors),
                            finish=lambda: [f() for f in finishers])
 
     def reduce(self, tensors, opts=None):
@@ -182,7 +225,8 @@ class ChorusProcessGroup(dist.ProcessGroup):
         calls = [lambda a, o=o, ins=ins: exchange.reduce_scatter(o, list(ins), op=op, group=self._pg, async_op=a)
                  for o, ins in zip(output_tensors, input_tensors, strict=True)]
         flat_in = [t for ins in input_tensors for t in ins]
-        return self._issue("reduce_scatter", opts, [*output_tensors, *flat_in], calls, list(output_tensors))
+        return self._issue("reduce_scatter", opts, [*output_tensors, *flat_in], calls, list(output_tensors),
+                           inputs=flat_in)
 
     def reduce_scatter_single(self, output, input, opts=None):
         return self.reduce_scatter_single_coalesced([output], [input], opts)
@@ -193,7 +237,7 @@ class ChorusProcessGroup(dist.ProcessGroup):
         op = chorus_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
         calls = [lambda a, o=o, i=i: exchange.reduce_scatter_tensor(o, i, op=op, group=self._pg, async_op=a)
                  for o, i in zip(outputs, inputs, strict=True)]
-        return self._issue("reduce_scatter_tensor", opts, [*outputs, *inputs], calls, list(outputs))
+        return self._issue("reduce_scatter_tensor", opts, [*outputs, *inputs], calls, list(outputs), inputs=inputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -202,7 +246,8 @@ class ChorusProcessGroup(dist.ProcessGroup):
         calls = [lambda a, outs=outs, t=t: gathering.all_gather(list(outs), t, group=self._pg, async_op=a)
                  for outs, t in zip(output_tensors, input_tensors, strict=True)]
         flat_out = [o for outs in output_tensors for o in outs]
-        return self._issue("allgather", opts, [*flat_out, *input_tensors], calls, list(output_tensors))
+        return self._issue("all_gather", opts, [*flat_out, *input_tensors], calls, list(output_tensors),
+                           inputs=input_tensors)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """``output_lists[r][j]`` receives rank r's ``input_list[j]``."""
@@ -210,7 +255,8 @@ class ChorusProcessGroup(dist.ProcessGroup):
                                                          async_op=a)
                  for j, t in enumerate(input_list)]
         flat_out = [o for outs in output_lists for o in outs]
-        return self._issue("allgather_coalesced", opts, [*flat_out, *input_list], calls, list(output_lists))
+        return self._issue("all_gather", opts, [*flat_out, *input_list], calls, list(output_lists),
+                           inputs=input_list)
 
     def all_gather_single(self, output, input, opts=None):
         return self.all_gather_single_coalesced([output], [input], opts)
@@ -220,7 +266,7 @@ class ChorusProcessGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         calls = [lambda a, o=o, i=i: gathering.all_gather_into_tensor(o, i, group=self._pg, async_op=a)
                  for o, i in zip(outputs, inputs, strict=True)]
-        return self._issue("all_gather_into_tensor", opts, [*outputs, *inputs], calls, list(outputs))
+        return self._issue("all_gather_into_tensor", opts, [*outputs, *inputs], calls, list(outputs), inputs=inputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -229,14 +275,14 @@ class ChorusProcessGroup(dist.ProcessGroup):
         outs = list(output_tensors[0]) if output_tensors else None
         t = input_tensors[0]
         call = functools.partial(_gather, t, outs, root, self._pg)
-        return self._issue("gather", opts, [t, *(outs or [])], [call], [outs or []])
+        return self._issue("gather", opts, [t, *(outs or [])], [call], [outs or []], inputs=[t])
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = _root(opts, "scatter")
         ins = list(input_tensors[0]) if input_tensors else None
         t = output_tensors[0]
         call = functools.partial(_scatter, t, ins, root, self._pg)
-        return self._issue("scatter", opts, [t, *(ins or [])], [call], [t])
+        return self._issue("scatter", opts, [t, *(ins or [])], [call], [t], inputs=ins or [])
 
     def broadcast(self, tensors, opts=None):
         root = _root(opts, "broadcast")
@@ -245,7 +291,8 @@ class ChorusProcessGroup(dist.ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         call = functools.partial(_all_to_all, list(output_tensors), list(input_tensors), self._pg)
-        return self._issue("alltoall", opts, [*output_tensors, *input_tensors], [call], list(output_tensors))
+        return self._issue("all_to_all", opts, [*output_tensors, *input_tensors], [call], list(output_tensors),
+                           inputs=input_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, opts=None):
         out_splits = list(output_split_sizes) if output_split_sizes else None
@@ -256,7 +303,7 @@ class ChorusProcessGroup(dist.ProcessGroup):
         def call(a):
             return exchange.all_to_all_single(output, source, out_splits, in_splits, group=self._pg, async_op=a)
 
-        return self._issue("all_to_all_single", opts, [output, input], [call], [output])
+        return self._issue("all_to_all", opts, [output, input], [call], [output], inputs=[input])
 
     alltoall_base = all_to_all_single
 
@@ -266,28 +313,33 @@ class ChorusProcessGroup(dist.ProcessGroup):
 
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        with entered(self._world):
-            collectives.monitored_barrier(self._pg, timeout=limit, wait_all_ranks=wait_all_ranks)
+        try:
+            with entered(self._world):
+                collectives.monitored_barrier(self._pg, timeout=limit, wait_all_ranks=wait_all_ranks)
+        except BaseException as exc:
+            as_torch_error(exc)
+            raise
 
     # -- point-to-point ------------------------------------------------------------------------
     def send(self, tensors, dstRank: int, tag: int = 0):  # noqa: N803 - torch's names
-        _check_cpu("send", tensors)
-        with entered(self._world):
-            works = [p2p.isend(t, group=self._pg, tag=tag, group_dst=dstRank) for t in tensors]
-        return TorchWork(works, list(tensors))
+        return self._point("send", tensors, [functools.partial(_isend, self._pg, tag, dstRank, t) for t in tensors])
 
     def recv(self, tensors, srcRank: int, tag: int = 0):  # noqa: N803
-        _check_cpu("recv", tensors)
-        with entered(self._world):
-            works = [p2p.irecv(t, group=self._pg, tag=tag, group_src=srcRank) for t in tensors]
-        return TorchWork(works, list(tensors), source_rank=lambda: srcRank)
+        return self._point("recv", tensors, [functools.partial(_irecv, self._pg, tag, srcRank, t) for t in tensors],
+                           lambda works: srcRank)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        _check_cpu("recv_anysource", tensors)
-        with entered(self._world):
-            work = p2p.irecv(tensors[0], group=self._pg, tag=tag)
         pg = self._pg
-        return TorchWork([work], list(tensors), source_rank=lambda: pg.group_rank(work.source_rank()))
+        return self._point("recvAnySource", tensors[:1], [functools.partial(_irecv, pg, tag, None, tensors[0])],
+                           lambda works: pg.group_rank(works[0].source_rank()), result=list(tensors))
+
+    def _point(self, op: str, tensors, calls, source_rank=None, result=None) -> TorchWork:
+        """``calls`` (an isend or irecv of each tensor) as one torch Work."""
+        _check_cpu(op, tensors)
+        works, recording = self._start(op, tensors, calls, True)
+        rank_of = None if source_rank is None else functools.partial(source_rank, works)
+        return TorchWork(works, list(tensors) if result is None else result, source_rank=rank_of,
+                         recording=recording)
 
 
 # Module-level helpers (partial() of these costs less than a closure per call).
@@ -315,6 +367,19 @@ def _array(t, share_bytes: int):
 
 def _all_reduce(t, op, pg, async_op):
     return collectives.all_reduce(t, op=op, group=pg, async_op=async_op)
+
+
+def _all_reduce_sparse(t, op, pg, async_op):
+    """Runs at once, also for async_op (three all_gathers in issue order): no Work."""
+    all_reduce_sparse(t, op, pg)
+
+
+def _isend(pg, tag, dst, t, async_op):
+    return p2p.isend(t, group=pg, tag=tag, group_dst=dst)
+
+
+def _irecv(pg, tag, src, t, async_op):
+    return p2p.irecv(t, group=pg, tag=tag, group_src=src)
 
 
 def _broadcast(t, root, pg, async_op):

@@ -22,6 +22,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from chorus.store.base import DEFAULT_TIMEOUT, Store, to_value
+from chorus.torch.errors import as_torch_error
 
 
 class ChorusView(Store):
@@ -76,7 +77,7 @@ class TorchView(dist.Store):
 
     torch calls these methods from C++ (gloo's rendezvous included) through its Python
     store trampoline; each one forwards to the chorus store, which raises chorus's
-    StoreTimeoutError (a TimeoutError) naming the missing keys.
+    StoreTimeoutError (a TimeoutError, and torch's DistStoreError) naming the missing keys.
     """
 
     def __init__(self, chorus_store: Store):
@@ -87,7 +88,11 @@ class TorchView(dist.Store):
         self.chorus_store.set(key, to_value(value))
 
     def get(self, key: str) -> bytes:
-        return self.chorus_store.get(key, self._wait_limit())
+        try:
+            return self.chorus_store.get(key, self._wait_limit())
+        except BaseException as exc:
+            as_torch_error(exc)  # a StoreTimeoutError is torch's DistStoreError too
+            raise
 
     def add(self, key: str, value: int) -> int:
         return self.chorus_store.add(key, value)
@@ -96,7 +101,11 @@ class TorchView(dist.Store):
         return self.chorus_store.compare_set(key, to_value(expected), to_value(desired))
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        self.chorus_store.wait(list(keys), self._wait_limit() if timeout is None else timeout)
+        try:
+            self.chorus_store.wait(list(keys), self._wait_limit() if timeout is None else timeout)
+        except BaseException as exc:
+            as_torch_error(exc)
+            raise
 
     def check(self, keys: list[str]) -> bool:
         return self.chorus_store.check(list(keys))

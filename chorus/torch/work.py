@@ -25,6 +25,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from chorus.torch.errors import as_torch_error
+from chorus.torch.profiling import Recording
 from chorus.work import Work
 
 
@@ -40,12 +42,13 @@ class TorchWork(dist.Work):
     """A torch Work for chorus ops ``works`` (None entries ran synchronously)."""
 
     def __init__(self, works: list[Work | None], result: list, finish: Callable[[], None] | None = None,
-                 source_rank: Callable[[], int] | None = None):
+                 source_rank: Callable[[], int] | None = None, recording: Recording | None = None):
         super().__init__()
         self._works = [w for w in works if w is not None]
         self._result = result
         self._finish = finish
         self._source_rank_fn = source_rank
+        self._recording = recording  # the op's profiler event, ended when the op is done
         self._lock = threading.Lock()
         self._done = False
         self._error: BaseException | None = None
@@ -140,6 +143,10 @@ class TorchWork(dist.Work):
 
     def _complete(self, error: BaseException | None) -> None:
         """Run ``finish`` once (if every op succeeded), then resolve the future."""
+        if self._recording is not None:
+            self._recording.close()
+        if error is not None:
+            as_torch_error(error)
         with self._lock:
             if self._done:
                 return

@@ -106,8 +106,9 @@ def wait_all(handles: Iterable[Handle], deadline: float | None, what: Callable[[
             if anysrc and pending:
                 who += " and any-source receives"
             raise CommTimeoutError(
-                f"{what()} timed out: no answer from {who}. Check that every rank of the group "
-                "calls the same ops in the same order; raise timeout= if the peers are just slow."
+                f"{what()}: Timed out waiting for the op's transfers: no answer from {who}. Check that "
+                "every rank of the group calls the same ops in the same order; raise timeout= if the "
+                "peers are just slow."
             )
         if h.error is not None:
             raise h.error
