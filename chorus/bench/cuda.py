@@ -335,36 +335,40 @@ def _human(nbytes: int) -> str:
     return str(nbytes)
 
 
+def _label(lib: str) -> str:
+    """A library's name in a column of 9 (symm-mem's as s1shot / s2shot; a chorus
+    algorithm by its own name)."""
+    return lib.replace("symm-", "s").replace("chorus:", "")[:9]
+
+
 def format_table(rows: list[dict], collective: str, world: int, dtype: str) -> str:
-    """nccl-tests' columns per library (time = GPU us per call; cpu = CPU us per call),
-    then each baseline's time over chorus's (``x`` > 1: chorus is faster)."""
+    """One line per size, within 100 columns for chorus, NCCL and torch's two symm-mem
+    ops: each library's GPU time per call (us), chorus's bus bandwidth (GB/s) and CPU
+    time per call (us), each baseline's time over chorus's ("x nccl" > 1: chorus is
+    faster), and #wrong, every library's wrong elements together.  The rest (count,
+    algbw, every library's busbw, CPU time and #wrong) is in the ``--json`` document."""
     libs = list(dict.fromkeys(r["library"] for r in rows))
     libs.sort(key=lambda lib: (not lib.startswith("chorus"), lib != "chorus", lib))
     by = {(r["library"], r["nbytes"]): r for r in rows}
-    head = f"{'size':>6} {'count':>10} {'type':>8}"
-    for lib in libs:
-        head += f" | {lib[:11]:>11} {'us':>3} {'cpu us':>6} {'algbw':>6} {'busbw':>6} {'#wrong':>6}"
+    mine = "chorus" if any(lib == "chorus" for lib in libs) else libs[0]
     others = [lib for lib in libs if not lib.startswith("chorus")]
-    for lib in others:
-        head += f" | {'x ' + lib[:10]:>12}"
+    head = (f"{'size':>6}" + "".join(f" {_label(lib) + ' us':>9}" for lib in libs) + f" {'busbw':>6} {'cpu us':>6}"
+            + "".join(f" {'x ' + _label(lib)[:6]:>8}" for lib in others) + f" {'#wrong':>6}")
     lines = [head, "-" * len(head)]
     factor = BUS[collective](world)
     for size in sorted({r["nbytes"] for r in rows}):
-        first = next(by[(lib, size)] for lib in libs if (lib, size) in by)
-        line = f"{_human(size):>6} {first['count']:>10} {dtype[:8]:>8}"
+        line = f"{_human(size):>6}"
         for lib in libs:
             r = by.get((lib, size))
-            if r is None:
-                line += f" | {'-':>15} {'-':>6} {'-':>6} {'-':>6} {'-':>6}"
-                continue
-            algbw = size / r["seconds"] / 1e9 if r["seconds"] else 0.0
-            line += (f" | {r['seconds'] * 1e6:>15.1f} {r['cpu_seconds'] * 1e6:>6.1f} {algbw:>6.1f} "
-                     f"{algbw * factor:>6.1f} {r['wrong']:>6}")
-        c = by.get(("chorus", size))
+            line += f" {r['seconds'] * 1e6:>9.1f}" if r else f" {'-':>9}"
+        c = by.get((mine, size))
+        busbw = size / c["seconds"] / 1e9 * factor if c and c["seconds"] else None
+        line += f" {busbw:>6.1f} {c['cpu_seconds'] * 1e6:>6.1f}" if busbw is not None else f" {'-':>6} {'-':>6}"
         for lib in others:
             r = by.get((lib, size))
-            line += (f" | {r['seconds'] / c['seconds']:>11.2f}x" if r and c and c["seconds"] else f" | {'-':>12}")
-        lines.append(line)
+            line += f" {r['seconds'] / c['seconds']:>7.2f}x" if r and c and c["seconds"] else f" {'-':>8}"
+        checked = [by[(lib, size)]["wrong"] for lib in libs if (lib, size) in by and by[(lib, size)]["wrong"] >= 0]
+        lines.append(line + (f" {sum(checked):>6}" if checked else f" {'-':>6}"))  # (-1: not checked)
     return "\n".join(lines)
 
 
