@@ -145,16 +145,27 @@ def test_no_false_mismatch_while_a_late_rank_moves_from_one_op_to_the_next():
 def test_waiters_stop_yielding_when_yields_are_slow(monkeypatch):
     """Next to a busy task a sched_yield() lasts until the task's time slice ends; three
     slow yields in a row make waits sleep instead (chorus.shm.sync)."""
+    import threading
     import time
 
     import chorus.shm.sync as shm_sync
 
-    monkeypatch.setattr(shm_sync.os, "sched_yield", lambda: time.sleep(2e-4))  # a "slow" yield
+    yields = []
+    three = threading.Event()
+
+    def slow_yield():  # a "slow" yield, counted
+        time.sleep(2e-4)
+        yields.append(threading.get_ident())
+        if len(yields) >= 3:
+            three.set()
+
+    monkeypatch.setattr(shm_sync.os, "sched_yield", slow_yield)
     monkeypatch.setattr(shm_sync, "SLEEP_ONLY_S", 30.0)  # still sleeping when the test looks
+    monkeypatch.setenv("CHORUS_SHM_YIELD_US", str(30_000_000))  # a window of yields no preemption outlasts
 
     def body(rank, w):
         if rank == 1:
-            time.sleep(0.05)  # rank 0 waits (and yields) meanwhile
+            assert three.wait(30)  # rank 0 waits in the all_reduce, yielding, until then
         dist.all_reduce(np.ones(2))
         return dist.group.WORLD.shm.sync.sleep_only_until - time.monotonic()
 
