@@ -85,3 +85,28 @@ def test_tiny_real_run_shows_every_variant_and_equal_losses(tmp_path, monkeypatc
     assert doc["settings"]["parameters"] == ddp.parameters(16, 32)
     for v in doc["variants"].values():
         assert len(v["steps"]) == 3 and v["min"] > 0 and v["cpu"] >= 0
+
+
+def test_on_gpus_the_baseline_is_nccl():
+    """--device cuda: the same variants against NCCL, and its ratios and losses named so."""
+    assert ddp.variants_for("nccl") == ("compute", "ddp no_sync", "ddp nccl", "ddp chorus", "all_reduce nccl",
+                                        "all_reduce chorus")
+    r0 = {"times": {"ddp nccl": [0.020, 0.022], "ddp chorus": [0.019, 0.021]},
+          "cpu": {"ddp nccl": [0.01, 0.01], "ddp chorus": [0.01, 0.01]},
+          "losses": {"ddp chorus": [1.0, 0.5], "ddp nccl": [1.0, 0.50000001]}, "buckets": [4096]}
+    s = ddp.summarize([r0], ["ddp nccl", "ddp chorus"], "nccl")
+    assert s["ratios"]["ddp"]["median"] == pytest.approx(0.020 / 0.021) and s["losses_equal"]
+    table = ddp.format_table(s, "nccl")
+    assert table.splitlines()[0].split()[-1] == "chorus/nccl" and table.splitlines()[-1].endswith("0.95x")
+
+
+def test_on_gpus_without_enough_of_them_it_says_so(capsys, monkeypatch):
+    pytest.importorskip("torch")
+    import torch
+
+    monkeypatch.delenv("CHORUS_BENCH_CUDA_DRY", raising=False)
+    world = torch.cuda.device_count() + 1
+    assert ddp.main(["--device", "cuda", "--world", str(world)]) == 2
+    err = capsys.readouterr().err
+    assert f"--device cuda --world {world}" in err and "one per rank" in err
+    assert ddp.main(["--device", "cuda", "--world", str(world), "--variants", "ddp gloo"]) == 2  # NCCL's names

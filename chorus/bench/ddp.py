@@ -53,8 +53,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def variants_for(base: str) -> tuple[str, ...]:
+    """The variants with ``base`` (gloo; nccl with ``--device cuda``) as the baseline."""
+    return tuple(v.replace("gloo", base) for v in VARIANTS)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", type=_positive, default=8, help="ranks to launch on this host (default 8)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: one GPU per rank, models and data on it, backend chorus against NCCL "
+                        "(variants named 'nccl' instead of 'gloo'; CHORUS_BENCH_CUDA_DRY=1: CPU and gloo)")
     p.add_argument("--steps", type=_positive, default=20, help="timed steps per variant (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3, at least 2)")
     p.add_argument("--batch", type=_positive, default=8, help="samples per rank and step (default 8)")
@@ -67,8 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="DDP(gradient_as_bucket_view=True) for every DDP variant (saves a gradient copy)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads per rank (default: CPUs // world, at least 1)")
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"comma-separated subset of: {', '.join(VARIANTS)}")
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated subset of: {', '.join(VARIANTS)} (default: all)")
     p.add_argument("--transport", choices=TRANSPORTS, default=None,
                    help="chorus's transport (CHORUS_TRANSPORT; default: $CHORUS_TRANSPORT, else auto)")
     p.add_argument("--json", metavar="FILE", help="also write the settings, per-step times and losses")
@@ -128,19 +136,25 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     torch.set_num_threads(cfg["threads"])
-    world = cfg["world"]
+    world, base = cfg["world"], cfg["baseline"]
+    dev = torch.device("cpu")
+    if cfg["device"] == "cuda":
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
     dist.init_process_group("chorus", init_method=f"file://{workdir}/rdzv", rank=rank, world_size=world)
-    groups = {"chorus": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    groups = {"chorus": dist.group.WORLD, base: dist.new_group(backend=base)}
     cap = {} if cfg["bucket_cap_mb"] is None else {"bucket_cap_mb": cfg["bucket_cap_mb"]}
+    if dev.type == "cuda":
+        cap["device_ids"] = [rank]
     cap["gradient_as_bucket_view"] = cfg["grad_as_bucket_view"]
     wanted = cfg["variants"]
     steps: dict = {}
     ddps: dict = {}
     if "compute" in wanted:
-        model = _mlp(cfg)
+        model = _mlp(cfg).to(dev)
         steps["compute"] = _trainer(model, model)
     if "ddp no_sync" in wanted:
-        ddp = DDP(_mlp(cfg), process_group=groups["gloo"], **cap)
+        ddp = DDP(_mlp(cfg).to(dev), process_group=groups[base], **cap)
         train = _trainer(ddp, ddp)
 
         def no_sync(x, y, ddp=ddp, train=train) -> float:
@@ -148,9 +162,9 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
                 return train(x, y)
 
         steps["ddp no_sync"] = no_sync
-    for lib in ("gloo", "chorus"):
+    for lib in (base, "chorus"):
         if f"ddp {lib}" in wanted or f"all_reduce {lib}" in wanted:
-            ddps[lib] = DDP(_mlp(cfg), process_group=groups[lib], **cap)
+            ddps[lib] = DDP(_mlp(cfg).to(dev), process_group=groups[lib], **cap)
             if f"ddp {lib}" in wanted:
                 steps[f"ddp {lib}"] = _trainer(ddps[lib], ddps[lib])
 
@@ -170,11 +184,12 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
             buckets = _bucket_sizes(ddp, total_bytes) if ddp is not None else [total_bytes]
             for lib in groups:
                 if f"all_reduce {lib}" in wanted:
-                    flats = [torch.zeros(n // 4) for n in buckets]
+                    flats = [torch.zeros(n // 4, device=dev) for n in buckets]
                     steps[f"all_reduce {lib}"] = _all_reducer(flats, groups[lib])
                     steps[f"all_reduce {lib}"](None, None)  # untimed warm-up, same order everywhere
         x = torch.randn(cfg["batch"], features, generator=data)
-        y = x @ w_true + 0.01 * torch.randn(cfg["batch"], 1, generator=data)
+        y = (x @ w_true + 0.01 * torch.randn(cfg["batch"], 1, generator=data)).to(dev)
+        x = x.to(dev)
         shift = i % len(wanted)
         for name in wanted[shift:] + wanted[:shift]:
             step = steps.get(name)
@@ -204,14 +219,18 @@ def _all_reducer(flats, group):
         works = [dist.all_reduce(t, group=group, async_op=True) for t in flats]
         for w in works:
             w.wait()
+        if flats and flats[0].is_cuda:
+            import torch
+
+            torch.cuda.synchronize()  # (wait() makes the stream wait; the step ends when the GPU has)
 
     return step
 
 
 # -- the parent ------------------------------------------------------------------------------
-def summarize(per_rank: list[dict], variants: list[str]) -> dict:
+def summarize(per_rank: list[dict], variants: list[str], base: str = "gloo") -> dict:
     """Per variant: the slowest rank's time of every step, its median and minimum (s);
-    chorus/gloo ratios; the largest loss difference between the DDP variants."""
+    chorus/``base`` ratios; the largest loss difference between the DDP variants."""
     out: dict = {"variants": {}, "ratios": {}}
     for name in variants:
         per_step = [max(ts) for ts in zip(*(r["times"][name] for r in per_rank), strict=True)]
@@ -220,26 +239,26 @@ def summarize(per_rank: list[dict], variants: list[str]) -> dict:
             out["variants"][name] = {"median": statistics.median(per_step), "min": min(per_step),
                                      "cpu": statistics.median(cpu), "steps": per_step}
     for kind in ("ddp", "all_reduce"):
-        c, g = out["variants"].get(f"{kind} chorus"), out["variants"].get(f"{kind} gloo")
+        c, g = out["variants"].get(f"{kind} chorus"), out["variants"].get(f"{kind} {base}")
         if c and g:
             out["ratios"][kind] = {"median": c["median"] / g["median"], "min": c["min"] / g["min"]}
-    base = out["variants"].get("ddp no_sync")
-    if base:
-        out["added"] = {lib: out["variants"][f"ddp {lib}"]["median"] - base["median"]
-                        for lib in ("gloo", "chorus") if f"ddp {lib}" in out["variants"]}
+    alone = out["variants"].get("ddp no_sync")
+    if alone:
+        out["added"] = {lib: out["variants"][f"ddp {lib}"]["median"] - alone["median"]
+                        for lib in (base, "chorus") if f"ddp {lib}" in out["variants"]}
     first = per_rank[0]["losses"]
-    if "ddp chorus" in first and "ddp gloo" in first:
-        pairs = list(zip(first["ddp chorus"], first["ddp gloo"], strict=True))
+    if "ddp chorus" in first and f"ddp {base}" in first:
+        pairs = list(zip(first["ddp chorus"], first[f"ddp {base}"], strict=True))
         out["loss_max_diff"] = max((abs(a - b) for a, b in pairs), default=0.0)
         out["losses_equal"] = all(abs(a - b) <= LOSS_RTOL * max(abs(a), abs(b), 1e-12) for a, b in pairs)
-        out["losses"] = {"ddp chorus": first["ddp chorus"], "ddp gloo": first["ddp gloo"]}
+        out["losses"] = {"ddp chorus": first["ddp chorus"], f"ddp {base}": first[f"ddp {base}"]}
     return out
 
 
-def format_table(summary: dict) -> str:
-    """The variants' median and minimum step time, CPU time per rank (ms) and chorus/gloo
+def format_table(summary: dict, base: str = "gloo") -> str:
+    """The variants' median and minimum step time, CPU time per rank (ms) and chorus/``base``
     ratios (of the medians)."""
-    lines = [f"{'variant':<18} {'median ms':>10} {'min ms':>9} {'cpu ms/rank':>12} {'chorus/gloo':>12}"]
+    lines = [f"{'variant':<18} {'median ms':>10} {'min ms':>9} {'cpu ms/rank':>12} {'chorus/' + base:>12}"]
     for name, v in summary["variants"].items():
         kind, _, lib = name.partition(" ")
         ratio = summary["ratios"].get(kind) if lib == "chorus" else None
@@ -270,7 +289,9 @@ def describe(cfg: dict, cpus: int) -> str:
     if cfg["grad_as_bucket_view"]:
         ddp.append("gradient_as_bucket_view")
     env = " ".join(f"{k}={v}" for k, v in cfg["malloc"].items())
-    return (f"# chorus bench-ddp: {cfg['world']} ranks on {cpus} CPUs, torch {cfg['torch']}, {cfg['threads']} thread(s) "
+    where = f"{cfg['world']} GPUs (one per rank), against {cfg['baseline']}" if cfg.get("device") == "cuda" else \
+        f"{cfg['world']} ranks on {cpus} CPUs"
+    return (f"# chorus bench-ddp: {where}, torch {cfg['torch']}, {cfg['threads']} thread(s) "
             f"per rank; MLP {cfg['features']}-{cfg['hidden']}-{cfg['hidden']}-1 ({n / 1e6:.1f}M parameters, "
             f"{4 * n / 2**20:.1f} MiB of fp32 gradients), batch {cfg['batch']} per rank, SGD; DDP "
             f"{', '.join(ddp)}; chorus transport {cfg['transport']}; {cfg['steps']} timed steps "
@@ -289,10 +310,22 @@ def run(args: argparse.Namespace) -> int:
     transport, problem = chosen_transport(args.transport)
     if problem:
         return _fail(problem)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
+    from chorus import config
+
+    gpus = args.device == "cuda" and not config.get("CHORUS_BENCH_CUDA_DRY")
+    base = "nccl" if gpus else "gloo"
+    allowed = variants_for(base)
+    variants = ([v.strip() for v in args.variants.split(",") if v.strip()] if args.variants is not None
+                else list(allowed))
+    unknown = [v for v in variants if v not in allowed]
     if unknown or not variants:
-        return _fail(f"--variants: unknown {unknown or 'none given'}; choose from {', '.join(VARIANTS)}")
+        return _fail(f"--variants: unknown {unknown or 'none given'}; choose from {', '.join(allowed)}")
+    if gpus:
+        import torch
+
+        if torch.cuda.device_count() < args.world:
+            return _fail(f"--device cuda --world {args.world}: this machine has {torch.cuda.device_count()} "
+                         "GPU(s); one per rank is needed (or CHORUS_BENCH_CUDA_DRY=1 to try it on the CPU)")
     if args.warmup < 2:
         return _fail("--warmup must be at least 2 (DDP settles its buckets in the first two steps)")
     cpus = os.cpu_count() or 1
@@ -301,7 +334,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = {"world": args.world, "steps": args.steps, "warmup": args.warmup, "batch": args.batch,
            "features": args.features, "hidden": args.hidden, "bucket_cap_mb": args.bucket_cap_mb,
            "grad_as_bucket_view": args.grad_as_bucket_view, "malloc": _malloc_env(),
-           "threads": threads, "variants": variants, "transport": transport, "torch": _torch_version()}
+           "threads": threads, "variants": variants, "transport": transport, "torch": _torch_version(),
+           "device": "cuda" if gpus else "cpu", "baseline": base}
     print(describe(cfg, cpus), flush=True)
     with tempfile.TemporaryDirectory(prefix="chorus-bench-ddp-") as workdir:
         spawn(rank_main, args=(cfg, workdir), nprocs=args.world)
@@ -309,23 +343,23 @@ def run(args: argparse.Namespace) -> int:
         for rank in range(args.world):
             with open(os.path.join(workdir, f"rank{rank}.json")) as f:
                 per_rank.append(json.load(f))
-    summary = summarize(per_rank, variants)
+    summary = summarize(per_rank, variants, base)
     buckets = per_rank[0]["buckets"]
     print(f"# DDP buckets (MiB, in reduction order): {', '.join(f'{b / 2**20:.2f}' for b in buckets)}")
     print("# step time = the slowest rank's, each variant started after a barrier; cpu = CPU time of "
-          "a rank's process (all its threads) in the step, mean over ranks; chorus/gloo = chorus's "
-          "median / gloo's")
-    print(format_table(summary))
+          f"a rank's process (all its threads) in the step, mean over ranks; chorus/{base} = chorus's "
+          f"median / {base}'s")
+    print(format_table(summary, base))
     for kind, r in summary["ratios"].items():
-        print(f"# {kind}: chorus/gloo {r['median']:.2f}x (medians), {r['min']:.2f}x (minima)")
+        print(f"# {kind}: chorus/{base} {r['median']:.2f}x (medians), {r['min']:.2f}x (minima)")
     added = summary.get("added")
     if added:
         print("# added to a step by communication (ddp X - ddp no_sync, medians): "
               + ", ".join(f"{lib} {1e3 * t:.1f} ms" for lib, t in added.items()))
     ok = summary.get("losses_equal", True)
     if "loss_max_diff" in summary:
-        print(f"# losses ddp chorus vs ddp gloo: largest difference {summary['loss_max_diff']:.3g} "
-              f"over {len(summary['losses']['ddp gloo'])} steps "
+        print(f"# losses ddp chorus vs ddp {base}: largest difference {summary['loss_max_diff']:.3g} "
+              f"over {len(summary['losses'][f'ddp {base}'])} steps "
               f"({'equal' if ok else f'DIFFERENT: more than {LOSS_RTOL:g} relative'})")
     if args.json:
         meta = {**cfg, "parameters": n, "buckets": buckets, "cpus": cpus,

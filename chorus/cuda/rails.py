@@ -207,10 +207,16 @@ class RailsComponent(Component):
         self._check()
 
     def close(self) -> None:
+        """Abort the rails' NCCL communicators; release the rail sub-group's components
+        and the host sub-group's CUDA one (its workspace; the hierarchy releases the
+        host sub-group's others)."""
         self.pg.transport.remove_failure_listener(self._on_failure)
         self._abort()
-        for component in (*self.rail.components, *self.rail.device_components.values()):
+        for component in (*self.rail.components, *self.rail.device_components.values(),
+                          *self.local.device_components.values()):
             component.close()
+        self.rail.device_components.clear()
+        self.local.device_components.clear()
 
     # -- the phases ----------------------------------------------------------------------------------
     def _all_reduce(self, call) -> None:

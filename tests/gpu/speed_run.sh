@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# chorus.cuda's speed run, for one multi-GPU host (all pairs NVLink), in about 390 s:
+# chorus.cuda's speed run, for one multi-GPU host (all pairs NVLink), in about 540 s:
 #
 #     bash tests/gpu/speed_run.sh        logs and JSON in $OUT (else ./speed-logs)
 #
 # Parts (each in its own process group, bounded by `timeout` and by the bench's own
 # --time-limit, its leftovers killed; a part that fails does not stop the next; a part
-# reached with under 15 s of CHORUS_SPEED_BUDGET_S (390) left is NOT RUN):
+# reached with under 15 s of CHORUS_SPEED_BUDGET_S (540) left is NOT RUN):
 #   1. smoke: all_reduce bf16/fp32, 8 B .. 64 MiB and odd counts, every algorithm and
 #      the lane, bit for bit against NCCL on integer data (tests/gpu/speed_smoke.py)
 #   2. all_reduce bf16, 4 B .. 1 GiB (x4): chorus, chorus's lane, NCCL, symm-mem 1/2-shot
-#   3. calibrate: chorus's all_reduce one_shot vs two_shot vs copy_reduce, 16 KiB .. 8 MiB
-#      (the ONE_SHOT_MAX_BYTES threshold of chorus/cuda/algorithms.py); then all_reduce
-#      1 MiB .. 256 MiB with 8 and 16 warps a block of the fused kernels
+#   3. calibrate: chorus's all_reduce by algorithm (the thresholds of
+#      chorus/cuda/algorithms.py)
 #   4. all_reduce 16 MiB .. 1 GiB on two simulated hosts (CHORUS_HOST_ID=a,a,b,b) through
-#      chorus.cuda.rails' NCCL rails, against flat NCCL; all_gather, reduce_scatter bf16,
-#      1 KiB .. 256 MiB (x4)
-#   5. broadcast and all_to_all bf16, 1 KiB .. 64 MiB (x8)
+#      chorus.cuda.rails' NCCL rails, against flat NCCL
+#   5. a DDP step of a 100.7M-parameter model, chorus against NCCL (chorus bench-ddp --device cuda)
+#   6. all_gather, reduce_scatter bf16, 1 KiB .. 256 MiB (x4); broadcast and all_to_all
+#      bf16, 1 KiB .. 64 MiB (x8)
 # then a compact table per part: size, chorus us (GPU), chorus cpu us, nccl us, nccl/chorus,
 # symm us, #wrong.  Exits non-zero unless every part passed.
 set -uo pipefail
@@ -26,7 +26,7 @@ export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 LOGS="${OUT:-$PWD/speed-logs}"
 mkdir -p "$LOGS"
-BUDGET="${CHORUS_SPEED_BUDGET_S:-390}"
+BUDGET="${CHORUS_SPEED_BUDGET_S:-540}"
 START=$(date +%s)
 FAILED=0
 PIDS=()
@@ -89,15 +89,15 @@ part smoke 75 python tests/gpu/speed_smoke.py --max 64M --time-limit 65
 grep -E "^ *(bfloat16|float32)|SMOKE|only" "$LOGS/smoke.log" | head -20
 
 bench all_reduce 95 --collective all_reduce -b 4 -e 1G -f 4 -n 200 -w 20 --scale-iters --lane
-bench calibrate 30 --collective all_reduce -b 16K -e 8M -f 2 -n 200 -w 20 --baseline none \
-    --algorithm one_shot,two_shot,copy_reduce
-# the fused kernels' shape (CHORUS_CUDA_FUSED_WARPS, default 4) where bandwidth rules
-CHORUS_CUDA_FUSED_WARPS=8 bench warps8 30 --collective all_reduce -b 1M -e 256M -f 4 -n 50 -w 5 --scale-iters
-CHORUS_CUDA_FUSED_WARPS=16 bench warps16 30 --collective all_reduce -b 1M -e 256M -f 4 -n 50 -w 5 --scale-iters
+bench calibrate 40 --collective all_reduce -b 256K -e 256M -f 4 -n 100 -w 10 --scale-iters --baseline none \
+    --algorithm one_shot,two_shot,two_shot_push
 # two simulated hosts of two GPUs: chorus inside each, NCCL rails between (chorus.cuda.rails),
 # against torch's flat NCCL group on the same 4 GPUs
 CHORUS_HOST_ID=a,a,b,b CHORUS_CUDA_RAILS=nccl bench rails 40 --collective all_reduce -b 16M -e 1G -f 4 -n 50 -w 5 \
     --scale-iters
+# a DDP step of a 100.7M-parameter MLP (4096-8192-8192-1), backend chorus against NCCL, 30 steps
+part ddp 90 python -c "import sys; from chorus.cli import main; sys.exit(main())" bench-ddp --device cuda --world 4 \
+    --features 4096 --hidden 8192 --batch 32 --steps 30 --json "$LOGS/ddp.json"
 bench all_gather 35 --collective all_gather -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
 bench reduce_scatter 35 --collective reduce_scatter -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
 bench broadcast 20 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
@@ -120,7 +120,7 @@ def load(name):
     except (OSError, ValueError):
         return None
 
-for name in ("all_reduce", "warps8", "warps16", "rails", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
+for name in ("all_reduce", "rails", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
     doc = load(name)
     if doc is None:
         print(f"\n== {name}: no results (see {name}.log)")
