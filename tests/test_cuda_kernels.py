@@ -296,26 +296,37 @@ def test_barrier_with_host_epoch():
     assert p.host[L.STATUS] == 0 and p.ws[0][0] == 5 and p.ws[1][L.BARRIER // 8] == 5
 
 
+def _two_shot_case(world):
+    """4100 bf16 elements a rank (slices of several blocks, a short last one), the ranks'
+    inputs and their sum, and workspaces whose peers already reached epochs 4 and 5."""
+    n = 4100
+    dt = torch.bfloat16
+    ins = [(((torch.arange(n) * 7 + r * 3) % 5) - 1).to(dt) for r in range(world)]
+    blocks, _, piece = L.two_shot_geometry(n, world, step=32 * 16 * 4)
+    f = Fused(world)
+    f.arrive(blocks, [4, 5], 77)
+    return n, dt, ins, reference(ins, "SUM"), piece, f
+
+
+def _two_shot_run(f, kind, r, inp, out):
+    """Rank r's two-shot kernel ``kind``, 16 elements a thread, epochs 4 and 5."""
+    return K.all_reduce_fused(kind, inp.data_ptr(), out.data_ptr(), inp.numel(), f.controls.data_ptr(),
+                              L.CONTROL_BYTES, r, f.world, f.hosts[r].data_ptr(), 9, 77, 4, 10**12, "SUM",
+                              "bfloat16", 200, per_thread=16)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_two_shot_push_kernel_stores_its_slice_everywhere(world):
     """Two-shot with the all-gather by stores: rank r reduces slice r (reading every slot),
     stores it into every rank's slot and its output, then copies the other slices out of
     its own slot.  Ranks run one at a time here, so each rank's own slot holds its input
     when it copies out (its copy-in came last): that is what its output must show."""
-    n = 4100
-    dt = torch.bfloat16
-    ins = [(((torch.arange(n) * 7 + r * 3) % 5) - 1).to(dt) for r in range(world)]
-    want = reference(ins, "SUM")
-    blocks, per, piece = L.two_shot_geometry(n, world, step=32 * 16 * 4)
-    f = Fused(world)
-    f.arrive(blocks, [4, 5], 77)
+    n, dt, ins, want, piece, f = _two_shot_case(world)
     for r in range(world):
         for q in range(world):  # the peers' inputs, as their copy-in leaves them
             f.slot_view(q, 0, dt, n)[r * piece: (r + 1) * piece] = ins[q][r * piece: (r + 1) * piece]
         out = torch.full((n,), -9.0, dtype=dt)
-        assert K.all_reduce_fused("two_shot_push", ins[r].data_ptr(), out.data_ptr(), n, f.controls.data_ptr(),
-                                  L.CONTROL_BYTES, r, world, f.hosts[r].data_ptr(), 9, 77, 4, 10**12, "SUM",
-                                  "bfloat16", 200, per_thread=16) == 2
+        assert _two_shot_run(f, "two_shot_push", r, ins[r], out) == 2
         assert f.hosts[r][L.STATUS] == 0
         mine = slice(r * piece, (r + 1) * piece)
         for q in range(world):
@@ -335,13 +346,7 @@ def test_two_shot_stores_kernel_rows_and_gathers(world):
     r, and copies the other slices out of its own gather rows.  Ranks run one at a time,
     so the peers' rows and gathers are laid out before each rank runs, as their kernels
     would leave them."""
-    n = 4100
-    dt = torch.bfloat16
-    ins = [(((torch.arange(n) * 7 + r * 3) % 5) - 1).to(dt) for r in range(world)]
-    want = reference(ins, "SUM")
-    blocks, per, piece = L.two_shot_geometry(n, world, step=32 * 16 * 4)
-    f = Fused(world)
-    f.arrive(blocks, [4, 5], 77)
+    n, dt, ins, want, piece, f = _two_shot_case(world)
 
     def cut(t, s):
         return t[s * piece: min((s + 1) * piece, n)]
@@ -355,9 +360,7 @@ def test_two_shot_stores_kernel_rows_and_gathers(world):
                 g = cut(want, q)
                 mine[(world + q) * piece: (world + q) * piece + g.numel()] = g
         out = torch.full((n,), -9.0, dtype=dt)
-        assert K.all_reduce_fused("two_shot_stores", ins[r].data_ptr(), out.data_ptr(), n, f.controls.data_ptr(),
-                                  L.CONTROL_BYTES, r, world, f.hosts[r].data_ptr(), 9, 77, 4, 10**12, "SUM",
-                                  "bfloat16", 200, per_thread=16) == 2
+        assert _two_shot_run(f, "two_shot_stores", r, ins[r], out) == 2
         assert f.hosts[r][L.STATUS] == 0 and torch.equal(out, want), r
         for q in range(world):
             theirs = f.slot_view(q, 0, dt, 2 * world * piece)

@@ -23,8 +23,10 @@ from chorus.cuda.kernels import (
     host_due,
     is_broken,
     load_acquire,
+    narrow,
     now,
     store_pair_release,
+    widen,
 )
 
 
@@ -159,6 +161,26 @@ def broken_at_start(host, mirror, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def kernel_start(host_addr, controls_addr, rank, INTERPRET: tl.constexpr):
+    """What every fused kernel starts with: the control page and the workspaces' address
+    table as pointers, this rank's workspace, its BROKEN word, and whether the group is
+    broken (the block's one answer)."""
+    host = as_ptr(host_addr, tl.int64)
+    controls = as_ptr(controls_addr, tl.int64)
+    base = tl.load(controls + rank)
+    mirror = base + 8  # BROKEN
+    return host, controls, base, mirror, broken_at_start(host, mirror, INTERPRET)
+
+
+@triton.jit
+def _slice_range(s, piece, start, per, n):
+    """Elements [lo, hi) of slice s (elements [s * piece, (s + 1) * piece) of n) that the
+    block owning [start, start + per) of every slice handles."""
+    lo = s * piece + start
+    return lo, tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
+
+
+@triton.jit
 def block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins,
                 W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr):
     """Block ``blk``'s barrier at ``epoch``: push (fingerprint, epoch) into every rank's
@@ -270,13 +292,7 @@ def copy_shifted(src_addr, dst_addr, lo, hi, src_shift, dst_shift, RAW: tl.const
 def _row_at(controls, r, slot_off, offs, mask, MASKED: tl.constexpr, DT: tl.constexpr, RAW: tl.constexpr,
             ACC: tl.constexpr, BOOL: tl.constexpr, HINT: tl.constexpr):
     row = as_ptr(tl.load(controls + r) + slot_off, RAW)
-    x = get_vec(row, offs, mask, MASKED, True, HINT)
-    if RAW != DT:
-        x = x.to(DT, bitcast=True)
-    x = x.to(ACC)
-    if BOOL:
-        x = (x != 0).to(ACC)
-    return x
+    return widen(get_vec(row, offs, mask, MASKED, True, HINT), DT, RAW, ACC, BOOL)
 
 
 @triton.jit
@@ -285,10 +301,7 @@ def _reduce_step(controls, slot_off, offs, mask, MASKED: tl.constexpr, W: tl.con
     acc = _row_at(controls, 0, slot_off, offs, mask, MASKED, DT, RAW, ACC, BOOL, HINT)
     for r in tl.static_range(1, W):
         acc = combine(acc, _row_at(controls, r, slot_off, offs, mask, MASKED, DT, RAW, ACC, BOOL, HINT), OP)
-    out = acc.to(DT)
-    if RAW != DT:
-        out = out.to(RAW, bitcast=True)
-    return out
+    return narrow(acc, DT, RAW)
 
 
 @triton.jit
@@ -338,11 +351,7 @@ def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, 
     [b * per, (b + 1) * per)): copy them from ``inp`` into this rank's slot (at
     ``slot_off`` in its workspace), barrier of block b at ``epoch``, then
     ``out`` = op over every rank's slot, in rank order (the same bits on every rank)."""
-    host = as_ptr(host_addr, tl.int64)
-    controls = as_ptr(controls_addr, tl.int64)
-    base = tl.load(controls + rank)
-    mirror = base + 8  # BROKEN
-    broken = broken_at_start(host, mirror, INTERPRET)
+    host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
     blk = tl.program_id(0)
     lo = blk.to(tl.int64) * per
     hi = tl.maximum(tl.minimum(lo + per, n), lo)
@@ -378,17 +387,12 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
     after barrier 1 only this rank reads it), and the all-gather reads only this rank's
     own slot; the same bytes cross the links, as stores instead of loads.
     Every slice is reduced once (by its owner) and copied: the same bits everywhere."""
-    host = as_ptr(host_addr, tl.int64)
-    controls = as_ptr(controls_addr, tl.int64)
-    base = tl.load(controls + rank)
-    mirror = base + 8  # BROKEN
-    broken = broken_at_start(host, mirror, INTERPRET)
+    host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
     blk = tl.program_id(0)
     start = blk.to(tl.int64) * per
     mine = base + slot_off
     for s in tl.static_range(W):
-        lo = s * piece + start
-        hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
+        lo, hi = _slice_range(s, piece, start, per, n)
         _copy(inp, mine, lo, hi, RAW, BLOCK, HINT_IO, HINT_WS, False)
     tl.debug_barrier()
     if not broken:
@@ -396,8 +400,7 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
                             INTERPRET)
         tl.debug_barrier()
         if state == 0:
-            lo = rank * piece + start
-            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (rank + 1) * piece), n), lo)
+            lo, hi = _slice_range(rank, piece, start, per, n)
             _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
                           HINT_WS, True, PUSH)
             tl.debug_barrier()
@@ -407,10 +410,23 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
             if state == 0:
                 for s in tl.static_range(W):
                     if s != rank:
-                        lo = s * piece + start
-                        hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
+                        lo, hi = _slice_range(s, piece, start, per, n)
                         src = mine if PUSH else tl.load(controls + s) + slot_off
                         _copy(src, out, lo, hi, RAW, BLOCK, HINT_WS, HINT_IO, True)
+
+
+@triton.jit
+def reduce_local_rows(mine_addr, offs, row_stride, m, MASKED: tl.constexpr, W: tl.constexpr, OP: tl.constexpr,
+                      DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr,
+                      HINT_WS: tl.constexpr):
+    """op over q of this rank's slot at ``q * row_stride + offs`` (rows the peers stored
+    there: read past L1), in rank order, as stored elements."""
+    mine = as_ptr(mine_addr, RAW)
+    acc = widen(get_vec(mine, offs, m, MASKED, True, HINT_WS), DT, RAW, ACC, BOOL)
+    for q in tl.static_range(1, W):
+        acc = combine(acc, widen(get_vec(mine, q * row_stride + offs, m, MASKED, True, HINT_WS), DT, RAW, ACC, BOOL),
+                      OP)
+    return narrow(acc, DT, RAW)
 
 
 @triton.jit
@@ -420,27 +436,10 @@ def _reduce_rows(controls, slot_off, mine_addr, out_addr, lo, hi, piece, rank, M
     """One step of two_shot_stores_kernel's reduction, elements [lo, lo + BLOCK) of slice
     ``rank`` (those < ``hi``): out = op over r of my row r (local reads), and the result
     stored into every other rank's gather row ``rank``."""
-    mine = as_ptr(mine_addr, RAW)
     offs = lo + tl.arange(0, BLOCK)
     m = offs < hi
     loc = offs - rank * piece  # within the slice
-    acc = get_vec(mine, loc, m, MASKED, True, HINT_WS)
-    if RAW != DT:
-        acc = acc.to(DT, bitcast=True)
-    acc = acc.to(ACC)
-    if BOOL:
-        acc = (acc != 0).to(ACC)
-    for r in tl.static_range(1, W):
-        x = get_vec(mine, r * piece + loc, m, MASKED, True, HINT_WS)
-        if RAW != DT:
-            x = x.to(DT, bitcast=True)
-        x = x.to(ACC)
-        if BOOL:
-            x = (x != 0).to(ACC)
-        acc = combine(acc, x, OP)
-    y = acc.to(DT)
-    if RAW != DT:
-        y = y.to(RAW, bitcast=True)
+    y = reduce_local_rows(mine_addr, loc, piece, m, MASKED, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
     put_vec(as_ptr(out_addr, RAW), offs, y, m, MASKED, HINT_IO)
     for q in tl.static_range(W):
         if q != rank:
@@ -471,18 +470,13 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
 
     Twice the slot of two_shot per element (rows and gathers); the same bits everywhere:
     every slice is reduced once, by its owner."""
-    host = as_ptr(host_addr, tl.int64)
-    controls = as_ptr(controls_addr, tl.int64)
-    base = tl.load(controls + rank)
-    mirror = base + 8  # BROKEN
-    broken = broken_at_start(host, mirror, INTERPRET)
+    host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
     blk = tl.program_id(0)
     start = blk.to(tl.int64) * per
     mine = base + slot_off
     if not broken:  # (a broken group's kernel writes nothing into the peers' memory)
         for q in tl.static_range(W):
-            lo = q * piece + start
-            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (q + 1) * piece), n), lo)
+            lo, hi = _slice_range(q, piece, start, per, n)
             copy_shifted(inp, tl.load(controls + q) + slot_off, lo, hi, 0, (rank - q) * piece, RAW, BLOCK,
                           HINT_IO, HINT_WS, False)
         tl.debug_barrier()  # every thread's stores are done before the release
@@ -490,8 +484,7 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
                             INTERPRET)
         tl.debug_barrier()
         if state == 0:
-            lo = rank * piece + start
-            hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (rank + 1) * piece), n), lo)
+            lo, hi = _slice_range(rank, piece, start, per, n)
             full = (hi - lo) // BLOCK
             for i in range(0, full):
                 _reduce_rows(controls, slot_off, mine, out, lo + i * BLOCK, hi, piece, rank, False, W, OP, DT, RAW,
@@ -506,6 +499,5 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
             if state == 0:
                 for s in tl.static_range(W):
                     if s != rank:
-                        lo = s * piece + start
-                        hi = tl.maximum(tl.minimum(tl.minimum(lo + per, (s + 1) * piece), n), lo)
+                        lo, hi = _slice_range(s, piece, start, per, n)
                         copy_shifted(mine, out, lo, hi, W * piece, 0, RAW, BLOCK, HINT_WS, HINT_IO, True)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from chorus.cuda.fused import block_sync, broken_at_start, copy_shifted, get_vec, put_vec
-from chorus.cuda.kernels import as_ptr, combine
+from chorus.cuda.fused import block_sync, copy_shifted, kernel_start, put_vec, reduce_local_rows
+from chorus.cuda.kernels import as_ptr
 
 
 @triton.jit(do_not_specialize=["inp", "out", "slot_off", "m", "per", "op_id", "fprint", "epoch"])
@@ -38,11 +38,7 @@ def all_gather_kernel(inp, out, controls_addr, slot_off, m, per, stride, big_n, 
                       INTERPRET: tl.constexpr):
     """One round of all_gather (module docstring): ``inp`` and ``out`` point at element
     ``off`` of this rank's input and of the output's first block; ``big_n`` = N."""
-    host = as_ptr(host_addr, tl.int64)
-    controls = as_ptr(controls_addr, tl.int64)
-    base = tl.load(controls + rank)
-    mirror = base + 8  # BROKEN
-    broken = broken_at_start(host, mirror, INTERPRET)
+    host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
     blk = tl.program_id(0)
     lo = blk.to(tl.int64) * per
     hi = tl.maximum(tl.minimum(lo + per, m), lo)
@@ -68,26 +64,9 @@ def _reduce_rows_into(mine_addr, out_addr, lo, hi, stride, MASKED: tl.constexpr,
                       OP: tl.constexpr, DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr,
                       BLOCK: tl.constexpr, HINT_OUT: tl.constexpr, HINT_WS: tl.constexpr):
     """out[lo:lo + BLOCK] (those < ``hi``) = op over q of row q of my slot (local reads)."""
-    mine = as_ptr(mine_addr, RAW)
     offs = lo + tl.arange(0, BLOCK)
     msk = offs < hi
-    acc = get_vec(mine, offs, msk, MASKED, True, HINT_WS)
-    if RAW != DT:
-        acc = acc.to(DT, bitcast=True)
-    acc = acc.to(ACC)
-    if BOOL:
-        acc = (acc != 0).to(ACC)
-    for q in tl.static_range(1, W):
-        x = get_vec(mine, q * stride + offs, msk, MASKED, True, HINT_WS)
-        if RAW != DT:
-            x = x.to(DT, bitcast=True)
-        x = x.to(ACC)
-        if BOOL:
-            x = (x != 0).to(ACC)
-        acc = combine(acc, x, OP)
-    y = acc.to(DT)
-    if RAW != DT:
-        y = y.to(RAW, bitcast=True)
+    y = reduce_local_rows(mine_addr, offs, stride, msk, MASKED, W, OP, DT, RAW, ACC, BOOL, HINT_WS)
     put_vec(as_ptr(out_addr, RAW), offs, y, msk, MASKED, HINT_OUT)
 
 
@@ -99,11 +78,7 @@ def reduce_scatter_kernel(inp, out, controls_addr, slot_off, m, per, stride, big
                           HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
     """One round of reduce_scatter (module docstring): ``inp`` and ``out`` point at element
     ``off`` of the input's first block and of this rank's output; ``big_n`` = N."""
-    host = as_ptr(host_addr, tl.int64)
-    controls = as_ptr(controls_addr, tl.int64)
-    base = tl.load(controls + rank)
-    mirror = base + 8  # BROKEN
-    broken = broken_at_start(host, mirror, INTERPRET)
+    host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
     blk = tl.program_id(0)
     lo = blk.to(tl.int64) * per
     hi = tl.maximum(tl.minimum(lo + per, m), lo)

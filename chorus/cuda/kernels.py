@@ -273,6 +273,27 @@ def combine(a, b, OP: tl.constexpr):
 
 
 @triton.jit
+def widen(x, DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr):
+    """Elements as stored (``RAW``) into the accumulator's type: float8 bitcast from its
+    bytes, 8- and 16-bit floats up to float32, bool bytes to 0/1."""
+    if RAW != DT:
+        x = x.to(DT, bitcast=True)
+    x = x.to(ACC)
+    if BOOL:
+        x = (x != 0).to(ACC)
+    return x
+
+
+@triton.jit
+def narrow(acc, DT: tl.constexpr, RAW: tl.constexpr):
+    """An accumulator back into the elements' storage type (widen's inverse)."""
+    out = acc.to(DT)
+    if RAW != DT:
+        out = out.to(RAW, bitcast=True)
+    return out
+
+
+@triton.jit
 def reduce_kernel(rows, offset, out_addr, n, W: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
                   RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr):
     """``out[i] = op(row_0[i], row_1[i], ..., row_{W-1}[i])`` for i < n, where row r starts
@@ -286,20 +307,11 @@ def reduce_kernel(rows, offset, out_addr, n, W: tl.constexpr, OP: tl.constexpr, 
     acc = _load_row(rows, 0, offset, offs, mask, DT, RAW, ACC, BOOL)
     for r in tl.static_range(1, W):
         acc = combine(acc, _load_row(rows, r, offset, offs, mask, DT, RAW, ACC, BOOL), OP)
-    out = acc.to(DT)
-    if RAW != DT:
-        out = out.to(RAW, bitcast=True)
-    tl.store(as_ptr(out_addr, RAW) + offs, out, mask=mask)
+    tl.store(as_ptr(out_addr, RAW) + offs, narrow(acc, DT, RAW), mask=mask)
 
 
 @triton.jit
 def _load_row(rows, r, offset, offs, mask, DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr,
               BOOL: tl.constexpr):
     row = as_ptr(tl.load(rows + r) + offset, RAW)
-    x = tl.load(row + offs, mask=mask, other=0)
-    if RAW != DT:
-        x = x.to(DT, bitcast=True)
-    x = x.to(ACC)
-    if BOOL:
-        x = (x != 0).to(ACC)
-    return x
+    return widen(tl.load(row + offs, mask=mask, other=0), DT, RAW, ACC, BOOL)

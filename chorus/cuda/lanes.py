@@ -112,11 +112,12 @@ class Lanes:
         if n <= 0:
             return
         t = time.perf_counter()
-        extra = {} if kind == "one_shot" else {"per_thread": self.two_shot_per_thread or per_thread}
+        if kind != "one_shot" and self.two_shot_per_thread:
+            per_thread = self.two_shot_per_thread
         self.epoch += self.k.all_reduce_fused(
             kind, inp, out, n, self.controls_addr, self.layout.slot_at(self.rounds & 1), self.rank, self.world,
             self.host, self.op_id, self.fprint, self.epoch + 1, self.timeout_ns, self.reduce_op, self.dtype,
-            stream=self.stream, warps=self.fused[0], blocks=self.fused[1], **extra)
+            stream=self.stream, warps=self.fused[0], blocks=self.fused[1], per_thread=per_thread)
         if recorder.current is not None:
             recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype), algorithm=kind)
 
