@@ -74,3 +74,17 @@ def _call(name, reduce_op="SUM", dtype="bfloat16", algorithm=None):
 ])
 def test_which_calls_the_rails_take(call, want):
     assert rails.RailsComponent.supports(None, call) == want
+
+
+def test_the_rail_store_works_after_a_collection():
+    pytest.importorskip("torch.distributed")
+    import gc
+
+    from chorus.store.hash_store import HashStore
+
+    chorus_store = HashStore()
+    store, view = rails.rail_store("chorus/rails/0/1", chorus_store)
+    gc.collect()
+    store.set("unique-id", b"abc")
+    assert store.get("unique-id") == b"abc"
+    assert chorus_store.check(["chorus/rails/0/1/unique-id"])

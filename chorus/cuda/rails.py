@@ -108,6 +108,19 @@ def rails_kind() -> str:
         return "tcp"
 
 
+def rail_store(prefix: str, chorus_store):
+    """(a torch ``PrefixStore`` under ``prefix`` over a torch view of ``chorus_store``, that
+    view).  Keep the view as long as the store: torch's C++ store holds only the view's
+    C++ half, and once the Python half is collected every call through it fails with
+    torch's "Not implemented" assertion."""
+    import torch.distributed as dist
+
+    from chorus.torch.stores import TorchView
+
+    view = TorchView(chorus_store)
+    return dist.PrefixStore(prefix, view), view
+
+
 def attach(pg, why: str):
     """``pg``'s RailsComponent, or None (the caller stages every call, logging ``why``):
     for a group with a hierarchy (several hosts, several ranks on some), hosts of equal
@@ -145,6 +158,7 @@ class RailsComponent(Component):
         self.rail = hidden_subgroup(pg, index, self.rail_ranks, f"{pg.name}/rail{self.index}")
         select.attach(self.rail, settings=False)
         self.nccl = None  # the rail's ProcessGroupNCCL, made at its first op
+        self.nccl_view = None  # the torch view of chorus's store under it (see rail_store)
         self.broken: BaseException | None = None
         from chorus.cuda.component import CudaComponent
 
@@ -292,9 +306,8 @@ class RailsComponent(Component):
             import torch.distributed as dist
 
             from chorus.api.state import current
-            from chorus.torch.stores import TorchView
 
-            store = dist.PrefixStore(f"chorus/rails/{self.pg.id}/{self.index}/", TorchView(current().store))
+            store, self.nccl_view = rail_store(f"chorus/rails/{self.pg.id}/{self.index}", current().store)
             self.nccl = dist.ProcessGroupNCCL(store, self.rail_rank, len(self.rail_ranks))
         return self.nccl
 
