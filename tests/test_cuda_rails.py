@@ -76,15 +76,25 @@ def test_which_calls_the_rails_take(call, want):
     assert rails.RailsComponent.supports(None, call) == want
 
 
-def test_the_rail_store_works_after_a_collection():
+def test_the_rail_store_is_served_by_the_first_member():
     pytest.importorskip("torch.distributed")
     import gc
 
     from chorus.store.hash_store import HashStore
 
     chorus_store = HashStore()
-    store, view = rails.rail_store("chorus/rails/0/1", chorus_store)
+    first = rails.rail_store("chorus/rails/0/1/address", chorus_store, True, "127.0.0.1", 10.0)
+    other = rails.rail_store("chorus/rails/0/1/address", chorus_store, False, "127.0.0.1", 10.0)
     gc.collect()
-    store.set("unique-id", b"abc")
-    assert store.get("unique-id") == b"abc"
-    assert chorus_store.check(["chorus/rails/0/1/unique-id"])
+    other.set("unique-id", b"abc")
+    assert first.get("unique-id") == b"abc"
+    assert chorus_store.get("chorus/rails/0/1/address") == f"127.0.0.1:{first.port}".encode()
+
+
+def test_the_rail_store_is_on_the_transports_host():
+    from chorus.store.hash_store import HashStore
+
+    chorus_store = HashStore()
+    chorus_store.set("tcp/addr/3", "10.1.2.3:4567")
+    assert rails.rail_host(chorus_store, 3) == "10.1.2.3"
+    assert rails.rail_host(chorus_store, 2) == "127.0.0.1"

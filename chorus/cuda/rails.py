@@ -12,8 +12,8 @@ chorus's CUDA component inside each host, one communicator per rail between host
 
 Why torch's ProcessGroupNCCL for a rail, not another binding: the GPU extra already
 requires torch with CUDA, which ships NCCL and its network plugins; a rail communicator is
-one ProcessGroupNCCL made over the job's store (a torch view of chorus's store, under a
-prefix of its own), with no package beside torch.  Its ops run on NCCL's stream, ordered
+one ProcessGroupNCCL (over a torch TCPStore that the rail's first member serves, its
+address passed through chorus's store: rail_store), with no package beside torch.  Its ops run on NCCL's stream, ordered
 after the caller's current stream; ``wait()`` makes the current stream wait for them, so
 the three phases below queue on the GPU without the CPU waiting for any of them.
 
@@ -108,17 +108,36 @@ def rails_kind() -> str:
         return "tcp"
 
 
-def rail_store(prefix: str, chorus_store):
-    """(a torch ``PrefixStore`` under ``prefix`` over a torch view of ``chorus_store``, that
-    view).  Keep the view as long as the store: torch's C++ store holds only the view's
-    C++ half, and once the Python half is collected every call through it fails with
-    torch's "Not implemented" assertion."""
+def rail_store(key: str, chorus_store, first: bool, host: str, timeout_s: float):
+    """The torch store a rail's ProcessGroupNCCL is made over: a torch ``TCPStore`` served
+    by the rail's ``first`` member on a free port of ``host``, whose address the others
+    read from ``chorus_store`` under ``key``.  A C++ store, not a torch view of chorus's
+    store: ProcessGroupNCCL's own threads poll their store for as long as the group lives
+    (its "should dump" flag, once a second), and through a Python store each poll would
+    take the GIL from a C++ thread, on every rank, also while the interpreter shuts down."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
-    from chorus.torch.stores import TorchView
+    timeout = timedelta(seconds=timeout_s)
+    if first:
+        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        chorus_store.set(key, f"{host}:{store.port}")
+        return store
+    address = chorus_store.get(key)
+    address = address.decode() if isinstance(address, bytes) else address
+    peer, port = address.rsplit(":", 1)
+    return dist.TCPStore(peer, int(port), is_master=False, timeout=timeout)
 
-    view = TorchView(chorus_store)
-    return dist.PrefixStore(prefix, view), view
+
+def rail_host(chorus_store, rank: int) -> str:
+    """The address rank ``rank`` serves a rail's store on: the host of its TCP transport
+    (``tcp/addr/<rank>``: what the other hosts already reach it at), else
+    CHORUS_SOCKET_HOST, else loopback."""
+    if chorus_store.check([f"tcp/addr/{rank}"]):
+        address = chorus_store.get(f"tcp/addr/{rank}")
+        return (address.decode() if isinstance(address, bytes) else address).rsplit(":", 1)[0]
+    return config.get("CHORUS_SOCKET_HOST") or "127.0.0.1"
 
 
 def attach(pg, why: str):
@@ -158,7 +177,7 @@ class RailsComponent(Component):
         self.rail = hidden_subgroup(pg, index, self.rail_ranks, f"{pg.name}/rail{self.index}")
         select.attach(self.rail, settings=False)
         self.nccl = None  # the rail's ProcessGroupNCCL, made at its first op
-        self.nccl_view = None  # the torch view of chorus's store under it (see rail_store)
+        self.nccl_store = None  # the torch store it is made over (rail_store)
         self.broken: BaseException | None = None
         from chorus.cuda.component import CudaComponent
 
@@ -307,8 +326,11 @@ class RailsComponent(Component):
 
             from chorus.api.state import current
 
-            store, self.nccl_view = rail_store(f"chorus/rails/{self.pg.id}/{self.index}", current().store)
-            self.nccl = dist.ProcessGroupNCCL(store, self.rail_rank, len(self.rail_ranks))
+            chorus_store = current().store
+            me = self.pg.members[self.pg.rank()]
+            self.nccl_store = rail_store(f"chorus/rails/{self.pg.id}/{self.index}/address", chorus_store,
+                                         self.rail_rank == 0, rail_host(chorus_store, me), self.pg.timeout)
+            self.nccl = dist.ProcessGroupNCCL(self.nccl_store, self.rail_rank, len(self.rail_ranks))
         return self.nccl
 
     def _abort(self) -> None:

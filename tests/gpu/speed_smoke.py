@@ -31,7 +31,9 @@ def _data(torch, n, dtype, rank, salt):
     return v.to(dtype)
 
 
-def rank_main(rank, world, ports, max_bytes, queue):
+def rank_main(rank, world, ports, max_bytes, queue, time_limit):
+    import faulthandler
+
     import torch
     import torch.distributed as tdist
 
@@ -39,11 +41,14 @@ def rank_main(rank, world, ports, max_bytes, queue):
     from chorus.api.state import current
     from chorus.components.select import device_component
 
+    # a rank still running near the time limit prints where each of its threads is
+    faulthandler.dump_traceback_later(max(1.0, time_limit - 5), exit=False)
     torch.cuda.set_device(rank)
     tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=world,
                              device_id=torch.device("cuda", rank))
     chorus.init_process_group("chorus", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=world,
                               timeout=30)
+    print(f"rank {rank}: both groups made", file=sys.stderr, flush=True)
     results = []
     sizes = []
     b = 8
@@ -124,7 +129,8 @@ def main() -> int:
         return 1
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, a.world, (_port(), _port()), parse_size(a.max), queue))
+    ports = (_port(), _port())  # one pair for every rank: they rendezvous there
+    procs = [ctx.Process(target=rank_main, args=(r, a.world, ports, parse_size(a.max), queue, a.time_limit))
              for r in range(a.world)]
     for proc in procs:
         proc.start()
