@@ -292,6 +292,11 @@ SETTINGS: dict[str, Setting] = _declare(
                     "between hosts, one NCCL communicator per rail (nccl), a chorus sub-group staged through "
                     "pinned host memory over TCP (tcp), or every call staged (off); auto: nccl where torch "
                     "has NCCL"),
+    Setting("CHORUS_CUDA_NCCL_FROM_BYTES", "int", 8 * MIB, minimum=0, unit="bytes",
+            meaning="all_reduce of CUDA tensors inside a host runs on NCCL's kernels from this size on "
+                    "(chorus.cuda.nccl: torch's ProcessGroupNCCL, fingerprints agreed over chorus first, "
+                    "aborted when a peer is lost), where NCCL's ring is faster than chorus's two-shot "
+                    "kernels (docs/results/4xh200); 0: chorus's kernels at every size; needs torch with NCCL"),
     Setting("CHORUS_CUDA_STAGING", "bool", False,
             meaning="never map peers' GPU memory: stage CUDA tensors through pinned host memory "
                     "and the CPU components (what a failed CUDA IPC check falls back to)"),

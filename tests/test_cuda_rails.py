@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from chorus.cuda import rails
+from chorus.cuda import nccl, rails
 
 
 def test_rails_are_the_ith_rank_of_every_host():
@@ -83,8 +83,8 @@ def test_the_rail_store_is_served_by_the_first_member():
     from chorus.store.hash_store import HashStore
 
     chorus_store = HashStore()
-    first = rails.rail_store("chorus/rails/0/1/address", chorus_store, True, "127.0.0.1", 10.0)
-    other = rails.rail_store("chorus/rails/0/1/address", chorus_store, False, "127.0.0.1", 10.0)
+    first = nccl.torch_store("chorus/rails/0/1/address", chorus_store, True, "127.0.0.1", 10.0)
+    other = nccl.torch_store("chorus/rails/0/1/address", chorus_store, False, "127.0.0.1", 10.0)
     gc.collect()
     other.set("unique-id", b"abc")
     assert first.get("unique-id") == b"abc"
@@ -96,5 +96,5 @@ def test_the_rail_store_is_on_the_transports_host():
 
     chorus_store = HashStore()
     chorus_store.set("tcp/addr/3", "10.1.2.3:4567")
-    assert rails.rail_host(chorus_store, 3) == "10.1.2.3"
-    assert rails.rail_host(chorus_store, 2) == "127.0.0.1"
+    assert nccl.serving_host(chorus_store, 3) == "10.1.2.3"
+    assert nccl.serving_host(chorus_store, 2) == "127.0.0.1"

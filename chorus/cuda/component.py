@@ -48,9 +48,11 @@ from chorus import config, recorder
 from chorus.call import Call
 from chorus.components import select
 from chorus.components.base import Component, run_in_order
+from chorus.components.hierarchy import HIDDEN, hidden_subgroup
 from chorus.cuda import algorithms as A
 from chorus.cuda import layout as L
 from chorus.cuda import staging
+from chorus.cuda.nccl import NCCL_OPS, NOT_NCCL_DTYPES, NcclPeers, nccl_available
 from chorus.engine import OpContext
 from chorus.errors import (
     AbortedError,
@@ -115,6 +117,18 @@ def attach(pg) -> CudaComponent:
     return CudaComponent(pg, ws, why)
 
 
+#: the hidden sub-group index of a group's NCCL fingerprint agreement (after the
+#: hierarchy's leaders, hosts and rails)
+NCCL_INDEX = (1 << 12) - 1
+
+
+def nccl_handoff(pg) -> bool:
+    """Whether ``pg``'s large all_reduces may go to NCCL: torch has it, the setting is on,
+    and the group is not itself a hidden sub-group (whose ids leave no room for one more
+    level: a host's sub-group under the rails, which already run NCCL between hosts)."""
+    return bool(config.get("CHORUS_CUDA_NCCL_FROM_BYTES")) and not pg.id & HIDDEN and nccl_available()
+
+
 class CudaComponent(Component):
     """Group ``pg``'s CUDA component over workspace ``ws`` (None: staging, ``why``)."""
 
@@ -133,6 +147,9 @@ class CudaComponent(Component):
         self._last_raw = 0
         self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
         self._plans: dict = {}  # all_reduce_now's plans
+        # large all_reduces go to NCCL from this size (0: never); its communicator, made then
+        self._nccl_from = config.get("CHORUS_CUDA_NCCL_FROM_BYTES") if nccl_handoff(pg) else 0
+        self._nccl = None
         self._device_index = -1
         self._torch = None
         if ws is not None:
@@ -158,6 +175,8 @@ class CudaComponent(Component):
         if call.name == "all_reduce":
             if call.algorithm in A.ALL_REDUCE_ALGORITHMS:
                 return call.algorithm
+            if self._on_nccl(call):
+                return "nccl"
             return A.all_reduce_algorithm(call.nbytes, self.pg.size())
         if call.name in ("all_gather", "reduce_scatter") and call.algorithm != "one_shot":
             first = _first(call)
@@ -169,6 +188,8 @@ class CudaComponent(Component):
     def start(self, call: Call, algorithm: str):
         if algorithm == "staging":
             return staging.start(call, algorithm, select.start)
+        if algorithm == "nccl":
+            return self._start_nccl(call)
         import torch
 
         self.check(call.name)
@@ -260,15 +281,52 @@ class CudaComponent(Component):
             fp = fingerprint("all_reduce", name, count, -1, kind)
         except (KeyError, ValueError):
             return False
+        if self._nccl_from and count * item >= self._nccl_from and kind in NCCL_OPS and name not in NOT_NCCL_DTYPES:
+            return False  # NCCL's (the general path's _start_nccl)
         plan = (name, fp, kind, count, item, A.all_reduce_algorithm(count * item, self.pg.size()), kind == "AVG")
         self._plans[key] = plan
         return plan
 
     def close(self) -> None:
+        if self._nccl is not None:
+            self._nccl.close()
         if self.ws is not None:
             self.pg.transport.remove_failure_listener(self._on_failure)
             self.ws.close()
             self.ws = self.lanes = None
+
+    # -- large all_reduce on NCCL ---------------------------------------------------------------------
+    def _on_nccl(self, call: Call) -> bool:
+        """An all_reduce NCCL runs: from the size on, or any size by name (``algorithm="nccl"``)."""
+        big = call.algorithm in (None, "auto") and call.nbytes >= self._nccl_from
+        return bool(self._nccl_from and (big or call.algorithm == "nccl") and call.reduce_op in NCCL_OPS
+                    and staging.torch_dtype_name(_first(call)) not in NOT_NCCL_DTYPES)
+
+    def _start_nccl(self, call: Call):
+        """all_reduce on the group's NCCL communicator (chorus.cuda.nccl), in issue order
+        with the group's other ops: fingerprints agreed first, then NCCL's kernel ordered
+        after the current stream, which waits for it."""
+        import torch
+
+        self.check(call.name)
+        if self._nccl is None:
+            sub = hidden_subgroup(self.pg, NCCL_INDEX, tuple(range(self.pg.size())), f"{self.pg.name}/nccl")
+            select.attach(sub, settings=False)
+            self._nccl = NcclPeers(self.pg, tuple(range(self.pg.size())), sub, f"cuda/{self.pg.id}/nccl/address")
+        peers = self._nccl
+        stream = torch.cuda.current_stream(self.ws.device)
+        self._follow(stream)
+        sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
+                             after=staging.on_stream(call.after, stream))
+
+        def transfers(ctx) -> None:
+            peers.agree(call)
+            peers.all_reduce(call.buffers["data"], call.reduce_op)
+
+        run_in_order(sync, self.name, "nccl", staging.on_stream(transfers, stream))
+        if not call.async_op:
+            return None
+        return self._work(stream, call.name, call.result, call.buffers)
 
     # -- point-to-point ------------------------------------------------------------------------------
     def p2p(self, kind: str, tensor, peer: int, tag: int, async_op: bool):
@@ -315,6 +373,9 @@ class CudaComponent(Component):
     def check(self, what: str) -> None:
         """Raise the group's error, if it has one (see the module docstring)."""
         if self.broken is not None:
+            raise self.broken
+        if self._nccl is not None and self._nccl.broken is not None:
+            self.broken = self._nccl.broken
             raise self.broken
         if self.ws is None:
             return

@@ -12,8 +12,8 @@ chorus's CUDA component inside each host, one communicator per rail between host
 
 Why torch's ProcessGroupNCCL for a rail, not another binding: the GPU extra already
 requires torch with CUDA, which ships NCCL and its network plugins; a rail communicator is
-one ProcessGroupNCCL (over a torch TCPStore that the rail's first member serves, its
-address passed through chorus's store: rail_store), with no package beside torch.  Its ops run on NCCL's stream, ordered
+one ProcessGroupNCCL (chorus.cuda.nccl.NcclPeers: over a torch TCPStore that the rail's
+first member serves), with no package beside torch.  Its ops run on NCCL's stream, ordered
 after the caller's current stream; ``wait()`` makes the current stream wait for them, so
 the three phases below queue on the GPU without the CPU waiting for any of them.
 
@@ -47,28 +47,20 @@ at once, so no NCCL kernel waits for a dead peer.
 from __future__ import annotations
 
 import logging
-import threading
-
-import numpy as np
 
 from chorus import config
-from chorus.call import make
 from chorus.components import select
 from chorus.components.base import Component, run_in_order
 from chorus.components.hierarchy import hidden_subgroup
 from chorus.cuda import staging
-from chorus.errors import CollectiveMismatchError
-from chorus.wire.fingerprint import describe
+from chorus.cuda.nccl import NCCL_OPS, NOT_NCCL_DTYPES, NcclPeers, nccl_available
 
 log = logging.getLogger("chorus")
 
 #: what the rails run; every other call is staged
 RAIL_OPS = frozenset({"all_reduce", "broadcast"})
-#: chorus's reduce op -> NCCL's, for the rail phase (AVG and PREMUL_SUM: the call's own
-#: hooks scale before and divide after, the phases sum)
-NCCL_OPS = {"SUM": "SUM", "AVG": "SUM", "PREMUL_SUM": "SUM", "PRODUCT": "PRODUCT", "MIN": "MIN", "MAX": "MAX"}
 #: dtypes the rails leave to staging (NCCL's bool and float8 reductions are not chorus's)
-STAGED_DTYPES = frozenset({"bool", "float8_e4m3fn", "float8_e5m2"})
+STAGED_DTYPES = NOT_NCCL_DTYPES
 
 
 def rails_of(by_host: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...] | None:
@@ -100,44 +92,7 @@ def rails_kind() -> str:
     kind = config.get("CHORUS_CUDA_RAILS")
     if kind != "auto":
         return kind
-    try:
-        import torch.distributed as dist
-
-        return "nccl" if dist.is_nccl_available() else "tcp"
-    except ImportError:
-        return "tcp"
-
-
-def rail_store(key: str, chorus_store, first: bool, host: str, timeout_s: float):
-    """The torch store a rail's ProcessGroupNCCL is made over: a torch ``TCPStore`` served
-    by the rail's ``first`` member on a free port of ``host``, whose address the others
-    read from ``chorus_store`` under ``key``.  A C++ store, not a torch view of chorus's
-    store: ProcessGroupNCCL's own threads poll their store for as long as the group lives
-    (its "should dump" flag, once a second), and through a Python store each poll would
-    take the GIL from a C++ thread, on every rank, also while the interpreter shuts down."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    timeout = timedelta(seconds=timeout_s)
-    if first:
-        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
-        chorus_store.set(key, f"{host}:{store.port}")
-        return store
-    address = chorus_store.get(key)
-    address = address.decode() if isinstance(address, bytes) else address
-    peer, port = address.rsplit(":", 1)
-    return dist.TCPStore(peer, int(port), is_master=False, timeout=timeout)
-
-
-def rail_host(chorus_store, rank: int) -> str:
-    """The address rank ``rank`` serves a rail's store on: the host of its TCP transport
-    (``tcp/addr/<rank>``: what the other hosts already reach it at), else
-    CHORUS_SOCKET_HOST, else loopback."""
-    if chorus_store.check([f"tcp/addr/{rank}"]):
-        address = chorus_store.get(f"tcp/addr/{rank}")
-        return (address.decode() if isinstance(address, bytes) else address).rsplit(":", 1)[0]
-    return config.get("CHORUS_SOCKET_HOST") or "127.0.0.1"
+    return "nccl" if nccl_available() else "tcp"
 
 
 def attach(pg, why: str):
@@ -176,13 +131,12 @@ class RailsComponent(Component):
         index = 1 + len(hierarchy.by_host) + self.index  # after the leaders' and the hosts' sub-groups
         self.rail = hidden_subgroup(pg, index, self.rail_ranks, f"{pg.name}/rail{self.index}")
         select.attach(self.rail, settings=False)
-        self.nccl = None  # the rail's ProcessGroupNCCL, made at its first op
-        self.nccl_store = None  # the torch store it is made over (rail_store)
-        self.broken: BaseException | None = None
+        # the rail's NCCL communicator (made at its first op), fingerprints agreed on the rail
+        self.peers = NcclPeers(pg, self.rail_ranks, self.rail, f"chorus/rails/{pg.id}/{self.index}/address",
+                               (pg, self.local, self.rail))
         from chorus.cuda.component import CudaComponent
 
         self.staged = CudaComponent(pg, None, why)  # what runs every call the rails do not
-        pg.transport.add_failure_listener(self._on_failure)
 
     def __repr__(self) -> str:
         return f"RailsComponent(group={self.pg.id}, rail={[self.pg.members[r] for r in self.rail_ranks]}, {self.kind})"
@@ -203,14 +157,13 @@ class RailsComponent(Component):
             return self.staged.start(call, algorithm)
         import torch
 
-        if self.broken is not None:
-            raise self.broken
+        self.peers.check()
         stream = torch.cuda.current_stream()
         sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
                              after=staging.on_stream(call.after, stream))
 
         def transfers(ctx) -> None:
-            self._agree(call)
+            self.peers.agree(call)
             if call.name == "all_reduce":
                 self._all_reduce(call)
             else:
@@ -222,7 +175,7 @@ class RailsComponent(Component):
             return None
         from chorus.cuda.work import CudaWork
 
-        return CudaWork(stream.record_event(), self._check, call.result, tuple(call.buffers.values()))
+        return CudaWork(stream.record_event(), self.peers.check, call.result, tuple(call.buffers.values()))
 
     def all_reduce_now(self, tensor, op) -> bool:
         """The API's latency lane: never here (the general path runs the rails)."""
@@ -237,14 +190,13 @@ class RailsComponent(Component):
 
     def check(self, what: str) -> None:
         """Raise the group's error, if it has one."""
-        self._check()
+        self.peers.check()
 
     def close(self) -> None:
         """Abort the rails' NCCL communicators; release the rail sub-group's components
         and the host sub-group's CUDA one (its workspace; the hierarchy releases the
         host sub-group's others)."""
-        self.pg.transport.remove_failure_listener(self._on_failure)
-        self._abort()
+        self.peers.close()
         for component in (*self.rail.components, *self.rail.device_components.values(),
                           *self.local.device_components.values()):
             component.close()
@@ -265,11 +217,7 @@ class RailsComponent(Component):
         select.start(call.on(self.local, "reduce_scatter", {"input": buf, "output": mine},
                              {"counts": (piece,) * local}, reduce=True, count=piece))
         if self.kind == "nccl":
-            import torch.distributed as dist
-
-            opts = dist.AllreduceOptions()
-            opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[call.reduce_op])
-            self._nccl().allreduce([mine], opts).wait()
+            self.peers.all_reduce(mine, call.reduce_op)
         else:
             select.start(call.on(self.rail, "all_reduce", {"data": mine}, {"count": piece}, reduce=True,
                                  count=piece))
@@ -286,71 +234,8 @@ class RailsComponent(Component):
         n = data.numel()
         if self.index == root_index:
             if self.kind == "nccl":
-                import torch.distributed as dist
-
-                opts = dist.BroadcastOptions()
-                opts.rootRank = root_host
-                self._nccl().broadcast([data], opts).wait()
+                self.peers.broadcast(data, root_host)
             else:
                 select.start(call.on(self.rail, "broadcast", {"data": data}, {"count": n}, root=root_host,
                                      count=n))
         select.start(call.on(self.local, "broadcast", {"data": data}, {"count": n}, root=root_index, count=n))
-
-    def _agree(self, call) -> None:
-        """Compare the op's fingerprint with the rail's other members (chorus's TCP path),
-        before anything is queued: CollectiveMismatchError naming both calls."""
-        mine = np.array([call.fingerprint], dtype=np.uint64)
-        got = np.empty(len(self.rail_ranks), dtype=np.uint64)
-        select.start(make(self.rail, "all_gather", dtype="uint64", count=1, buffers={"input": mine, "output": got},
-                          async_op=False, algorithm=None, nbytes=8, args={"count": 1}))
-        if (got == mine[0]).all():
-            return
-        members = self.pg.members
-        other = int(next(g for g in got if g != mine[0]))
-        ours = [members[r] for r, g in zip(self.rail_ranks, got, strict=True) if g == mine[0]]
-        theirs = [members[r] for r, g in zip(self.rail_ranks, got, strict=True) if g == other]
-        self.broken = CollectiveMismatchError(
-            f"{call.name} #{call.seq} on group {self.pg.name}: rank(s) {ours} called {describe(call.fingerprint)} "
-            f"but rank(s) {theirs} called {describe(other)}; every rank of a group must call the same "
-            "collectives in the same order")
-        t = self.pg.transport
-        for sub in (self.pg, self.local, self.rail):
-            t.group_mismatch(sub.id, members[self.rail_ranks[list(got).index(other)]], call.seq, other, t.rank)
-        raise self.broken
-
-    # -- NCCL --------------------------------------------------------------------------------------------
-    def _nccl(self):
-        """The rail's ProcessGroupNCCL (made at the rail's first op: collective on the rail)."""
-        if self.nccl is None:
-            import torch.distributed as dist
-
-            from chorus.api.state import current
-
-            chorus_store = current().store
-            me = self.pg.members[self.pg.rank()]
-            self.nccl_store = rail_store(f"chorus/rails/{self.pg.id}/{self.index}/address", chorus_store,
-                                         self.rail_rank == 0, rail_host(chorus_store, me), self.pg.timeout)
-            self.nccl = dist.ProcessGroupNCCL(self.nccl_store, self.rail_rank, len(self.rail_ranks))
-        return self.nccl
-
-    def _abort(self) -> None:
-        nccl, self.nccl = self.nccl, None
-        if nccl is not None:
-            stop = getattr(nccl, "abort", None) or getattr(nccl, "shutdown", None)
-            if stop is not None:
-                stop()
-
-    def _on_failure(self, group: int, why: str) -> None:
-        dead = self.pg.transport.dead
-        if self.nccl is not None and (group in (self.pg.id, self.rail.id)
-                                      or (group == -1 and any(m in dead for m in self.pg.members))):
-            # NCCL's kernels stop waiting for the lost peer; on a thread of its own, since
-            # a listener must not block and aborting a communicator can take a while
-            threading.Thread(target=self._abort, name="chorus-rails-abort", daemon=True).start()
-
-    def _check(self) -> None:
-        if self.broken is not None:
-            raise self.broken
-        failure = self.pg.transport.failure(self.pg.id, None)
-        if failure is not None:
-            raise failure

@@ -107,6 +107,27 @@ def case_all_reduce(rank, world, pg, comp):
         issue(comp, pg, "all_reduce", {"data": x}, count=x.numel(), dtype=dtype, reduce_op="SUM")
         tdist.all_reduce(y)
         assert torch.equal(x, y), dtype
+    # from CHORUS_CUDA_NCCL_FROM_BYTES (8 MiB) on, on NCCL's kernels (fingerprints agreed
+    # first); bitwise ops and bool stay on chorus's
+    n = 3_000_001  # 12 MB of float32
+    for dtype, op, want_algorithm in (("float32", "SUM", "nccl"), ("float32", "MAX", "nccl"),
+                                      ("int32", "BXOR", "two_shot_push"), ("bool", "BOR", "two_shot_push")):
+        x = data(rank, n, dtype)
+        want = reference(gather_all(x, world), op)
+        call_algorithm = comp.supports(make(pg, "all_reduce", dtype=dtype, count=n, buffers={"data": x},
+                                            async_op=False, algorithm=None, nbytes=x.numel() * x.element_size(),
+                                            args={"count": n}, reduce_op=op)._replace(device="cuda"))
+        assert call_algorithm == want_algorithm, (dtype, op, call_algorithm)
+        issue(comp, pg, "all_reduce", {"data": x}, count=n, dtype=dtype, reduce_op=op)
+        assert torch.equal(x.view(torch.uint8), want.view(torch.uint8)), (dtype, op, n)
+    side = torch.cuda.Stream()
+    x = data(rank, n, "float32")
+    want = reference(gather_all(x, world), "SUM")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # NCCL's kernel must wait for the caller's queued work
+        work = issue(comp, pg, "all_reduce", {"data": x}, count=n, dtype="float32", reduce_op="SUM", async_op=True)
+    work.wait()
+    assert torch.equal(x * 1, want)
 
 
 def case_rooted(rank, world, pg, comp):

@@ -1,0 +1,189 @@
+"""``NcclPeers``: torch's ProcessGroupNCCL over some ranks of a chorus group, with chorus's
+contracts around it.  chorus.cuda.rails runs its rails (between hosts) on one;
+chorus.cuda.component hands large all_reduces inside a host to one, where NCCL's ring is
+faster than chorus's kernels (chorus.cuda.algorithms.NCCL_FROM_BYTES).
+
+    group ranks [0, 2] of group g, on group rank 2:
+
+    peers = NcclPeers(g, (0, 2), agree_on=sub)   # sub: a chorus sub-group of those ranks
+    peers.agree(call)                            # every member called the same op, or
+                                                 # CollectiveMismatchError on each of them
+    peers.group().allreduce([t], opts).wait()    # NCCL, ordered after the current stream;
+                                                 # the current stream waits for it
+
+What chorus adds to NCCL:
+
+* **mismatches before NCCL sees them:** ``agree`` compares the op's fingerprint with the
+  other members' (a one-element all_gather on ``agree_on``, chorus's CPU path) before
+  anything is queued; NCCL handed mismatched ops would hang or corrupt memory.
+* **failures in seconds:** a lost member fails the group as everywhere in chorus, and the
+  communicator is aborted at once (from a thread of its own: a failure listener must not
+  block), so no NCCL kernel waits for a dead peer; NCCL's own watchdog would wait minutes.
+* **a store of its own:** the communicator is made over a torch ``TCPStore`` that the
+  first member serves, its address passed through chorus's store (``torch_store``).  A
+  C++ store, not a Python view of chorus's: ProcessGroupNCCL's threads poll their store
+  (a "should dump" flag, once a second) for the group's whole life, and through a Python
+  store every poll would take the GIL from a C++ thread, also while the interpreter
+  shuts down.
+
+The communicator is made at the first op (collective over the members, as every op).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from chorus import config
+from chorus.call import make
+from chorus.components import select
+from chorus.errors import CollectiveMismatchError
+from chorus.wire.fingerprint import describe
+
+#: chorus's reduce op -> NCCL's (AVG and PREMUL_SUM: the call's own hooks scale before and
+#: divide after, NCCL sums)
+NCCL_OPS = {"SUM": "SUM", "AVG": "SUM", "PREMUL_SUM": "SUM", "PRODUCT": "PRODUCT", "MIN": "MIN", "MAX": "MAX"}
+#: dtypes chorus keeps from NCCL (its bool and float8 reductions are not chorus's)
+NOT_NCCL_DTYPES = frozenset({"bool", "float8_e4m3fn", "float8_e5m2"})
+
+
+def nccl_available() -> bool:
+    """Whether torch here has NCCL."""
+    try:
+        import torch.distributed as dist
+
+        return bool(dist.is_nccl_available())
+    except ImportError:
+        return False
+
+
+def torch_store(key: str, chorus_store, first: bool, host: str, timeout_s: float):
+    """A torch ``TCPStore`` served by the ``first`` member on a free port of ``host``; the
+    others read its address from ``chorus_store`` under ``key``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    if first:
+        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        chorus_store.set(key, f"{host}:{store.port}")
+        return store
+    address = chorus_store.get(key)
+    address = address.decode() if isinstance(address, bytes) else address
+    peer, port = address.rsplit(":", 1)
+    return dist.TCPStore(peer, int(port), is_master=False, timeout=timeout)
+
+
+def serving_host(chorus_store, rank: int) -> str:
+    """The address rank ``rank`` serves a store on: the host of its TCP transport
+    (``tcp/addr/<rank>``: where the other hosts already reach it), else
+    CHORUS_SOCKET_HOST, else loopback."""
+    if chorus_store.check([f"tcp/addr/{rank}"]):
+        address = chorus_store.get(f"tcp/addr/{rank}")
+        return (address.decode() if isinstance(address, bytes) else address).rsplit(":", 1)[0]
+    return config.get("CHORUS_SOCKET_HOST") or "127.0.0.1"
+
+
+class NcclPeers:
+    """Group ranks ``ranks`` of chorus group ``pg`` (this rank among them) on one NCCL
+    communicator.  ``agree_on``: a chorus group of exactly those ranks, whose CPU path
+    compares fingerprints; ``key``: where the communicator's store address goes in
+    chorus's store (unique to this communicator in the job); ``break_groups``: the chorus
+    groups a mismatch breaks on every member (``pg`` and ``agree_on`` at least)."""
+
+    def __init__(self, pg, ranks: tuple[int, ...], agree_on, key: str, break_groups: tuple = ()):
+        self.pg = pg
+        self.ranks = ranks
+        self.index = ranks.index(pg.rank())
+        self.agree_on = agree_on
+        self.key = key
+        self.break_groups = break_groups or (pg, agree_on)
+        self.nccl = None  # torch's ProcessGroupNCCL, made at the first op
+        self.store = None  # the torch store it is made over
+        self.broken: BaseException | None = None
+        pg.transport.add_failure_listener(self._on_failure)
+
+    def agree(self, call) -> None:
+        """Every member called ``call``'s op (its fingerprint), or CollectiveMismatchError
+        naming both calls, on every member, and nothing queued."""
+        if self.broken is not None:
+            raise self.broken
+        mine = np.array([call.fingerprint], dtype=np.uint64)
+        got = np.empty(len(self.ranks), dtype=np.uint64)
+        select.start(make(self.agree_on, "all_gather", dtype="uint64", count=1,
+                          buffers={"input": mine, "output": got}, async_op=False, algorithm=None, nbytes=8,
+                          args={"count": 1}))
+        if (got == mine[0]).all():
+            return
+        members = self.pg.members
+        other = int(next(g for g in got if g != mine[0]))
+        ours = [members[r] for r, g in zip(self.ranks, got, strict=True) if g == mine[0]]
+        theirs = [members[r] for r, g in zip(self.ranks, got, strict=True) if g == other]
+        self.broken = CollectiveMismatchError(
+            f"{call.name} #{call.seq} on group {self.pg.name}: rank(s) {ours} called {describe(call.fingerprint)} "
+            f"but rank(s) {theirs} called {describe(other)}; every rank of a group must call the same "
+            "collectives in the same order")
+        t = self.pg.transport
+        culprit = members[self.ranks[list(got).index(other)]]
+        for sub in self.break_groups:
+            t.group_mismatch(sub.id, culprit, call.seq, other, t.rank)
+        raise self.broken
+
+    def group(self):
+        """The ProcessGroupNCCL (made at the first call: collective over the members)."""
+        if self.nccl is None:
+            import torch.distributed as dist
+
+            from chorus.api.state import current
+
+            chorus_store = current().store
+            me = self.pg.members[self.pg.rank()]
+            self.store = torch_store(self.key, chorus_store, self.index == 0, serving_host(chorus_store, me),
+                                     self.pg.timeout)
+            self.nccl = dist.ProcessGroupNCCL(self.store, self.index, len(self.ranks))
+        return self.nccl
+
+    def all_reduce(self, tensor, reduce_op: str) -> None:
+        """``tensor`` = NCCL's all_reduce of it over the members (enqueued; the current
+        stream waits for it)."""
+        import torch.distributed as dist
+
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
+        self.group().allreduce([tensor], opts).wait()
+
+    def broadcast(self, tensor, root: int) -> None:
+        """``tensor`` = member ``root``'s (its index in ``ranks``), enqueued likewise."""
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        self.group().broadcast([tensor], opts).wait()
+
+    def abort(self) -> None:
+        """Abort the communicator (NCCL's kernels stop waiting); idempotent."""
+        nccl, self.nccl = self.nccl, None
+        if nccl is not None:
+            stop = getattr(nccl, "abort", None) or getattr(nccl, "shutdown", None)
+            if stop is not None:
+                stop()
+
+    def close(self) -> None:
+        self.pg.transport.remove_failure_listener(self._on_failure)
+        self.abort()
+
+    def _on_failure(self, group: int, why: str) -> None:
+        dead = self.pg.transport.dead
+        if self.nccl is not None and (group in (self.pg.id, self.agree_on.id)
+                                      or (group == -1 and any(m in dead for m in self.pg.members))):
+            threading.Thread(target=self.abort, name="chorus-nccl-abort", daemon=True).start()
+
+    def check(self) -> None:
+        """Raise what broke these peers (a mismatch), or the group's failure."""
+        if self.broken is not None:
+            raise self.broken
+        failure = self.pg.transport.failure(self.pg.id, None)
+        if failure is not None:
+            raise failure

@@ -1,0 +1,48 @@
+"""Which CUDA all_reduces chorus.cuda hands to NCCL (chorus.cuda.nccl), decided on the CPU."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from chorus.components.hierarchy import HIDDEN  # noqa: E402
+from chorus.cuda import component  # noqa: E402
+from chorus.cuda.component import CudaComponent, nccl_handoff  # noqa: E402
+
+
+@pytest.mark.parametrize("setting, group_id, has_nccl, want", [
+    (str(8 << 20), 0, True, True),
+    (str(8 << 20), 5, True, True),
+    ("0", 0, True, False),  # off
+    (str(8 << 20), 0, False, False),  # torch without NCCL
+    (str(8 << 20), HIDDEN | 3 << 12 | 1, True, False),  # a host's hidden sub-group
+])
+def test_which_groups_hand_off(setting, group_id, has_nccl, want, monkeypatch):
+    monkeypatch.setenv("CHORUS_CUDA_NCCL_FROM_BYTES", setting)
+    monkeypatch.setattr(component, "nccl_available", lambda: has_nccl)
+    assert nccl_handoff(SimpleNamespace(id=group_id)) is want
+
+
+@pytest.mark.parametrize("nbytes, reduce_op, dtype, algorithm, want", [
+    (8 << 20, "SUM", torch.float32, None, True),
+    (8 << 20, "AVG", torch.bfloat16, None, True),
+    (8 << 20, "MAX", torch.int64, None, True),
+    ((8 << 20) - 1, "SUM", torch.float32, None, False),  # under the size
+    (8 << 20, "BXOR", torch.int32, None, False),  # NCCL has no bitwise ops
+    (8 << 20, "SUM", torch.bool, None, False),  # nor chorus's bool reductions
+    (8 << 20, "SUM", torch.float32, "two_shot", False),  # chorus's kernel, by name
+    (1024, "SUM", torch.float32, "nccl", True),  # by name, at any size
+])
+def test_which_calls_hand_off(nbytes, reduce_op, dtype, algorithm, want):
+    comp = SimpleNamespace(_nccl_from=8 << 20)
+    call = SimpleNamespace(algorithm=algorithm, nbytes=nbytes, reduce_op=reduce_op,
+                           buffers={"data": torch.empty(4, dtype=dtype)})
+    assert CudaComponent._on_nccl(comp, call) is want
+
+
+def test_no_hand_off_when_off():
+    call = SimpleNamespace(algorithm=None, nbytes=1 << 30, reduce_op="SUM", buffers={"data": torch.empty(4)})
+    assert CudaComponent._on_nccl(SimpleNamespace(_nccl_from=0), call) is False
