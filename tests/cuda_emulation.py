@@ -105,11 +105,18 @@ class FakeKernels:
     # -- the fused all_reduce kernels, block by block (the blocks of one rank in order) ------
     def all_reduce_fused(self, kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
                          epoch, timeout_ns, op, dtype, max_spins=None, stream=None, warps=4, blocks=L.MAX_BLOCKS,
-                         per_thread=8):
+                         per_thread=8, graph_slot=0):
         barriers = 1 if kind == "one_shot" else 2
+        bases = [word(controls_addr + 8 * r).value for r in range(world)]
+        self.graph = graph_slot > 0
+        if self.graph:  # chorus.cuda.fused.graph_begin / graph_end: the device's counts
+            ops, done = word(bases[rank] + L.GRAPH_OPS), word(bases[rank] + L.GRAPH_EPOCH)
+            slot_off += (ops.value & 1) * graph_slot
+            epoch = done.value + 1
+            ops.value += 1
+            done.value += barriers
         if self.host[L.STATUS]:
             return barriers
-        bases = [word(controls_addr + 8 * r).value for r in range(world)]
         fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
         dt = getattr(torch, dtype)
         item = dt.itemsize
@@ -225,9 +232,12 @@ class FakeKernels:
         """chorus.cuda.fused._block_sync: push (fingerprint, epoch), spin, compare."""
         if self.host[L.STATUS]:
             return False
-        bar, prints = L.block_barrier(b), L.block_fprint(b, e & 1)
-        if b == 0:
-            word(bases[rank]).value = e
+        if getattr(self, "graph", False):
+            bar, prints = L.graph_barrier(b), L.graph_fprint(b, e & 1)
+        else:
+            bar, prints = L.block_barrier(b), L.block_fprint(b, e & 1)
+            if b == 0:
+                word(bases[rank]).value = e
         for base in bases:
             word(base + prints + 8 * rank).value = fprint
             word(base + bar + 8 * rank).value = e

@@ -311,3 +311,38 @@ def test_fused_all_reduce_meets_a_mismatched_barrier(world):
         host = g.hosts[r]
         assert (host[L.STATUS], host[L.FAIL_OP]) == (L.MISMATCH, 4), r
         assert host[L.FAIL_FP] == (gather_fp if r == 1 else reduce_fp)
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot_push", "auto"])
+def test_captured_all_reduce_runs_through_the_graph_slots(algorithm):
+    """Captured in a CUDA graph (x.graph), all_reduce runs in rounds of a graph slot, its
+    launches counted on the device (GRAPH_OPS, GRAPH_EPOCH): the eager rounds and epochs
+    stay where they were, so eager ops before and after are unaffected."""
+    world, n, dtype = 3, 3000, "float32"
+    g = Group(world, SMALL)
+    ins = [data(r, n, dtype) for r in range(world)]
+    bufs = [t.clone() for t in ins]
+    eager = [t.clone() for t in ins]
+
+    def body(x):
+        x.begin(1, None, 0, dtype, "SUM")
+        A.all_reduce(x, ptr(eager[x.rank]), n, 4)
+        before = (x.rounds, x.epoch)
+        x.graph = True
+        try:
+            x.begin(2, None, 0, dtype, "SUM")
+            A.all_reduce(x, ptr(bufs[x.rank]), n, 4, algorithm)
+        finally:
+            x.graph = False
+        assert (x.rounds, x.epoch) == before
+        x.begin(3, None, 0, dtype, "MAX")
+        A.all_reduce(x, ptr(eager[x.rank]), n, 4)
+        return x.layout.graph
+
+    graph_slot = g.run(body)[0]
+    rounds = -(-n * 4 // graph_slot) if algorithm == "one_shot" else None
+    for r in range(world):
+        assert torch.equal(bufs[r], reference(ins, "SUM")), r
+        assert torch.equal(eager[r], reference(ins, "SUM")), r  # MAX over equal values
+        ops = int(g.memories[r][L.GRAPH_OPS: L.GRAPH_OPS + 8].view("int64")[0])
+        assert ops >= 2 and (rounds is None or ops == rounds), (ops, rounds)

@@ -404,3 +404,43 @@ def test_fused_all_gather_and_reduce_scatter_kernels(world, dtype):
                 assert torch.equal(out, torch.cat(ins)), r
             else:
                 assert torch.equal(out, want[r * n:(r + 1) * n]), r
+
+
+# -- captured in a CUDA graph: rounds and epochs counted on the device ---------------------------
+@pytest.mark.parametrize("ops", [5, 6])
+def test_captured_kernels_count_on_the_device(ops):
+    """A captured launch (graph_slot > 0) takes its slot parity from GRAPH_OPS and its
+    epochs from GRAPH_EPOCH, uses the graph area's per-block words, leaves the eager
+    words alone, and its last block advances both counts and resets GRAPH_DONE: the
+    arguments frozen at capture stay right on every replay."""
+    world, n, dt = 2, 2500, torch.float32
+    ins = [((torch.arange(n) * (r + 2) + r) % 4 - 1).to(dt) for r in range(world)]
+    f = Fused(world)
+    blocks, _ = L.one_shot_geometry(n)
+    parity, epoch = ops & 1, 41
+    for r in range(world):
+        f.ws[r][L.GRAPH_OPS // 8], f.ws[r][L.GRAPH_EPOCH // 8] = ops, epoch - 1
+        f.slot_view(r, parity, dt, n).copy_(ins[r])  # the peers' copy-in (ranks run in turn here)
+        for b in range(blocks):
+            for q in range(world):
+                f.ws[r][L.graph_barrier(b) // 8 + q] = epoch
+                f.ws[r][L.graph_fprint(b, epoch & 1) // 8 + q] = 77
+    outs = [torch.empty_like(ins[0]) for _ in range(world)]
+    for r in range(world):
+        K.all_reduce_fused("one_shot", ins[r].data_ptr(), outs[r].data_ptr(), n, f.controls.data_ptr(),
+                           L.CONTROL_BYTES, r, world, f.hosts[r].data_ptr(), 9, 77, 0, 10**12, "SUM", "float32", 200,
+                           graph_slot=f.slot)
+        assert f.hosts[r][L.STATUS] == 0, f.hosts[r]
+    for r in range(world):
+        assert torch.equal(outs[r], reference(ins, "SUM")), r
+        assert torch.equal(f.slot_view(r, parity, dt, n), ins[r])
+        words = f.ws[r]
+        assert (words[L.GRAPH_OPS // 8], words[L.GRAPH_EPOCH // 8], words[L.GRAPH_DONE // 8]) == (ops + 1, epoch, 0)
+        assert int(words[0]) == 0 and int(words[L.BARRIER // 8]) == 0  # the eager words: untouched
+    # a peer that never arrives: the captured kernel times out like an eager one, and reports it
+    g = Fused(world)
+    out = torch.empty_like(ins[0])
+    K.all_reduce_fused("one_shot", ins[0].data_ptr(), out.data_ptr(), n, g.controls.data_ptr(), L.CONTROL_BYTES, 0,
+                       world, g.hosts[0].data_ptr(), 9, 77, 0, 10**12, "SUM", "float32", 50, graph_slot=g.slot)
+    assert g.hosts[0][L.STATUS] == L.TIMEOUT
+    assert int(g.ws[0][L.GRAPH_OPS // 8]) == 1 and int(g.ws[0][L.GRAPH_DONE // 8]) == 0

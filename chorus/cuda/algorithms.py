@@ -4,6 +4,7 @@ kernels and copies on a CUDA stream; the tests' emulation: numpy and threads).
 What an executor offers (addresses are ints; sizes are bytes unless they say elements)::
 
     x.rank, x.world, x.layout          who I am; the workspace geometry (chorus.cuda.layout)
+    x.slot_bytes()                     bytes of one slot of this op (a graph slot when captured)
     x.round()                          start a round: the next parity of the slots
     x.slot(r)                          rank r's collective slot of this round (its address)
     x.barrier()                        every rank arrives; writes before it are seen after it
@@ -115,10 +116,11 @@ def all_reduce(x, data: int, n: int, item: int, algorithm: str = "auto") -> None
             x.barrier()
             x.reduce(data + off * item, 0, m)
         return
+    slot = x.slot_bytes()  # (captured in a CUDA graph: a graph slot's)
     if algorithm == "one_shot":
-        step = x.layout.slot // item
+        step = slot // item
     else:  # (two_shot_stores: rows and gathers, twice the message)
-        step = two_shot_chunk(x.layout.slot // (2 if algorithm == "two_shot_stores" else 1), item, x.world)
+        step = two_shot_chunk(slot // (2 if algorithm == "two_shot_stores" else 1), item, x.world)
     per_thread = WIDE_PER_THREAD if n * item >= WIDE_FROM_BYTES else 8
     for off, m in _chunks(n, step):
         x.round()

@@ -181,19 +181,51 @@ def _slice_range(s, piece, start, per, n):
 
 
 @triton.jit
+def graph_begin(base, slot_off, epoch, graph_slot, GRAPH: tl.constexpr):
+    """(slot offset, first epoch) of this launch.  Eager: the host's.  Captured in a CUDA
+    graph (``GRAPH``: its arguments are frozen at capture, and replayed): from the counts
+    in this rank's workspace, GRAPH_OPS % 2 choosing the graph slot (``slot_off`` is
+    parity 0's, ``graph_slot`` bytes from parity 1's) and GRAPH_EPOCH + 1 the epoch."""
+    if GRAPH:
+        ops = tl.load(as_ptr(base + 16, tl.int64), volatile=True)  # GRAPH_OPS
+        slot_off = slot_off + (ops & 1) * graph_slot
+        epoch = tl.load(as_ptr(base + 24, tl.int64), volatile=True) + 1  # GRAPH_EPOCH
+    return slot_off, epoch
+
+
+@triton.jit
+def graph_end(base, BARRIERS: tl.constexpr, GRAPH: tl.constexpr):
+    """A captured launch's last block to finish advances GRAPH_OPS by one and GRAPH_EPOCH
+    by its ``BARRIERS`` (every block read them at its start; the next launch on the
+    stream starts after this one ended, and reads the new counts)."""
+    if GRAPH:
+        tl.debug_barrier()
+        done = tl.atomic_add(as_ptr(base + 32, tl.int64), 1, sem="acq_rel", scope="gpu")  # GRAPH_DONE
+        if done == tl.num_programs(0) - 1:
+            tl.store(as_ptr(base + 32, tl.int64), 0)
+            tl.store(as_ptr(base + 16, tl.int64), tl.load(as_ptr(base + 16, tl.int64), volatile=True) + 1)
+            tl.store(as_ptr(base + 24, tl.int64), tl.load(as_ptr(base + 24, tl.int64), volatile=True) + BARRIERS)
+
+
+@triton.jit
 def block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins,
-                W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr):
+                W: tl.constexpr, WP: tl.constexpr, INTERPRET: tl.constexpr, GRAPH: tl.constexpr = False):
     """Block ``blk``'s barrier at ``epoch``: push (fingerprint, epoch) into every rank's
     words of this block (release), spin on mine (acquire), compare the fingerprints.
     0: go on; else the block stops (block 0 reports a MISMATCH; a timeout or abort is
-    reported by the block that saw it).  Needs at least W threads in the block."""
+    reported by the block that saw it).  Needs at least W threads in the block.
+    ``GRAPH``: a captured kernel's words (GRAPH_BLOCKS), apart from the eager ones."""
     lanes = tl.arange(0, WP)
     mask = lanes < W
-    extra = 4096 + (blk - 1).to(tl.int64) * 1536  # BLOCKS + (b - 1) * BLOCK_STRIDE
-    bar = tl.where(blk == 0, 512, extra)
-    prints = tl.where(blk == 0, 2560, extra + 512) + (epoch & 1) * 512
+    if GRAPH:
+        bar = 199168 + blk.to(tl.int64) * 1536  # GRAPH_BLOCKS + b * BLOCK_STRIDE
+        prints = bar + 512 + (epoch & 1) * 512
+    else:
+        extra = 4096 + (blk - 1).to(tl.int64) * 1536  # BLOCKS + (b - 1) * BLOCK_STRIDE
+        bar = tl.where(blk == 0, 512, extra)
+        prints = tl.where(blk == 0, 2560, extra + 512) + (epoch & 1) * 512
     base = tl.load(controls + rank)
-    if blk == 0:
+    if (blk == 0) & (not GRAPH):
         tl.store(as_ptr(base, tl.int64), epoch.to(tl.int64))  # EPOCH: barriers so far
     mine = base + bar + lanes * 8
     e = tl.zeros([WP], tl.int64) + epoch
@@ -342,16 +374,18 @@ def _reduce_range(controls, slot_off, out_addr, also_addr, lo, hi, W: tl.constex
         _spread(controls, slot_off, also, offs, y, m, True, W, RAW, HINT_WS, ALSO, PUSH)
 
 
-@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
-def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, op_id, fprint, epoch, timeout_ns,
-                    max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch", "graph_slot"])
+def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, op_id, fprint, epoch, graph_slot,
+                    timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
                     RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
-                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
+                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr, GRAPH: tl.constexpr):
     """One-shot all_reduce of elements [0, n) in one launch.  Block b (elements
     [b * per, (b + 1) * per)): copy them from ``inp`` into this rank's slot (at
     ``slot_off`` in its workspace), barrier of block b at ``epoch``, then
-    ``out`` = op over every rank's slot, in rank order (the same bits on every rank)."""
+    ``out`` = op over every rank's slot, in rank order (the same bits on every rank).
+    ``GRAPH``: captured in a CUDA graph (graph_begin: slot and epoch from the device)."""
     host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
+    slot_off, epoch = graph_begin(base, slot_off, epoch, graph_slot, GRAPH)
     blk = tl.program_id(0)
     lo = blk.to(tl.int64) * per
     hi = tl.maximum(tl.minimum(lo + per, n), lo)
@@ -360,18 +394,19 @@ def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, 
     tl.debug_barrier()  # every thread's copy is done before the release
     if not broken:  # (a broken group's kernel copies into its own slot only)
         state = block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
-                            INTERPRET)
+                            INTERPRET, GRAPH)
         tl.debug_barrier()
         if state == 0:
             _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
                           HINT_WS, False)
+    graph_end(base, 1, GRAPH)
 
 
-@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch", "graph_slot"])
 def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host_addr, op_id, fprint, epoch,
-                    timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr, DT: tl.constexpr,
-                    RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
-                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr,
+                    graph_slot, timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr,
+                    DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr, BLOCK: tl.constexpr,
+                    HINT_IO: tl.constexpr, HINT_WS: tl.constexpr, INTERPRET: tl.constexpr, GRAPH: tl.constexpr,
                     PUSH: tl.constexpr = False):
     """Two-shot all_reduce of elements [0, n) in one launch, two barriers (epochs
     ``epoch`` and ``epoch + 1``).  Slice s = elements [s * piece, (s + 1) * piece); block
@@ -386,8 +421,10 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
     PUSH: the reduce-scatter stores its slice into every rank's slot (slot_r[slice rank]:
     after barrier 1 only this rank reads it), and the all-gather reads only this rank's
     own slot; the same bytes cross the links, as stores instead of loads.
-    Every slice is reduced once (by its owner) and copied: the same bits everywhere."""
+    Every slice is reduced once (by its owner) and copied: the same bits everywhere.
+    ``GRAPH``: as one_shot_kernel's."""
     host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
+    slot_off, epoch = graph_begin(base, slot_off, epoch, graph_slot, GRAPH)
     blk = tl.program_id(0)
     start = blk.to(tl.int64) * per
     mine = base + slot_off
@@ -397,7 +434,7 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
     tl.debug_barrier()
     if not broken:
         state = block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
-                            INTERPRET)
+                            INTERPRET, GRAPH)
         tl.debug_barrier()
         if state == 0:
             lo, hi = _slice_range(rank, piece, start, per, n)
@@ -405,7 +442,7 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
                           HINT_WS, True, PUSH)
             tl.debug_barrier()
             state = block_sync(controls, rank, blk, epoch + 1, fprint, host, mirror, op_id, timeout_ns, max_spins, W,
-                                WP, INTERPRET)
+                                WP, INTERPRET, GRAPH)
             tl.debug_barrier()
             if state == 0:
                 for s in tl.static_range(W):
@@ -413,6 +450,7 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
                         lo, hi = _slice_range(s, piece, start, per, n)
                         src = mine if PUSH else tl.load(controls + s) + slot_off
                         _copy(src, out, lo, hi, RAW, BLOCK, HINT_WS, HINT_IO, True)
+    graph_end(base, 2, GRAPH)
 
 
 @triton.jit
@@ -446,12 +484,12 @@ def _reduce_rows(controls, slot_off, mine_addr, out_addr, lo, hi, piece, rank, M
             put_vec(as_ptr(tl.load(controls + q) + slot_off, RAW), (W + rank) * piece + loc, y, m, MASKED, HINT_WS)
 
 
-@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch"])
+@triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch", "graph_slot"])
 def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host_addr, op_id, fprint, epoch,
-                           timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr,
+                           graph_slot, timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr,
                            DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr,
                            BLOCK: tl.constexpr, HINT_IO: tl.constexpr, HINT_WS: tl.constexpr,
-                           INTERPRET: tl.constexpr):
+                           INTERPRET: tl.constexpr, GRAPH: tl.constexpr):
     """Two-shot all_reduce of elements [0, n) in which only stores cross the links (a
     load from a peer waits a round trip; a store does not).  Slot layout, in elements
     (slice s = elements [s * piece, (s + 1) * piece) of the message)::
@@ -471,6 +509,7 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
     Twice the slot of two_shot per element (rows and gathers); the same bits everywhere:
     every slice is reduced once, by its owner."""
     host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
+    slot_off, epoch = graph_begin(base, slot_off, epoch, graph_slot, GRAPH)
     blk = tl.program_id(0)
     start = blk.to(tl.int64) * per
     mine = base + slot_off
@@ -481,7 +520,7 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
                           HINT_IO, HINT_WS, False)
         tl.debug_barrier()  # every thread's stores are done before the release
         state = block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
-                            INTERPRET)
+                            INTERPRET, GRAPH)
         tl.debug_barrier()
         if state == 0:
             lo, hi = _slice_range(rank, piece, start, per, n)
@@ -494,10 +533,11 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
                              ACC, BOOL, BLOCK, HINT_IO, HINT_WS)
             tl.debug_barrier()
             state = block_sync(controls, rank, blk, epoch + 1, fprint, host, mirror, op_id, timeout_ns, max_spins, W,
-                                WP, INTERPRET)
+                                WP, INTERPRET, GRAPH)
             tl.debug_barrier()
             if state == 0:
                 for s in tl.static_range(W):
                     if s != rank:
                         lo, hi = _slice_range(s, piece, start, per, n)
                         copy_shifted(mine, out, lo, hi, W * piece, 0, RAW, BLOCK, HINT_WS, HINT_IO, True)
+    graph_end(base, 2, GRAPH)

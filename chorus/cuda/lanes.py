@@ -52,6 +52,9 @@ class Lanes:
                              "(the kernels' step is 32 x warps x this many elements); e.g. 8, 16 or 32, "
                              "or 0 (by size)")
         self.two_shot_per_thread = per_thread  # 0: the algorithm's choice by size
+        # the op being enqueued is captured in a CUDA graph: its kernels count rounds and
+        # epochs on the device, through the graph slots (chorus.cuda.fused.graph_begin)
+        self.graph = False
         self.rounds = 0
         # barriers enqueued so far (every rank enqueues the same ones: the epochs agree);
         # the workspace's check made the first ones
@@ -74,7 +77,12 @@ class Lanes:
 
     # -- what the algorithms call -------------------------------------------------------------
     def round(self) -> None:
-        self.rounds += 1
+        if not self.graph:
+            self.rounds += 1
+
+    def slot_bytes(self) -> int:
+        """Bytes of one slot of this op's rounds (a graph slot, captured)."""
+        return self.layout.graph if self.graph else self.layout.slot
 
     def slot(self, r: int) -> int:
         return self.bases[r] + self.layout.slot_at(self.rounds & 1)
@@ -114,10 +122,17 @@ class Lanes:
         t = time.perf_counter()
         if kind != "one_shot" and self.two_shot_per_thread:
             per_thread = self.two_shot_per_thread
-        self.epoch += self.k.all_reduce_fused(
-            kind, inp, out, n, self.controls_addr, self.layout.slot_at(self.rounds & 1), self.rank, self.world,
-            self.host, self.op_id, self.fprint, self.epoch + 1, self.timeout_ns, self.reduce_op, self.dtype,
-            stream=self.stream, warps=self.fused[0], blocks=self.fused[1], per_thread=per_thread)
+        if self.graph:  # slot and epochs from the device's counts
+            self.k.all_reduce_fused(
+                kind, inp, out, n, self.controls_addr, self.layout.graph_slot_at(0), self.rank, self.world,
+                self.host, self.op_id, self.fprint, 0, self.timeout_ns, self.reduce_op, self.dtype,
+                stream=self.stream, warps=self.fused[0], blocks=self.fused[1], per_thread=per_thread,
+                graph_slot=self.layout.graph)
+        else:
+            self.epoch += self.k.all_reduce_fused(
+                kind, inp, out, n, self.controls_addr, self.layout.slot_at(self.rounds & 1), self.rank, self.world,
+                self.host, self.op_id, self.fprint, self.epoch + 1, self.timeout_ns, self.reduce_op, self.dtype,
+                stream=self.stream, warps=self.fused[0], blocks=self.fused[1], per_thread=per_thread)
         if recorder.current is not None:
             recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype), algorithm=kind)
 

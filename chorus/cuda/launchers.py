@@ -115,7 +115,7 @@ _SMALL = (1 << 31) - 2
 def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, slot_off: int, rank: int,
                      world: int, host_addr: int, op_id: int, fprint: int, epoch: int, timeout_ns: int, op: str,
                      dtype: str, max_spins: int = NEVER, stream: int | None = None, warps: int = 4,
-                     blocks: int = L.MAX_BLOCKS, per_thread: int = PER_THREAD) -> int:
+                     blocks: int = L.MAX_BLOCKS, per_thread: int = PER_THREAD, graph_slot: int = 0) -> int:
     """Launch the one-shot (``kind`` "one_shot") or two-shot ("two_shot"; "two_shot_push":
     its all-gather by stores; "two_shot_stores": both halves by stores, through a slot
     twice the message's size) all_reduce kernel of ``n`` elements from
@@ -123,17 +123,20 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
     ``slot_off``; its barriers are epochs ``epoch`` (and ``epoch`` + 1: two-shot).
     Returns the number of barriers it uses (1 or 2).  ``warps`` per block (at least
     ``world`` threads), at most ``blocks`` blocks, ``per_thread`` elements a thread per
-    step (a power of two).  What depends only on the shape is planned once (geometry,
-    types, the launch key's fixed part)."""
+    step (a power of two).  ``graph_slot`` > 0: the launch is captured in a CUDA graph;
+    ``slot_off`` is then graph slot 0's and ``epoch`` unused (the kernel reads both from
+    the device: chorus.cuda.fused.graph_begin), ``graph_slot`` the bytes of one graph slot.
+    What depends only on the shape is planned once (geometry, types, the launch key's
+    fixed part)."""
     aligned = not (inp | out) & 15
     pkey = (kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS, warps,
-            blocks, per_thread)
+            blocks, per_thread, graph_slot > 0)
     plan = _PLANS.get(pkey)
     if plan is None:
         plan = _fused_plan(pkey)
     kernel, grid, head, tail, barriers = plan
     fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
-    args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, *tail)
+    args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, graph_slot, *tail)
     key = (pkey, slot_off <= _SMALL and op_id <= _SMALL and epoch <= _SMALL, _fits(fprint))
     try:
         launch(kernel, key, grid, args, warps, stream)
@@ -142,13 +145,13 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
             raise
         _no_hints(exc)
         return all_reduce_fused(kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
-                                epoch, timeout_ns, op, dtype, max_spins, stream, warps, blocks, per_thread)
+                                epoch, timeout_ns, op, dtype, max_spins, stream, warps, blocks, per_thread, graph_slot)
     return barriers
 
 
 def _fused_plan(pkey: tuple) -> tuple:
     kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, hints, warps, blocks, \
-        per_thread = pkey
+        per_thread, graph = pkey
     if len(_PLANS) >= 4096:
         _PLANS.clear()
     if warps * 32 < world or not 1 <= blocks <= L.MAX_BLOCKS:
@@ -161,7 +164,8 @@ def _fused_plan(pkey: tuple) -> tuple:
     dt, raw, acc, is_bool, red = _ops(op, dtype)
     wp = max(2, _pow2(world))
     step = 32 * per_thread * warps
-    tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, step, hints and aligned, hints, INTERPRET)
+    tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, step, hints and aligned, hints, INTERPRET,
+            graph)
     if kind == "one_shot":
         grid, per = L.one_shot_geometry(n, blocks, step)
         plan = (one_shot_kernel, grid, (n, per, rank, host_addr), tail, 1)
@@ -291,4 +295,5 @@ assert (L.BARRIER, L.BROKEN, L.STATUS, L.FAIL_OP, L.FAIL_WHAT, L.FAIL_PEERS, L.A
 assert (L.FAIL_EXPECT, L.FAIL_GOT, L.TAG_OP, L.TAG_PEER, L.TAG_EXPECT, L.TAG_GOT) == (5, 6, 8, 9, 10, 11)
 assert (L.FPRINT, L.FPRINT_PARITY, L.FAIL_FP, L.MISMATCH) == (2560, 512, 7, 4)
 assert (L.BLOCKS, L.BLOCK_STRIDE) == (4096, 1536), "the fused kernels hard-code these offsets"
+assert (L.GRAPH_OPS, L.GRAPH_EPOCH, L.GRAPH_DONE, L.GRAPH_BLOCKS) == (16, 24, 32, 199168), "and these"
 assert frozenset(_RAW_BY_SIZE) == GATHER_ITEMS, "the fused all_gather's element sizes"

@@ -23,13 +23,24 @@ for group size W::
                                  BARRIER and 2 x FPRINT words here (BLOCK_STRIDE bytes per
                                  block); block 0 uses the words above, so a fused kernel
                                  and the barrier kernel meet (and compare fingerprints)
+    GRAPH_*    3 words           the kernels captured in CUDA graphs count on the device
+                                 (their launch arguments are frozen at capture): GRAPH_OPS
+                                 their launches so far (a launch's slot parity), GRAPH_EPOCH
+                                 their barriers so far (a launch's epochs), GRAPH_DONE its
+                                 blocks that finished (the last one advances both counts)
+    GRAPH_BLOCKS per-block words   block b (every b) of a captured kernel: BARRIER[W] and
+                                 2 x FPRINT[W], as BLOCKS' (apart: eager and captured ops
+                                 count their epochs separately)
     CONTROL    slot, parity 0    collectives: each rank writes only its own slots; peers read
     +S         slot, parity 1      (round k uses parity k % 2: one barrier per round suffices)
-    2S+4096    channels          for each destination d and parity p: a 256-byte header
+    2S         graph slot, x 2   the slots of captured kernels (parity: GRAPH_OPS % 2)
+    2S+2G      channels          for each destination d and parity p: a 256-byte header
                                  (tag, nbytes of the message) and C data bytes; rank q's
                                  channel to d carries q's sends to d, d copies out of it
 
-CONTROL_BYTES (about 196 KiB) holds the control words.  Half of the workspace goes to the two collective slots, half to the W x 2 channels.
+CONTROL_BYTES (about 387 KiB) holds the control words.  Of the rest, a sixteenth goes to
+each graph slot, and of what remains a quarter to each collective slot and half to the
+W x 2 channels.
 
 The control page is page-locked host memory mapped into the device (one per group and
 rank): the host sets ABORT when the transport reports a failure; a kernel that gives up
@@ -58,7 +69,10 @@ BLOCK_STRIDE = 3 * 8 * MAX_WORLD  # BARRIER[W] at +0, FPRINT[2][W] at +FPRINT_PA
 MAX_BLOCKS = 128  # blocks (CTAs) of a fused kernel: all resident on an H100/H200 (132 SMs)
 CHANNEL_HEADER = 256
 ALIGN = 256
-CONTROL_BYTES = -(-(BLOCKS + (MAX_BLOCKS - 1) * BLOCK_STRIDE) // ALIGN) * ALIGN
+GRAPH_OPS, GRAPH_EPOCH, GRAPH_DONE = 16, 24, 32
+GRAPH_BLOCKS = -(-(BLOCKS + (MAX_BLOCKS - 1) * BLOCK_STRIDE) // ALIGN) * ALIGN  # block b at + b * BLOCK_STRIDE
+CONTROL_BYTES = GRAPH_BLOCKS + MAX_BLOCKS * BLOCK_STRIDE
+assert CONTROL_BYTES % ALIGN == 0 and GRAPH_DONE + 8 <= BARRIER
 #: elements one block of a fused kernel moves per step (the block count follows from it)
 FUSED_BLOCK = 1024
 #: block ranges and slices are multiples of this many elements: 16-byte aligned for every
@@ -96,6 +110,16 @@ def block_barrier(block: int) -> int:
 def block_fprint(block: int, parity: int) -> int:
     """Offset of block ``block``'s FPRINT words of ``parity``."""
     return (FPRINT if block == 0 else BLOCKS + (block - 1) * BLOCK_STRIDE + FPRINT_PARITY) + parity * FPRINT_PARITY
+
+
+def graph_barrier(block: int) -> int:
+    """Offset of block ``block``'s BARRIER words in a captured kernel."""
+    return GRAPH_BLOCKS + block * BLOCK_STRIDE
+
+
+def graph_fprint(block: int, parity: int) -> int:
+    """Offset of block ``block``'s FPRINT words of ``parity`` in a captured kernel."""
+    return graph_barrier(block) + (1 + parity) * FPRINT_PARITY
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -139,20 +163,26 @@ class Layout(NamedTuple):
     total: int
     slot: int  # bytes of one collective slot (one parity)
     channel: int  # data bytes of one channel slot (one destination, one parity)
+    graph: int = 0  # bytes of one graph slot (one parity)
 
     @staticmethod
     def of(world: int, total: int) -> Layout:
         if not 1 <= world <= MAX_WORLD:
             raise ValueError(f"chorus.cuda supports groups of 1..{MAX_WORLD} ranks, not {world}")
         body = total - CONTROL_BYTES
-        slot = _down(body // 4)
-        channel = _down(body // 2 // (2 * world) - CHANNEL_HEADER)
-        if slot < ALIGN * world or channel < ALIGN:
+        graph = _down(body // 16)
+        rest = body - 2 * graph
+        slot = _down(rest // 4)
+        channel = _down(rest // 2 // (2 * world) - CHANNEL_HEADER)
+        if body < 0 or graph < ALIGN * world or slot < ALIGN * world or channel < ALIGN:
             raise ValueError(f"a workspace of {total} bytes is too small for {world} ranks")
-        return Layout(world, total, slot, channel)
+        return Layout(world, total, slot, channel, graph)
 
     def slot_at(self, parity: int) -> int:
         return CONTROL_BYTES + parity * self.slot
+
+    def graph_slot_at(self, parity: int) -> int:
+        return CONTROL_BYTES + 2 * self.slot + parity * self.graph
 
     def piece(self) -> int:
         """Bytes of one destination's share of a slot (scatter, reduce_scatter), aligned."""
@@ -160,4 +190,4 @@ class Layout(NamedTuple):
 
     def channel_at(self, dest: int, parity: int) -> int:
         """Offset of the header of the channel slot to ``dest`` of ``parity``; data follows."""
-        return CONTROL_BYTES + 2 * self.slot + (2 * dest + parity) * (CHANNEL_HEADER + self.channel)
+        return CONTROL_BYTES + 2 * self.slot + 2 * self.graph + (2 * dest + parity) * (CHANNEL_HEADER + self.channel)
