@@ -458,6 +458,19 @@ def test_failing_mpi_job_is_reported(tmp_path, monkeypatch, capsys):
     assert [len(r) for r in _table_rows(out)] == [3, 3]  # chorus only
 
 
+def test_mpi_args_reach_mpiexec_before_the_rank_count(tmp_path, monkeypatch, capsys):
+    """--mpi-args: split as a shell would, placed before -n, and named in the notes."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path}/argv\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(mpi_worker, "unavailable", lambda mpiexec: None)
+    assert bench_cli.main(["--world", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0", "--baseline", "mpi",
+                           "--mpiexec", str(fake), "--mpi-args", "--mca btl 'tcp,self'"]) == 1
+    argv = (tmp_path / "argv").read_text().split("\n")
+    assert argv[:5] == ["--mca", "btl", "tcp,self", "-n", "2"]
+    assert "--mca btl tcp,self -n 2" in _comments(capsys.readouterr().out).replace("\n#   ", " ")
+
+
 def test_batches_give_every_op_its_own_buffers_and_check_each_one():
     from chorus.bench.ops import BATCH_BYTES, batch_size, make_batch, time_case
 

@@ -385,8 +385,8 @@ def test_small_all_reduce_takes_the_cached_one_shot_plan_and_matches_the_general
     from chorus.shm.group import ShmGroup
 
     calls = []
-    plain = ShmGroup.all_reduce_one_shot
-    monkeypatch.setattr(ShmGroup, "all_reduce_one_shot",
+    plain = ShmGroup.all_reduce_planned
+    monkeypatch.setattr(ShmGroup, "all_reduce_planned",
                         lambda self, *a: (calls.append(self.group), plain(self, *a))[1])
     cases = [("float32", "SUM"), ("int64", "MAX"), ("float64", "AVG"), ("bool", "BXOR"),
              ("float32", "PRODUCT"), ("int32", "BAND")]

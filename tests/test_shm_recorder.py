@@ -5,7 +5,7 @@ counts that add up to what the op moves.  Ranks are threads: one listener sees e
 rank's events, so the checks are on sums over the group.
 
 The ops run with ``async_op=True``: synchronous numpy calls take the latency paths
-(ShmGroup.all_reduce_one_shot, all_to_all_fast), which report nothing; the component
+(ShmGroup.all_reduce_planned, all_to_all_fast), which report nothing; the component
 that calls them steps aside to the general path while a listener is attached."""
 
 from collections import defaultdict

@@ -99,6 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--device cuda: nccl, symm (nccl and torch's symmetric-memory all_reduce), none")
     p.add_argument("--mpiexec", metavar="PATH",
                    help="MPI launcher (default: mpiexec next to this Python, then on PATH)")
+    p.add_argument("--mpi-args", metavar="ARGS", default="",
+                   help="options for mpiexec before -n (one string, split as a shell would), e.g. "
+                        "'--mca pml ob1 --mca btl tcp,self' for Open MPI over TCP; recorded in the notes")
     p.add_argument("--registered", action="store_true",
                    help="chorus's buffers from chorus.empty_shared (registered shared memory, which the "
                         "ranks of a host map: nccl-tests' -R); the baselines keep ordinary memory")
@@ -294,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
            "scale_iters": args.scale_iters,
            "collective": args.collective, "dtype": args.dtype, "op": args.op,
            "transport": transport, "baselines": [b for b in baselines if b != "mpi"],
-           "registered": args.registered}
+           "registered": args.registered, "mpi_args": args.mpi_args}
     notes = [f"{name} skipped: {why}" for name, why in skipped.items()]
     if transport != "tcp" and importlib.util.find_spec("chorus.shm") is None:
         notes.append("this chorus has no shared-memory engine (chorus.shm): its ranks use TCP")
@@ -323,7 +326,8 @@ def run(args: argparse.Namespace) -> int:
             notes += mpi_notes
             baseline_info["mpi"] = {**info, "mpiexec": mpiexec}
             notes.append(f"mpi: {info['library']} through mpi4py {info['mpi4py']}, launched by "
-                         f"{mpiexec}; its own job, taking turns with chorus size by size")
+                         f"{mpiexec}{f' {args.mpi_args}' if args.mpi_args else ''}; its own job, taking "
+                         "turns with chorus size by size")
     print(comment("us: mean time per op on rank 0, ops back to back in batches of up to 1 MiB of "
                   "buffers, each batch started by a barrier, each op on its own buffers, reset before "
                   "and checked after its batch, untimed; busbw: GB/s, nccl-tests' bus bandwidth; vs B: "
@@ -339,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
     meta = {
         "collective": args.collective, "op": op, "dtype": args.dtype, "world": args.world,
         "transport": transport, "iters": args.iters, "warmup": args.warmup, "scale_iters": args.scale_iters,
-        "registered": args.registered, "sizes": [c * itemsize for c in counts],
+        "registered": args.registered, "mpi_args": args.mpi_args, "sizes": [c * itemsize for c in counts],
         "baseline": args.baseline, "baselines": baselines, "baselines_skipped": skipped,
         "baseline_info": baseline_info, "notes": notes,
         "timing": "seconds: mean per op on rank 0; wrong: over all ranks and iterations",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -79,7 +80,8 @@ def _package_root() -> str:
 
 
 def start(cfg: dict, workdir: str, mpiexec: str) -> subprocess.Popen:
-    """Start the MPI job for ``cfg`` (as for worker.rank_main); its output goes to
+    """Start the MPI job for ``cfg`` (as for worker.rank_main; ``cfg["mpi_args"]``: options
+    for ``mpiexec``, before ``-n``, e.g. ``--mca btl tcp,self``); its output goes to
     ``<workdir>/mpi-output.txt``.  :func:`collect` reads its results once it has exited."""
     cfg = {**cfg, "workdir": workdir}
     cfg_path = os.path.join(workdir, "mpi-cfg.json")
@@ -93,7 +95,8 @@ def start(cfg: dict, workdir: str, mpiexec: str) -> subprocess.Popen:
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
-    cmd = [mpiexec, "-n", str(cfg["world"]), sys.executable, "-m", "chorus.bench.mpi_worker", cfg_path]
+    cmd = [mpiexec, *shlex.split(cfg.get("mpi_args") or ""), "-n", str(cfg["world"]), sys.executable,
+           "-m", "chorus.bench.mpi_worker", cfg_path]
     with open(os.path.join(workdir, "mpi-output.txt"), "w") as out:
         try:
             return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,

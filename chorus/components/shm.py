@@ -5,8 +5,8 @@ group's ``CHORUS_ALGO_<COLLECTIVE>``: those are TCP schedules).  The window runs
 a time in its own sequence of syncs (chorus.shm.group.ShmGroup).
 
 Two latency lanes skip the Call altogether, because building one is a visible share of
-the op they serve: a small synchronous ``all_reduce`` of a numpy array
-(``all_reduce_now``; a torch CPU tensor through a numpy view of its memory,
+the op they serve: a synchronous ``all_reduce`` of a numpy array that runs one-shot or
+reduce-scatter + all-gather in one chunk of the window (``all_reduce_now``; a torch CPU tensor through a numpy view of its memory,
 ``all_reduce_tensor_now``) and a synchronous ``all_to_all_single`` of numpy arrays in equal
 blocks that fit one round of the window (``all_to_all_now``).  Each keeps a plan per
 (dtype, shape, op), here, and runs from it: the same algorithm, bits and sequence number
@@ -51,7 +51,7 @@ class ShmComponent(Component):
         self.shm = shm
         self.tcp_only = forced
         self.plans: dict = {}
-        self.last_one_shot = None  # (dtype, op, shape, plan): the last all_reduce plan used
+        self.last_reduce = None  # (dtype, op, shape, plan): the last all_reduce plan used
         self.last_exchange = None  # (dtype, shape, plan): the last all_to_all plan used
         self.tensor_view = None  # (tensor, its data_ptr, numpy view): the last small torch tensor
         self.flight = ring = flight.attach(pg)  # the group's flight recorder, or None (turned off)
@@ -79,7 +79,7 @@ class ShmComponent(Component):
         """Drop the latency lanes' plans (made again at the next call): for a window whose
         settings changed under them."""
         self.plans.clear()
-        self.last_one_shot = self.last_exchange = self.tensor_view = None
+        self.last_reduce = self.last_exchange = self.tensor_view = None
 
     # -- latency lanes ---------------------------------------------------------------------
     def all_reduce_now(self, arr: np.ndarray, op) -> bool:
@@ -90,7 +90,7 @@ class ShmComponent(Component):
         dtype, shape and op it was made for, compared by identity where that is exact (a
         dtype or op object that is another object looks the plan up); ``flags.carray`` is
         C-contiguous, aligned and writeable in one read."""
-        last = self.last_one_shot
+        last = self.last_reduce
         if last is not None and last[0] is arr.dtype and last[1] is op and last[2] == arr.shape:
             plan = last[3]
         else:
@@ -98,10 +98,10 @@ class ShmComponent(Component):
                 return False
             plan = self.plans.get((arr.dtype, arr.shape, op.name))
             if plan is None:
-                plan = self._one_shot_plan(arr, op)
+                plan = self._reduce_plan(arr, op)
             if not plan:
                 return False
-            last = self.last_one_shot = (arr.dtype, op, arr.shape, plan)
+            last = self.last_reduce = (arr.dtype, op, arr.shape, plan)
             if self.flight is not None:  # the flight recorder: the lane's ops from here run this plan
                 self.reduce_keys.append((len(self.reduce_log), last))
         pg = self.pg
@@ -116,13 +116,13 @@ class ShmComponent(Component):
             seq = pg.take_seq()
             ring = self.flight
             if ring is None:
-                self.shm.all_reduce_one_shot(pg, seq, plan, arr)
+                self.shm.all_reduce_planned(pg, seq, plan, arr)
             else:  # the flight recorder: the sequence number (the clock at times)
                 self.reduce_log.append(seq)
                 if seq >= ring.clock_at:
                     flight.tick(ring, seq)
                 try:
-                    self.shm.all_reduce_one_shot(pg, seq, plan, arr)
+                    self.shm.all_reduce_planned(pg, seq, plan, arr)
                 except BaseException as exc:
                     flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
                     raise
@@ -148,8 +148,8 @@ class ShmComponent(Component):
             self.tensor_view = (t, t.data_ptr(), arr)
         return self.all_reduce_now(arr, op)
 
-    def _one_shot_plan(self, arr: np.ndarray, op):
-        """The cached OneShot for ``arr``'s dtype and shape and ``op``, or False."""
+    def _reduce_plan(self, arr: np.ndarray, op):
+        """The cached chorus.shm.group.Planned for ``arr``'s dtype and shape and ``op``, or False."""
         if len(self.plans) >= PLANS:
             self.plans.clear()
         key = (arr.dtype, arr.shape, op.name)
@@ -161,7 +161,7 @@ class ShmComponent(Component):
             check_op(op, buf.dtype, "all_reduce")
         except (InvalidArgumentError, InvalidTensorError):
             return False  # the general path raises it
-        plan = self.shm.one_shot_plan(arr.dtype, arr.shape, functools.partial(rows_into, op.name, buf.dtype),
+        plan = self.shm.all_reduce_plan(arr.dtype, arr.shape, functools.partial(rows_into, op.name, buf.dtype),
                                       fingerprint("all_reduce", buf.dtype, buf.numel, -1, op.name),
                                       op.name == "AVG")
         self.plans[key] = plan or False

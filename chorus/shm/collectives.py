@@ -62,6 +62,19 @@ def one_shot(win: Window, dtype: np.dtype, count: int, op: str = "all_reduce") -
         win.world <= WHOLE_CHUNKS_WORLD and not direct.use(win, op, nbytes))
 
 
+def two_shot(win: Window, dtype: np.dtype, count: int) -> bool:
+    """Whether all_reduce of ``count`` elements of ``dtype`` runs reduce-scatter +
+    all-gather in one chunk with one part per phase (three phases, two syncs; see
+    ``all_reduce``): not one-shot, it fits a slot, the group has more than
+    ``WHOLE_CHUNKS_WORLD`` ranks, and neither single copy nor registered buffers nor
+    helper threads take it.  The latency path runs these from a cached plan
+    (chorus.shm.group.TwoShot)."""
+    nbytes = count * dtype.itemsize
+    return (win.world > WHOLE_CHUNKS_WORLD and 0 < count <= win.capacity(dtype)
+            and not one_shot(win, dtype, count) and not direct.use(win, "all_reduce", nbytes)
+            and not mapped.use(win, nbytes) and parts_for(win, nbytes, nbytes) == 1)
+
+
 def barrier(win: Window, sync: Sync, ctx) -> None:
     """Every rank raises its counter; every rank waits for all the others."""
     sync.sync(ctx, first=True)

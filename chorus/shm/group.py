@@ -20,22 +20,33 @@ from chorus.errors import AbortedError, CollectiveMismatchError
 from chorus.host.segment import Segment
 from chorus.shm import collectives as algo
 from chorus.shm.cma import address
-from chorus.shm.phases import Crew
+from chorus.shm.phases import Crew, part_of
 from chorus.shm.sync import TCP, Backoff, Sync, Waker
 from chorus.shm.window import Layout, Settings, Window
 
 
-class OneShot:
-    """What a one-shot all_reduce of one (dtype, shape, op) needs, built once per group:
-    per parity, this rank's slot and ``into(out)``, which reduces every rank's slot into
-    ``out`` (shaped like the arrays); the op's fingerprint, and whether the result is then
-    divided by W (AVG)."""
+class Planned:
+    """What an all_reduce of one (dtype, shape, op) needs on the latency path, built once
+    per group, indexed by the parity ``p`` of the op's first phase:
 
-    __slots__ = ("mine", "into", "fingerprint", "average")
+    one-shot (``part`` None): ``mine[p]``, this rank's slot shaped like the arrays, and
+    ``into[p](out)``, which reduces every rank's slot into ``out``;
 
-    def __init__(self, mine: tuple, into: tuple, fingerprint: int, average: bool):
+    reduce-scatter + all-gather in one chunk (chorus.shm.collectives.two_shot): also
+    ``part[p]``, this rank's slice of the result slot of parity ``p ^ 1``, into which
+    ``into[p]`` reduces slice ``me`` of every rank's slot, and ``result[p]``, that whole
+    result slot shaped like the arrays;
+
+    and the op's fingerprint, and whether the result is then divided by W (AVG)."""
+
+    __slots__ = ("mine", "into", "part", "result", "fingerprint", "average")
+
+    def __init__(self, mine: tuple, into: tuple, fingerprint: int, average: bool,
+                 part: tuple | None = None, result: tuple | None = None):
         self.mine = mine
         self.into = into
+        self.part = part
+        self.result = result
         self.fingerprint = fingerprint
         self.average = average
 
@@ -73,20 +84,26 @@ class ShmGroup:
         """Run collective ``name`` (a chorus.api collective's name and buffers) for op ``ctx``."""
         self._run(ctx, _OPS[name], ctx, buffers, reduce, root, args, self.window)
 
-    def one_shot_plan(self, dtype, shape: tuple, bind, fingerprint: int, average: bool) -> OneShot | None:
-        """A :class:`OneShot` for all_reduce of arrays of ``dtype`` and ``shape``, or None
-        when they are too large for the one-shot algorithm (chorus.shm.collectives).
-        ``bind(rows)`` makes ``into`` for a (W, *shape) stack of slots (the API layer's
-        reduction, chorus.reductions.rows_into)."""
+    def all_reduce_plan(self, dtype, shape: tuple, bind, fingerprint: int, average: bool) -> Planned | None:
+        """A :class:`Planned` for all_reduce of arrays of ``dtype`` and ``shape``, or None
+        when the general path must run them (chorus.shm.collectives: neither one-shot nor
+        ``two_shot``).  ``bind(rows)`` makes ``into`` for a (W, ...) stack of slots (the API
+        layer's reduction, chorus.reductions.rows_into)."""
+        win = self.window
         count = 1
         for n in shape:
             count *= n
-        if not algo.one_shot(self.window, dtype, count):
+        if algo.one_shot(win, dtype, count):
+            mine, stacks = win.small(dtype, count)
+            return Planned(tuple(m.reshape(shape) for m in mine),
+                           tuple(bind(s.reshape((win.world, *shape))) for s in stacks), fingerprint, average)
+        if not algo.two_shot(win, dtype, count):
             return None
-        mine, stacks = self.window.small(dtype, count)
-        return OneShot(tuple(m.reshape(shape) for m in mine),
-                       tuple(bind(s.reshape((self.window.world, *shape))) for s in stacks),
-                       fingerprint, average)
+        a, b = part_of(count, win.rank, win.world)  # the general path's reduce_slice, in one part
+        return Planned(tuple(win.slot_of(p, win.rank, dtype, 0, count).reshape(shape) for p in (0, 1)),
+                       tuple(bind(win.stack(p, dtype, a, b - a)) for p in (0, 1)), fingerprint, average,
+                       part=tuple(win.result(p ^ 1, dtype, a, b - a) for p in (0, 1)),
+                       result=tuple(win.result(p ^ 1, dtype, 0, count).reshape(shape) for p in (0, 1)))
 
     def all_to_all_plan(self, dtype, count: int, fingerprint: int) -> Exchange | None:
         """An :class:`Exchange` for all_to_all of ``count`` elements of ``dtype`` per rank in
@@ -109,7 +126,7 @@ class ShmGroup:
 
         Otherwise the general path's rest (``all_to_all_rest``) checks the counts and
         raises, or goes on, as it would have.  ``_run``'s frame is inlined, as in
-        ``all_reduce_one_shot``, so that the op's context is built only to wait or raise
+        ``all_reduce_planned``, so that the op's context is built only to wait or raise
         (through ``_run`` a 4 KiB all_to_all of 2 ranks took 21.1-21.5 us instead of
         16.9-17.1: ``chorus bench --collective all_to_all --world 2 -b 4K -e 4K``)."""
         t, win = self.transport, self.window
@@ -152,16 +169,19 @@ class ShmGroup:
             lock.release()
         t.finished_seq[self.group] = seq
 
-    def all_reduce_one_shot(self, pg, seq: int, plan: OneShot, data) -> None:
+    def all_reduce_planned(self, pg, seq: int, plan: Planned, data) -> None:
         """all_reduce of ``data`` (C-contiguous, writable, the plan's dtype and shape) as op
-        ``seq`` of ``pg`` (its sequence number taken already): the latency path of small
-        messages.  The same algorithm, and bits, as chorus.shm.collectives.all_reduce's
-        one-shot branch, with nothing built per call: ``pg.context(...)`` makes the op's
-        context only to wait or to raise::
+        ``seq`` of ``pg`` (its sequence number taken already): the latency path.  The same
+        algorithms, syncs and bits as chorus.shm.collectives.all_reduce's one-shot branch
+        and its reduce-scatter + all-gather in one chunk, with nothing built per call:
+        ``pg.context(...)`` makes the op's context only to wait or to raise::
 
             rank r:      slot[r] <- data                      (parity p)
             sync         (checks every rank called the same op)
-            every rank:  data <- reduce(slot[0], ..., slot[W-1])
+            one-shot:    data <- reduce(slot[0], ..., slot[W-1])
+            else:        result[slice r] <- reduce(slot[0..W-1][slice r])   (parity p ^ 1)
+                         sync
+                         data <- result
         """
         t = self.transport
         if t.dead or t.mismatched or t.closed_reason is not None:
@@ -178,7 +198,14 @@ class ShmGroup:
                 plan.mine[p][...] = data
                 if not sync.arrive_first(seq, plan.fingerprint):
                     sync.settle_first(_context(pg, seq, plan))
-                plan.into[p](data)
+                part = plan.part
+                if part is None:
+                    plan.into[p](data)
+                else:
+                    plan.into[p](part[p])
+                    if not sync.arrive_next():
+                        sync.settle(_context(pg, seq, plan))
+                    data[...] = plan.result[p]
             except BaseException as exc:
                 error = self._failed(_context(pg, seq, plan), exc)
                 if error is exc:
@@ -259,8 +286,8 @@ class Exchange:
         self.fingerprint = fingerprint
 
 
-def _context(pg, seq: int, plan: OneShot):
-    """The context of one-shot all_reduce ``seq`` (the latency path's slow paths only)."""
+def _context(pg, seq: int, plan: Planned):
+    """The context of planned all_reduce ``seq`` (the latency path's slow paths only)."""
     return pg.context("all_reduce", seq, plan.fingerprint)
 
 

@@ -407,6 +407,22 @@ class Sync:
             if c[i + o] != seq or c[i + o + 1] != fp:
                 raise self._mismatch(i // WORDS, c[i + o] - 1, c[i + o + 1], ctx)
 
+    def arrive_next(self) -> bool:
+        """Arrive at the next sync (not an op's first) and poll the others a few times:
+        True if every one arrived and the sync is done; False: finish it with ``settle``.
+        (``sync`` split, as ``arrive_first`` / ``settle_first``, so that the latency path
+        builds the op's context only when it has to wait.)"""
+        target = self._arrive()
+        if not self._polled(target):
+            return False
+        self._wake_sleepers()
+        return True
+
+    def settle(self, ctx) -> None:
+        """The rest of a sync that ``arrive_next`` reported unfinished: wait for every
+        other rank (deadline, failure checks and reports as in ``sync``)."""
+        self._wait(self.count, ctx)
+
     def _arrive(self) -> int:
         """Raise this rank's counter to the next sync; return that sync's number."""
         target = self.count + 1
