@@ -44,7 +44,7 @@ def component():
 
 def test_timeout_names_op_and_ranks_and_sticks():
     comp = component()
-    op = comp._name_op("all_reduce (op #7 of group g3)")
+    op = comp.names.add("all_reduce (op #7 of group g3)")
     w = comp.ws.words
     w[L.FAIL_OP], w[L.FAIL_WHAT], w[L.FAIL_PEERS], w[L.STATUS] = op, L.WAIT_BARRIER, 0b110, L.TIMEOUT
     with pytest.raises(CommTimeoutError, match=r"all_reduce \(op #7 of group g3\): Timed out after 2 s .*\[5, 6\]"):
@@ -74,7 +74,7 @@ def test_transport_failure_wins_and_listener_aborts():
 
 def test_size_mismatch_is_fatal_tag_mismatch_is_not():
     comp = component()
-    op = comp._name_op("recv from rank 5 (tag 3)")
+    op = comp.names.add("recv from rank 5 (tag 3)")
     w = comp.ws.words
     w[L.TAG_PEER], w[L.TAG_EXPECT], w[L.TAG_GOT], w[L.TAG_OP] = 1, 3, 4, op + 1
     with pytest.raises(InvalidArgumentError, match="expected tag 3 but rank 5's matching send has tag 4"):
@@ -91,7 +91,7 @@ def test_mismatch_names_both_calls_and_tells_the_transport():
     comp = component()
     mine = fingerprint("all_reduce", "float32", 1 << 32, -1, "SUM")  # above 2**63: a negative word
     theirs = fingerprint("all_gather", "float32", 1 << 30)
-    op = comp._name_op("all_reduce (op #9 of group g3)", 9, mine)
+    op = comp.names.add("all_reduce (op #9 of group g3)", 9, mine)
     w = comp.ws.words
     w[L.FAIL_OP], w[L.FAIL_PEERS], w[L.FAIL_FP], w[L.STATUS] = op, 0b100, theirs - (1 << 64) * (theirs >> 63), L.MISMATCH
     with pytest.raises(CollectiveMismatchError) as err:

@@ -50,26 +50,20 @@ from chorus.components import select
 from chorus.components.base import Component, run_in_order
 from chorus.components.hierarchy import HIDDEN, hidden_subgroup
 from chorus.cuda import algorithms as A
+from chorus.cuda import capture, failures, staging
 from chorus.cuda import layout as L
-from chorus.cuda import staging
+from chorus.cuda.failures import OpNames
 from chorus.cuda.nccl import NCCL_OPS, NOT_NCCL_DTYPES, NcclPeers, nccl_available
 from chorus.engine import OpContext
 from chorus.errors import (
-    AbortedError,
-    BufferMismatchError,
-    CollectiveMismatchError,
-    CommTimeoutError,
     InvalidArgumentError,
-    PeerLostError,
 )
-from chorus.wire.fingerprint import describe, fingerprint
+from chorus.wire.fingerprint import fingerprint
 from chorus.work import Work
 
 log = logging.getLogger("chorus")
 
 DEFAULT_WORKSPACE_BYTES = 64 << 20
-OP_NAMES_KEPT = 4096  # op descriptions kept for error messages
-_U64 = (1 << 64) - 1
 _ALGORITHMS = {"all_to_all": "channels", "barrier": "barrier"}  # everything else: "one_shot"
 PLANS = 256  # all_reduce_now's cached plans (dtype, shape, op) before the cache starts over
 
@@ -95,6 +89,8 @@ def attach(pg) -> CudaComponent:
     from chorus.api.state import current
     from chorus.cuda.workspace import Unusable, Workspace
 
+    if capture.capturing():
+        raise capture.first_use_error(pg.name)
     store = current().store
     total = setting("CHORUS_CUDA_WORKSPACE_BYTES", DEFAULT_WORKSPACE_BYTES)
     generation = (store.add(f"cuda/{pg.id}/attaches", 1) - 1) // pg.size()
@@ -140,8 +136,7 @@ class CudaComponent(Component):
         self.staging_reason = why
         self.lanes = None
         self._reducible: frozenset[str] = frozenset()
-        self.ops: dict[int, tuple] = {}  # op id -> (description or None, seq, fingerprint, name)
-        self.next_op = 0
+        self.names = OpNames(pg.name)  # the ids the kernels report ops by
         self.broken: BaseException | None = None
         self._last_stream = None  # the stream of the group's last op, and its raw handle (_follow)
         self._last_raw = 0
@@ -186,6 +181,10 @@ class CudaComponent(Component):
         return _ALGORITHMS.get(call.name, "one_shot")
 
     def start(self, call: Call, algorithm: str):
+        if capture.capturing():
+            capture.check(call.name, algorithm, self.pg.name)
+            if algorithm != "nccl":
+                return self._start_captured(call, algorithm)
         if algorithm == "staging":
             return staging.start(call, algorithm, select.start)
         if algorithm == "nccl":
@@ -198,7 +197,7 @@ class CudaComponent(Component):
                 and torch._C._cuda_getCurrentRawStream(self._device_index) == self._last_raw):
             # the common case, inline: what run_in_order and _launch would do, without their
             # per-call closures (the group is idle, the caller's stream is current)
-            op_id = self._name_op(None, call.seq, call.fingerprint, call.name)
+            op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
             if call.before is not None:
                 call.before()
             raw = torch._C._cuda_getCurrentRawStream(self._device_index)
@@ -207,7 +206,7 @@ class CudaComponent(Component):
                 call.after()
             return None
         stream = torch.cuda.current_stream(self.ws.device)
-        op_id = self._name_op(None, call.seq, call.fingerprint, call.name)
+        op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
         sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
                              after=staging.on_stream(call.after, stream))
 
@@ -221,6 +220,28 @@ class CudaComponent(Component):
         if not call.async_op:
             return None
         return self._work(stream, call.name, call.result, call.buffers)
+
+    def _start_captured(self, call: Call, algorithm: str):
+        """Enqueue ``call`` on the capturing stream, its kernels counting on the device
+        (chorus.cuda.capture); not ordered after the group's eager ops on other streams
+        (a capture may not wait for work outside it: torch's warm-up sync does that)."""
+        import torch
+
+        self.check(call.name)
+        stream = torch.cuda.current_stream(self.ws.device)
+        op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
+        sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
+                             after=staging.on_stream(call.after, stream))
+
+        def transfers(ctx) -> None:
+            self.lanes.graph = True
+            try:
+                self._enqueue(call, ctx, op_id, stream, algorithm)
+            finally:
+                self.lanes.graph = False
+
+        run_in_order(sync, self.name, algorithm, staging.on_stream(transfers, stream), captured=True)
+        return self._work(stream, call.name, call.result, call.buffers) if call.async_op else None
 
     def all_reduce_now(self, tensor, op) -> bool:
         """all_reduce of ``tensor`` (a CUDA tensor), synchronous, now: True if enqueued on
@@ -236,11 +257,13 @@ class CudaComponent(Component):
         if plan is None:
             plan = self._plan(tensor, op)
         pg = self.pg
+        torch_c = self._torch._C
         if (not plan or pg.queue or recorder.current is not None or self.broken is not None
                 or not tensor.is_contiguous() or tensor.get_device() != self._device_index
-                or self._torch._C._cuda_getDevice() != self._device_index
-                or self._torch._C._cuda_getCurrentRawStream(self._device_index) != self._last_raw):
-            return False  # (another stream than the group's last op's: the general path orders them)
+                or torch_c._cuda_getDevice() != self._device_index
+                or torch_c._cuda_getCurrentRawStream(self._device_index) != self._last_raw
+                or torch_c._cuda_isCurrentStreamCapturing()):
+            return False  # (another stream than the group's last op's, or a capture: the general path)
         entry = pg.entry
         try:
             token = entry.pop()  # the group's entry (ProcessGroup.enter) ...
@@ -249,7 +272,7 @@ class CudaComponent(Component):
         try:
             seq = pg.take_seq()
             self.check("all_reduce")
-            op_id = self._name_op(None, seq, plan[1], "all_reduce")
+            op_id = self.names.add(None, seq, plan[1], "all_reduce")
             stream = self._torch._C._cuda_getCurrentRawStream(self._device_index)
             with self._lock:
                 lanes.begin(op_id, None, stream, plan[0], plan[2], plan[1])
@@ -315,7 +338,8 @@ class CudaComponent(Component):
             self._nccl = NcclPeers(self.pg, tuple(range(self.pg.size())), sub, f"cuda/{self.pg.id}/nccl/address")
         peers = self._nccl
         stream = torch.cuda.current_stream(self.ws.device)
-        self._follow(stream)
+        if not capture.capturing():  # (a capture may not wait for work outside it)
+            self._follow(stream)
         sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
                              after=staging.on_stream(call.after, stream))
 
@@ -347,11 +371,13 @@ class CudaComponent(Component):
         import torch
 
         kinds = {kind for kind, *_ in ops}
+        if capture.capturing():
+            capture.check("/".join(sorted(kinds)), "", self.pg.name)
         self.check("/".join(sorted(kinds)))
         stream = torch.cuda.current_stream(self.ws.device)
         what = ", ".join(f"{k} {'to' if k == 'send' else 'from'} rank {self.pg.members[p]} (tag {g})"
                          for k, _, p, g in ops)
-        op_id = self._name_op(what)
+        op_id = self.names.add(what)
         ctx = OpContext("send" if kinds == {"send"} else "recv" if kinds == {"recv"} else "p2p",
                         self.pg.id, -1, 0, self.pg.members, None)
 
@@ -381,68 +407,12 @@ class CudaComponent(Component):
             return
         words = self.ws.words
         if words[L.TAG_OP]:
-            self._tag_mismatch(words)
+            raise failures.tag_mismatch(self.pg, self.names, words)
         if not words[L.STATUS] and self.pg.transport.failure(self.pg.id, None) is None:
             return
-        self.broken = self._error(what, words)
+        self.broken = failures.error(self.pg, self.names, what, words)
         words[L.ABORT] = 1  # the rest of the queue fails fast
         raise self.broken
-
-    def _tag_mismatch(self, words) -> None:
-        op = self._described(int(words[L.TAG_OP]) - 1, "a receive")
-        peer = self.pg.members[int(words[L.TAG_PEER])]
-        expect, got = (_tag(int(words[i])) for i in (L.TAG_EXPECT, L.TAG_GOT))
-        words[L.TAG_OP] = 0
-        raise InvalidArgumentError(
-            f"{op} on group {self.pg.name}: this rank expected tag {expect} but rank {peer}'s matching "
-            f"send has tag {got}; sends and receives between two ranks match in issue order, so "
-            "post them in the same order on both sides with the same tags")
-
-    def _error(self, what: str, words) -> BaseException:
-        status = int(words[L.STATUS])
-        if status == L.MISMATCH:
-            return self._mismatch(words)
-        description, seq, fprint = self._entry(int(words[L.FAIL_OP])) or ("an earlier op", -1, 0)
-        op = description if status else "an op"
-        expect = (seq, fprint) if status and fprint else None  # names this rank's call in a mismatch
-        lost = self.pg.transport.failure(self.pg.id, None, expect=expect)
-        bits = int(words[L.FAIL_PEERS])
-        ranks = [self.pg.members[r] for r in range(bits.bit_length()) if bits >> r & 1]
-        waited = {L.WAIT_BARRIER: "arrive at its barrier", L.WAIT_READY: "send its data",
-                  L.WAIT_ACK: "take the previous data out of this rank's channel"}.get(int(words[L.FAIL_WHAT]), "")
-        where = f"{what} on group {self.pg.name} (CUDA)"
-        if lost is not None:
-            if isinstance(lost, PeerLostError):
-                return PeerLostError(f"{where}: {lost}", lost.lost_rank, lost.reporter)
-            return type(lost)(f"{where}: {lost}")
-        if status == L.TIMEOUT:
-            return CommTimeoutError(
-                f"{where}: {op}: Timed out after {self.pg.timeout:g} s waiting for rank(s) {ranks} to {waited}; "
-                "they are hung, slow, or called another op. The group's CUDA ops are unusable from now on.")
-        if status == L.SIZE_MISMATCH:
-            return BufferMismatchError(
-                f"{where}: in {op}, rank(s) {ranks} sent {int(words[L.FAIL_GOT])} bytes but this rank "
-                f"receives {int(words[L.FAIL_EXPECT])}; post receives of the sender's size. "
-                "The group's CUDA ops are unusable from now on.")
-        return AbortedError(f"{where}: {op} was aborted while waiting for rank(s) {ranks} "
-                            "(the group failed or was destroyed)")
-
-    def _mismatch(self, words) -> CollectiveMismatchError:
-        """A barrier of op FAIL_OP found ranks FAIL_PEERS in another collective (the lowest
-        of them called FAIL_FP): tell the transport (the group's CPU ops fail too, on every
-        rank) and name both calls."""
-        _, seq, mine = self._entry(int(words[L.FAIL_OP])) or ("", -1, 0)
-        bits = int(words[L.FAIL_PEERS])
-        others = [self.pg.members[r] for r in range(bits.bit_length()) if bits >> r & 1]
-        culprit, theirs = others[0], int(words[L.FAIL_FP]) & _U64
-        me = self.pg.members[self.pg.rank()]
-        self.pg.transport.group_mismatch(self.pg.id, culprit, seq, theirs, me)
-        also = f" (ranks {others} all called something other than this rank)" if len(others) > 1 else ""
-        return CollectiveMismatchError(
-            f"collective mismatch on group {self.pg.name} (CUDA): rank {culprit} called {describe(theirs)} "
-            f"as op #{seq} of the group{also}, but this rank (rank {me}) called {describe(mine & _U64)}. "
-            "The group is unusable from now on. Every rank of a group must call the same collectives, "
-            "in the same order, with the same dtype, count, root and op.")
 
     def _on_failure(self, group: int, why: str) -> None:
         ws = self.ws
@@ -453,29 +423,6 @@ class CudaComponent(Component):
             ws.words[L.ABORT] = 1
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _name_op(self, description: str | None, seq: int = -1, fprint: int = 0, name: str = "") -> int:
-        """An id for the op being enqueued (kernels report it); ``description`` None: the
-        collective ``name``'s, written out only when an error needs it."""
-        op_id = self.next_op = self.next_op + 1
-        self.ops[op_id] = (description, seq, fprint, name)
-        if len(self.ops) > OP_NAMES_KEPT:
-            del self.ops[next(iter(self.ops))]
-        return op_id
-
-    def _entry(self, op_id: int):
-        """(description, seq, fingerprint) of op ``op_id``, or None."""
-        entry = self.ops.get(op_id)
-        if entry is None:
-            return None
-        description, seq, fprint, name = entry
-        if description is None:
-            description = f"{name} (op #{seq} of group {self.pg.name})"
-        return description, seq, fprint
-
-    def _described(self, op_id: int, otherwise: str) -> str:
-        entry = self._entry(op_id)
-        return entry[0] if entry is not None else otherwise
-
     def _launch(self, stream, enqueue) -> None:
         """``enqueue(run)`` puts an op's work on stream ``run``: ``stream`` (the caller's),
         or the workspace's own stream joined to it both ways (members that are threads of
@@ -562,10 +509,6 @@ class _Raw:
 
 def _first(call: Call):
     return next((t for t in call.buffers.values() if hasattr(t, "is_cuda")), None)
-
-
-def _tag(tag: int) -> str:
-    return "(all_to_all)" if tag == A.EXCHANGE_TAG else str(tag)
 
 
 class _All(Work):
