@@ -114,6 +114,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", default=None,
                    help="--device cuda: chorus's algorithm= (all_reduce: one_shot, two_shot, two_shot_push, two_shot_stores, copy_reduce); "
                         "several, comma-separated: one column each")
+    p.add_argument("--graph", action="store_true",
+                   help="--device cuda: time each library's calls captured in a CUDA graph and replayed (the "
+                        "check too runs a replay), instead of eager calls")
     p.add_argument("--lane", action="store_true",
                    help="--device cuda, all_reduce: also time the component's cached-plan lane (all_reduce_now)")
     p.add_argument("--time-limit", type=float, default=600.0,

@@ -212,6 +212,43 @@ def _time(torch, chorus, run, iters: int, warmup: int) -> tuple[float, float]:
     return start.elapsed_time(end) / 1e3 / iters, cpu
 
 
+def _captured(torch, run, calls: int, warmup: int):
+    """A CUDA graph of ``calls`` calls of ``run``, captured after ``warmup`` eager calls on
+    a side stream (torch's recipe: the capture then allocates nothing new)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(1, warmup)):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            run()
+    torch.cuda.synchronize()
+    return graph
+
+
+def _time_graphed(torch, chorus, run, iters: int, warmup: int) -> tuple[float, float]:
+    """(GPU seconds, CPU seconds) per call of ``iters`` calls captured in one graph and
+    replayed once (after an untimed replay); the ranks line up first."""
+    import numpy as np
+
+    graph = _captured(torch, run, iters, warmup)
+    graph.replay()
+    torch.cuda.synchronize()
+    chorus.all_reduce(np.zeros(1), op=chorus.ReduceOp.MAX)  # line the ranks up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    graph.replay()
+    cpu = (time.perf_counter() - t0) / iters
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters, cpu
+
+
 def _agree(chorus, ok: bool) -> bool:
     """Whether every rank's ``ok`` holds (chorus's CPU path: untouched by GPU failures)."""
     import numpy as np
@@ -247,6 +284,7 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
         os.replace(out_path + ".tmp", out_path)
 
     item = torch.empty(0, dtype=getattr(torch, cfg["dtype"])).element_size()
+    graphed = cfg.get("graph", False) and not DRY
     for index, count in enumerate(cfg["counts"], start=1):
         nbytes = count * item
         iters, warmup = iterations(cfg["iters"], cfg["warmup"], nbytes, cfg["scale_iters"])
@@ -258,10 +296,14 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
             ok, row = True, None
             try:
                 run, result, reset = cases.make(lib)
+                once = _captured(torch, run, 1, warmup) if graphed else None
                 reset()
                 _sync(torch)
                 tdist.barrier()
-                run()
+                if graphed:
+                    once.replay()
+                else:
+                    run()
                 _sync(torch)
                 got = result.contiguous().view(-1)
                 if lib == "nccl":
@@ -273,10 +315,10 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
                     wrong = int((got.view(torch.uint8).view(-1, item) != reference.view(torch.uint8).view(-1, item))
                                 .any(dim=1).sum().item()) if got.numel() == reference.numel() else got.numel()
                 tdist.barrier()
-                gpu, cpu = _time(torch, chorus, run, iters, warmup)
+                gpu, cpu = (_time_graphed if graphed else _time)(torch, chorus, run, iters, warmup)
                 row = {"library": lib, "nbytes": nbytes, "count": count, "seconds": gpu, "cpu_seconds": cpu,
                        "wrong": wrong, "iters": iters}
-                del run, result, reset
+                del run, result, reset, once
             except Exception as exc:  # noqa: BLE001 - agreed on below, reported in the notes
                 ok = False
                 notes.append(f"rank {rank}: {lib} at {nbytes} B failed: {type(exc).__name__}: "
@@ -427,14 +469,15 @@ def run(args) -> int:
            "scale_iters": args.scale_iters, "collective": args.collective, "dtype": dtype, "op": args.op,
            "algorithm": args.algorithm, "libraries": order, "ports": (_free_port(), _free_port()),
            "timeout": float(args.cuda_timeout), "symm_max": parse_size(args.symm_max),
-           "verbose": config.get("CHORUS_BENCH_VERBOSE")}
+           "verbose": config.get("CHORUS_BENCH_VERBOSE"), "graph": bool(getattr(args, "graph", False))}
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     device = "CPU (dry run)" if DRY else torch.cuda.get_device_name(0)
     reducing = args.collective in ("all_reduce", "reduce_scatter")
     print(f"# chorus bench --device cuda: {args.collective}{' ' + args.op if reducing else ''}, "
           f"{world} ranks ({device}), dtype {dtype}, chorus algorithm "
           f"{args.algorithm or 'auto'}; libraries {', '.join(order)}; {args.iters} iterations "
-          f"(+{args.warmup} warm-up){', scaled down above 1 MiB' if args.scale_iters else ''}; "
+          f"(+{args.warmup} warm-up){', scaled down above 1 MiB' if args.scale_iters else ''}"
+          f"{', captured in a CUDA graph and replayed' if cfg['graph'] else ', eager'}; "
           f"torch {torch.__version__}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}", flush=True)
     deadline = time.monotonic() + args.time_limit
     timed_out = False
@@ -467,8 +510,10 @@ def run(args) -> int:
         notes.append(f"stopped after --time-limit {args.time_limit} s; the ranks were killed")
     if error is not None:
         notes.append(f"a rank failed: {str(error).strip().splitlines()[-1] if str(error).strip() else error!r}")
-    print("# time: GPU us per call (CUDA events around back-to-back eager calls, the GPU held until the CPU "
-          "enqueued them all); cpu: CPU us per call; algbw, busbw GB/s; #wrong: elements differing from "
+    timing = ("CUDA events around one replay of a graph of the calls); cpu: CPU us per call of that replay"
+              if cfg["graph"] else "CUDA events around back-to-back eager calls, the GPU held until the CPU "
+              "enqueued them all); cpu: CPU us per call")
+    print(f"# time: GPU us per call ({timing}; algbw, busbw GB/s; #wrong: elements differing from "
           "NCCL's result (-1: no NCCL result to compare); x B: B's time / chorus's")
     for note in notes:
         print(f"# {note}")
@@ -477,7 +522,7 @@ def run(args) -> int:
         with open(args.json, "w") as f:
             json.dump({"collective": args.collective, "dtype": dtype, "op": args.op, "world": world,
                        "algorithm": args.algorithm or "auto", "libraries": order, "iters": args.iters,
-                       "warmup": args.warmup, "scale_iters": args.scale_iters, "notes": notes,
+                       "warmup": args.warmup, "scale_iters": args.scale_iters, "graph": cfg["graph"], "notes": notes,
                        "device": device, "torch": torch.__version__,
                        "timing": "seconds: GPU time per call on rank 0; cpu_seconds: CPU time per call",
                        "rows": rows}, f, indent=1)

@@ -241,6 +241,53 @@ def case_async(rank, world, pg, comp):
     assert {("begin", "cuda"), ("copy", "cuda"), ("sync", "cuda"), ("reduce", "cuda"), ("end", "cuda")} <= kinds
 
 
+def case_graph(rank, world, pg, comp):
+    """all_reduces captured in one CUDA graph (one-shot, two-shot, NCCL-sized, several rounds
+    of the graph slots, AVG), replayed with new inputs three times, eager calls between:
+    every replay's results equal NCCL's; other ops inside a capture are refused."""
+    sizes = [1000, 600_000, 3_000_001]  # one-shot; two-shot, in graph-slot rounds; NCCL's
+    bufs = [data(rank, n, "float32") for n in sizes] + [data(rank, 5000, "bfloat16")]
+    ops = [chorus.ReduceOp.SUM, chorus.ReduceOp.SUM, chorus.ReduceOp.MAX, chorus.ReduceOp.AVG]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up, as torch's recipe asks
+        for b, op in zip(bufs, ops, strict=True):
+            chorus.all_reduce(b, op=op)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for b, op in zip(bufs, ops, strict=True):
+            chorus.all_reduce(b, op=op)
+    for salt in range(3):
+        inputs = [data(rank, b.numel(), str(b.dtype)[6:], salt) for b in bufs]
+        wants = []
+        for x, op in zip(inputs, ops, strict=True):
+            want = x.clone()
+            tdist.all_reduce(want, op=getattr(tdist.ReduceOp, op.name))
+            wants.append(want)
+        for b, x in zip(bufs, inputs, strict=True):
+            b.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        for b, want in zip(bufs, wants, strict=True):
+            assert torch.equal(b, want), (salt, b.numel(), b.dtype)
+        eager = data(rank, 2000, "float32", salt)
+        want = eager.clone()
+        tdist.all_reduce(want)
+        chorus.all_reduce(eager)
+        assert torch.equal(eager, want), salt
+    refused = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(refused):
+            chorus.broadcast(bufs[0], src=0)
+    except chorus.InvalidArgumentError as exc:
+        assert "cannot be captured" in str(exc), exc
+    else:
+        raise AssertionError("a captured broadcast was accepted")
+    torch.cuda.synchronize()
+
+
 def run(rank, world, ports, cases):
     pg, comp = init(rank, world, ports)
     staged = os.environ.get("CHORUS_CUDA_STAGING") == "1"

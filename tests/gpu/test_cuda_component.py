@@ -42,6 +42,11 @@ def test_every_collective_and_p2p(world, small_workspace):
     mp.spawn(gpu_workers.run, args=(world, ports(), ["all_reduce", "rooted", "p2p", "async"]), nprocs=world)
 
 
+def test_cuda_graphs(small_workspace):
+    mp.spawn(gpu_workers.run, args=(min(4, torch.cuda.device_count()), ports(), ["graph"]), nprocs=min(
+        4, torch.cuda.device_count()))
+
+
 def test_staging_fallback(small_workspace, monkeypatch):
     monkeypatch.setenv("CHORUS_CUDA_STAGING", "1")
     mp.spawn(gpu_workers.run, args=(2, ports(), ["rooted", "p2p"]), nprocs=2)
