@@ -25,6 +25,10 @@ FOREIGN = {
                      "torch.cuda.current_stream() builds a Stream object each time"
        for path in ("chorus/cuda/component.py", "chorus/cuda/launchers.py")
        for name in ("_C", "_cuda_getDevice", "_cuda_getCurrentRawStream")},
+    **{(path, name): "whether the current stream is capturing a CUDA graph, on every CUDA call: "
+                     "torch.cuda.is_current_stream_capturing() checks CUDA's state in Python first"
+       for path in ("chorus/cuda/component.py", "chorus/cuda/capture.py")
+       for name in ("_C", "_cuda_isCurrentStreamCapturing")},
     ("chorus/bench/cuda.py", "_sleep"):
         "holding the GPU busy while the CPU enqueues a timed batch has no public call in torch",
     **{("chorus/torch/profiling.py", name): "a profiler event that shows the op's input tensors "

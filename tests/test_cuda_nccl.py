@@ -46,3 +46,43 @@ def test_which_calls_hand_off(nbytes, reduce_op, dtype, algorithm, want):
 def test_no_hand_off_when_off():
     call = SimpleNamespace(algorithm=None, nbytes=1 << 30, reduce_op="SUM", buffers={"data": torch.empty(4)})
     assert CudaComponent._on_nccl(SimpleNamespace(_nccl_from=0), call) is False
+
+
+def _agree_on_threads(fingerprints):
+    """NcclPeers.agree on 3 ranks (threads over loopback), rank r with fingerprints[r]:
+    each rank's outcome (None or the exception)."""
+    from chorus.api.state import current
+    from chorus.components import select
+    from chorus.components.hierarchy import hidden_subgroup
+    from chorus.cuda.nccl import NcclPeers
+    from chorus.testing import run_threads
+
+    def body(rank, world):
+        pg = current().default_group
+        sub = hidden_subgroup(pg, component.NCCL_INDEX, tuple(range(world)), "g0/nccl")
+        select.attach(sub, settings=False)
+        peers = NcclPeers(pg, tuple(range(world)), sub, "cuda/0/nccl/address")
+        try:
+            for seq in range(3):  # agreeing calls in a row, then ...
+                peers.agree(SimpleNamespace(name="all_reduce", seq=seq, fingerprint=fingerprints[0]))
+            peers.agree(SimpleNamespace(name="all_reduce", seq=3, fingerprint=fingerprints[rank]))  # ... its own
+            return None
+        except Exception as exc:  # noqa: BLE001 - the outcome
+            return exc
+        finally:
+            peers.close()
+
+    return run_threads(body, len(fingerprints))
+
+
+def test_agreeing_members_go_on():
+    big = (1 << 64) - 5  # a fingerprint with the top bit set: a negative int64
+    assert _agree_on_threads([big, big, big]) == [None, None, None]
+
+
+def test_a_member_that_called_another_op_fails_every_member_before_nccl():
+    from chorus.errors import CollectiveMismatchError
+
+    got = _agree_on_threads([11, 12, 11])
+    assert all(isinstance(e, CollectiveMismatchError) for e in got), got
+    assert "rank(s) [1]" in str(got[0]) and "rank(s) [0, 2]" in str(got[1]), got

@@ -14,8 +14,10 @@ faster than chorus's kernels (chorus.cuda.algorithms.NCCL_FROM_BYTES).
 What chorus adds to NCCL:
 
 * **mismatches before NCCL sees them:** ``agree`` compares the op's fingerprint with the
-  other members' (a one-element all_gather on ``agree_on``, chorus's CPU path) before
-  anything is queued; NCCL handed mismatched ops would hang or corrupt memory.
+  other members' before anything is queued (chorus's CPU path on ``agree_on``: the max of
+  the fingerprint and of its complement through the group's shared-memory lane where it
+  has one, then, if they differ, an all_gather naming who called what); NCCL handed
+  mismatched ops would hang or corrupt memory.
 * **failures in seconds:** a lost member fails the group as everywhere in chorus, and the
   communicator is aborted at once (from a thread of its own: a failure listener must not
   block), so no NCCL kernel waits for a dead peer; NCCL's own watchdog would wait minutes.
@@ -39,11 +41,14 @@ from chorus import config
 from chorus.call import make
 from chorus.components import select
 from chorus.errors import CollectiveMismatchError
+from chorus.reductions import ReduceOp
 from chorus.wire.fingerprint import describe
 
 #: chorus's reduce op -> NCCL's (AVG and PREMUL_SUM: the call's own hooks scale before and
 #: divide after, NCCL sums)
 NCCL_OPS = {"SUM": "SUM", "AVG": "SUM", "PREMUL_SUM": "SUM", "PRODUCT": "PRODUCT", "MIN": "MIN", "MAX": "MAX"}
+#: how long closing waits for an abort already running on a listener's thread
+ABORT_WAIT_S = 30.0
 #: dtypes chorus keeps from NCCL (its bool and float8 reductions are not chorus's)
 NOT_NCCL_DTYPES = frozenset({"bool", "float8_e4m3fn", "float8_e5m2"})
 
@@ -103,6 +108,7 @@ class NcclPeers:
         self.nccl = None  # torch's ProcessGroupNCCL, made at the first op
         self.store = None  # the torch store it is made over
         self.broken: BaseException | None = None
+        self.aborting: threading.Thread | None = None  # the failure listener's abort, while it runs
         pg.transport.add_failure_listener(self._on_failure)
 
     def agree(self, call) -> None:
@@ -110,6 +116,14 @@ class NcclPeers:
         naming both calls, on every member, and nothing queued."""
         if self.broken is not None:
             raise self.broken
+        fp = call.fingerprint - (1 << 64) if call.fingerprint >= 1 << 63 else call.fingerprint
+        extremes = np.array([fp, ~fp], dtype=np.int64)  # (max, ~min) over the members: both mine iff all agree
+        lane = getattr(self.agree_on, "lane", None)
+        if lane is not None and lane.all_reduce_now(extremes, ReduceOp.MAX):
+            if extremes[0] == fp and extremes[1] == ~fp:
+                return
+        # the members' calls, to name who called what (every member comes here together:
+        # each saw the same max and min)
         mine = np.array([call.fingerprint], dtype=np.uint64)
         got = np.empty(len(self.ranks), dtype=np.uint64)
         select.start(make(self.agree_on, "all_gather", dtype="uint64", count=1,
@@ -171,14 +185,22 @@ class NcclPeers:
                 stop()
 
     def close(self) -> None:
+        """Abort the communicator and let its store go.  An abort a failure listener
+        started is waited for (bounded): a process that exits while NCCL is still
+        aborting on another thread ends in std::terminate."""
         self.pg.transport.remove_failure_listener(self._on_failure)
         self.abort()
+        aborting = self.aborting
+        if aborting is not None:
+            aborting.join(ABORT_WAIT_S)
+        self.store = None
 
     def _on_failure(self, group: int, why: str) -> None:
         dead = self.pg.transport.dead
-        if self.nccl is not None and (group in (self.pg.id, self.agree_on.id)
-                                      or (group == -1 and any(m in dead for m in self.pg.members))):
-            threading.Thread(target=self.abort, name="chorus-nccl-abort", daemon=True).start()
+        if self.nccl is not None and self.aborting is None and (
+                group in (self.pg.id, self.agree_on.id) or (group == -1 and any(m in dead for m in self.pg.members))):
+            self.aborting = threading.Thread(target=self.abort, name="chorus-nccl-abort", daemon=True)
+            self.aborting.start()
 
     def check(self) -> None:
         """Raise what broke these peers (a mismatch), or the group's failure."""

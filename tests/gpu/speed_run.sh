@@ -16,6 +16,10 @@
 #   5. a DDP step of a 100.7M-parameter model, chorus against NCCL (chorus bench-ddp --device cuda)
 #   6. all_gather, reduce_scatter bf16, 1 KiB .. 256 MiB (x4); broadcast and all_to_all
 #      bf16, 1 KiB .. 64 MiB (x8)
+#   7. graph: all_reduce bf16, 4 B .. 4 MiB (x4), captured in a CUDA graph and replayed,
+#      chorus against NCCL (chorus bench --graph)
+# CHORUS_SPEED_PARTS="all_reduce graph ..." runs only the parts named (smoke, all_reduce,
+# calibrate, rails, ddp, all_gather, reduce_scatter, broadcast, all_to_all, graph).
 # then a compact table per part: size, chorus us (GPU), chorus cpu us, nccl us, nccl/chorus,
 # symm us, #wrong.  Exits non-zero unless every part passed.
 set -uo pipefail
@@ -50,6 +54,9 @@ PY
 part() {
   local name=$1 cap=$2
   shift 2
+  if [ -n "${CHORUS_SPEED_PARTS:-}" ] && [[ " $CHORUS_SPEED_PARTS " != *" $name "* ]]; then
+    return
+  fi
   local left=$((BUDGET - ($(date +%s) - START)))
   if [ "$left" -le 15 ]; then
     printf '%-8s %-28s under 15 s of the %s s budget left\n' "NOT RUN" "$name" "$BUDGET"
@@ -86,11 +93,11 @@ bench() {
 }
 
 part smoke 75 python tests/gpu/speed_smoke.py --max 64M --time-limit 65
-grep -E "^ *(bfloat16|float32)|SMOKE|only" "$LOGS/smoke.log" | head -20
+[ -f "$LOGS/smoke.log" ] && grep -E "^ *(bfloat16|float32)|SMOKE|only" "$LOGS/smoke.log" | head -20
 
 bench all_reduce 95 --collective all_reduce -b 4 -e 1G -f 4 -n 200 -w 20 --scale-iters --lane
-bench calibrate 40 --collective all_reduce -b 256K -e 256M -f 4 -n 100 -w 10 --scale-iters --baseline none \
-    --algorithm one_shot,two_shot,two_shot_push
+bench calibrate 40 --collective all_reduce -b 256K -e 64M -f 2 -n 100 -w 10 --scale-iters --baseline none \
+    --algorithm one_shot,two_shot_push,nccl
 # two simulated hosts of two GPUs: chorus inside each, NCCL rails between (chorus.cuda.rails),
 # against torch's flat NCCL group on the same 4 GPUs
 CHORUS_HOST_ID=a,a,b,b CHORUS_CUDA_RAILS=nccl bench rails 40 --collective all_reduce -b 16M -e 1G -f 4 -n 50 -w 5 \
@@ -102,6 +109,7 @@ bench all_gather 35 --collective all_gather -b 1K -e 256M -f 4 -n 200 -w 20 --sc
 bench reduce_scatter 35 --collective reduce_scatter -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
 bench broadcast 20 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
 bench all_to_all 20 --collective all_to_all -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
+bench graph 40 --collective all_reduce -b 4 -e 4M -f 4 -n 200 -w 20 --graph --baseline nccl
 
 python - "$LOGS" <<'PY'
 import json, os, sys
@@ -120,7 +128,7 @@ def load(name):
     except (OSError, ValueError):
         return None
 
-for name in ("all_reduce", "rails", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
+for name in ("all_reduce", "graph", "rails", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
     doc = load(name)
     if doc is None:
         print(f"\n== {name}: no results (see {name}.log)")
@@ -145,7 +153,8 @@ cal = load("calibrate")
 if cal:
     algos = [lib for lib in cal["libraries"] if lib.startswith("chorus:")]
     by = {(r["library"], r["nbytes"]): r for r in cal["rows"]}
-    print("\n== calibrate: chorus all_reduce by algorithm (GPU us); ONE_SHOT_MAX_BYTES in chorus/cuda/algorithms.py")
+    print("\n== calibrate: chorus all_reduce by algorithm (GPU us); ONE_SHOT_MAX_BYTES in chorus/cuda/algorithms.py, "
+          "CHORUS_CUDA_NCCL_FROM_BYTES")
     for note in cal["notes"]:
         print("#", note)
     print(f"{'size':>6} " + " ".join(f"{a[7:]:>11}" for a in algos) + f" {'fastest':>11} {'#wrong':>7}")
