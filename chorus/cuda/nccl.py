@@ -47,8 +47,9 @@ from chorus.wire.fingerprint import describe
 #: chorus's reduce op -> NCCL's (AVG and PREMUL_SUM: the call's own hooks scale before and
 #: divide after, NCCL sums)
 NCCL_OPS = {"SUM": "SUM", "AVG": "SUM", "PREMUL_SUM": "SUM", "PRODUCT": "PRODUCT", "MIN": "MIN", "MAX": "MAX"}
-#: how long closing waits for an abort already running on a listener's thread
-ABORT_WAIT_S = 30.0
+#: how long closing waits for an abort already running on a listener's thread (NCCL's
+#: abort of a communicator whose kernel waits for a killed peer can take minutes)
+ABORT_WAIT_S = 5.0
 #: dtypes chorus keeps from NCCL (its bool and float8 reductions are not chorus's)
 NOT_NCCL_DTYPES = frozenset({"bool", "float8_e4m3fn", "float8_e5m2"})
 
@@ -186,8 +187,9 @@ class NcclPeers:
 
     def close(self) -> None:
         """Abort the communicator and let its store go.  An abort a failure listener
-        started is waited for (bounded): a process that exits while NCCL is still
-        aborting on another thread ends in std::terminate."""
+        started is waited for, at most ABORT_WAIT_S: a process that exits while NCCL is
+        still aborting on another thread ends in std::terminate (SIGABRT), after the
+        PeerLostError every op raised."""
         self.pg.transport.remove_failure_listener(self._on_failure)
         self.abort()
         aborting = self.aborting

@@ -140,7 +140,11 @@ def test_sigkill_mid_all_reduce(hosts, job, tmp_path, monkeypatch):
         assert res["lost_rank"] == 2, (r, res)
         assert res["at"] - killed_at <= 5.0, f"rank {r} raised {res['at'] - killed_at:.2f} s after the kill"
         assert res["iterations"] >= 3 and "left_at" in res, (r, res)
-        assert procs[r].returncode == 0, (r, logs(tmp_path))
+        # Through NCCL rails a survivor whose NCCL kernel waited for the dead rank may end,
+        # after its PeerLostError and destroy_process_group, in NCCL's teardown: SIGABRT
+        # (std::terminate), as torch's own NCCL backend ends such a process; never a hang
+        ended = (0, -signal.SIGABRT) if hosts else (0,)
+        assert procs[r].returncode in ended, (r, procs[r].returncode, logs(tmp_path))
     assert_gone(procs)
 
 
