@@ -109,7 +109,8 @@ def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: 
                 else:
                     view = region_bytes(buffers, op.dst)
                 handles.append(transport.irecv(ctx.members[op.peer], view, kind=Kind.COLL, group=ctx.group,
-                                               tag=op.tag, dtype=dtype, expect=expect, finish=finish))
+                                               tag=op.tag, dtype=dtype, expect=expect, finish=finish,
+                                               waited=True))
         for op in step:
             if isinstance(op, Send):
                 # sync: written by this thread.  Safe because every receive of the step is

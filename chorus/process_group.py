@@ -110,10 +110,12 @@ class ProcessGroup:
         return self.transport.isend(self.members[dst], view, kind=Kind.DATA, group=self.id,
                                     tag=tag, dtype=dtype, sync=sync, rendezvous=self.rendezvous)
 
-    def post_recv(self, view: memoryview, src: int | None, tag: int, dtype: int) -> Handle:
-        """Post a receive from group rank ``src`` (None = any member)."""
+    def post_recv(self, view: memoryview, src: int | None, tag: int, dtype: int, waited: bool = False) -> Handle:
+        """Post a receive from group rank ``src`` (None = any member); ``waited``: the caller
+        waits for it at once (Transport.irecv)."""
         peer = None if src is None else self.members[src]
-        return self.transport.irecv(peer, view, kind=Kind.DATA, group=self.id, tag=tag, dtype=dtype)
+        return self.transport.irecv(peer, view, kind=Kind.DATA, group=self.id, tag=tag, dtype=dtype,
+                                    waited=waited)
 
     # -- collectives ---------------------------------------------------------------------------
     def next_context(self, name: str, fingerprint: int, timeout: float | None = None) -> OpContext:

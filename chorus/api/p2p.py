@@ -126,7 +126,7 @@ def _post_recv(tensor, src, group, tag, group_src, op: str) -> _Posted | _OnDevi
             raise InvalidArgumentError(f"{op}: a CUDA tensor needs src= (a receive from any rank is "
                                        "not possible on GPUs, as with NCCL)")
         return _OnDevice("recv", pg, peer, tag, buf)
-    return _Posted(pg, peer, tag, pg.post_recv(buf.bytes_view(), peer, tag, buf.dtype_code), buf)
+    return _Posted(pg, peer, tag, pg.post_recv(buf.bytes_view(), peer, tag, buf.dtype_code, op == "recv"), buf)
 
 
 def _describer(op: str, direction: str, pg: ProcessGroup, peer: int | None, tag: int) -> Callable[[], str]:

@@ -153,15 +153,19 @@ class Transport:
 
     def irecv(self, peer: int | None, view: memoryview, *, kind: int, group: int, tag: int,
               dtype: int = 0, expect: tuple[int, int] | None = None,
-              finish: Callable[[], None] | None = None) -> Handle:
+              finish: Callable[[], None] | None = None, waited: bool = False) -> Handle:
         """Post a receive into ``view`` from ``peer`` (None = any member of ``group``).
 
         ``expect``: the (seq, fingerprint) of this rank's collective; a message of another
         call fails the receive with CollectiveMismatchError and aborts the group everywhere.
         ``finish``: run by whichever thread completes the receive, before anyone waiting on
         it wakes (so e.g. a reduction overlaps with this thread's other work).
+        ``waited``: the caller waits for it at once through :meth:`wait_all` (which lets
+        the transport read for it in that thread); else the transport makes sure it
+        completes without a waiter (see :meth:`progress`).
         """
         handle = Handle(peer, kind, group, tag, view, dtype, expect, finish)
+        handle.receive = True
         error = self.failure(group, peer, receiving=True, expect=expect)
         if error is not None:
             handle.complete(error=error)
@@ -170,6 +174,8 @@ class Transport:
         if arrival is not None:
             self._fill_from_stash(handle, arrival)
             return handle
+        if not waited:
+            self._attend(peer)
         if expect is not None:
             self._check_stash_against(handle)
         # Check again now that the receive is posted: a failure recorded between the first
@@ -207,6 +213,16 @@ class Transport:
                         if type(h) is SendHandle:
                             self.sends.fail(h.request, AbortedError("the send timed out"))
             raise
+
+    def progress(self, handle: Handle, handles: list[Handle], deadline: float | None) -> None:
+        """Before a wait on ``handle`` (one of ``handles``, not done) blocks: move it on in
+        this thread if the transport can (TCP reads a small receive's socket here, until
+        ``deadline`` at most), else make sure it completes without this thread.  Base:
+        nothing (other threads complete every transfer)."""
+
+    def _attend(self, peer: int | None) -> None:
+        """A receive from ``peer`` (None: any) was posted with no waiter about to call
+        :meth:`progress`: make sure it completes without one.  Base: nothing to do."""
 
     def wait_long(self, handle: Handle, handles: list[Handle], deadline: float | None,
                   label: Callable[[], str]) -> None:

@@ -17,7 +17,7 @@ class Handle:
     after completion ``header`` holds the frame header that was sent or received.
     """
 
-    __slots__ = ("peer", "kind", "group", "tag", "view", "dtype", "expect", "finish", "header",
+    __slots__ = ("peer", "kind", "group", "tag", "view", "dtype", "expect", "finish", "receive", "header",
                  "error", "_signal", "_done", "_callbacks")
 
     def __init__(self, peer: int | None, kind: int, group: int, tag: int,
@@ -34,6 +34,7 @@ class Handle:
         # Runs in the completing thread after the data landed and before waiters wake
         # (a reducing receive combines its temporary into the destination here).
         self.finish = finish
+        self.receive = False  # a receive (set by Transport.irecv), not a send
         self.header: Header | None = None
         self.error: BaseException | None = None
         # Held until completion: wait() acquires it (a bare lock wakes a waiter faster than
@@ -91,14 +92,17 @@ def wait_all(handles: Iterable[Handle], deadline: float | None, what: Callable[[
 
     ``what()`` describes the op for the timeout message ("barrier (seq 3) on group 0").
     The message names the peers whose transfers never finished.  A handle that is not done
-    yet is first waited for through ``watcher.wait_long`` (the transport: waiting reports
-    named by ``label()``, default ``what()``, and deadlock searches); handles that are done
-    cost nothing more.
+    yet is first moved on by ``watcher.progress`` (the transport: TCP reads a small
+    receive's socket in this thread), then waited for through ``watcher.wait_long``
+    (waiting reports named by ``label()``, default ``what()``, and deadlock searches);
+    handles that are done cost nothing more.
     """
     handles = list(handles)
     for h in handles:
         if not h._done and watcher is not None:
-            watcher.wait_long(h, handles, deadline, label or what)
+            watcher.progress(h, handles, deadline)
+            if not h._done:
+                watcher.wait_long(h, handles, deadline, label or what)
         if not h.wait(deadline):
             pending = sorted({p.peer for p in handles if not p.done() and p.peer is not None})
             anysrc = any(p.peer is None and not p.done() for p in handles)

@@ -140,6 +140,11 @@ class Matcher:
                         return a
         return None
 
+    def awaits(self, peer: int) -> bool:
+        """Whether a posted receive can be completed by a message from ``peer``."""
+        with self._lock:
+            return any(h.peer is None or h.peer == peer for queue in self._posted.values() for h in queue)
+
     def cancel(self, handle: Handle) -> None:
         """Withdraw a posted receive that nobody waits for any more (after a timeout)."""
         with self._lock:

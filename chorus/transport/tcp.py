@@ -9,13 +9,11 @@ the rank, so a stranger can neither read nor inject data; ``tcp_accept`` bounds 
 strangers cost (a total handshake deadline, a cap on connections being admitted, and an
 accept loop that outlives running out of descriptors).
 
-Receiving: one reader thread per connection blocks in ``recv`` (the GIL is released).
-For each frame header it asks the matcher for the posted receive and reads the payload
-straight into that buffer; if none is posted it stashes the payload (for large messages
-it first waits a few milliseconds for the receive to be posted, which in a streaming
-loop saves copying the whole payload once more).  A frame that must be stashed, or
-skipped because it does not fit its receive, may claim at most ``max_message_bytes()``:
-a claim beyond it is refused before anything is allocated and the peer is cut off.
+Receiving (``tcp_receive``): a thread about to wait for a small message reads the peer's
+socket itself, so the message wakes that thread alone; otherwise each connection's reader
+thread reads, and it parks while rank threads read.  Either way a frame's payload goes
+straight into its posted receive, or is stashed until one is posted; a frame that must be
+stashed or skipped may claim at most ``max_message_bytes()`` (else the peer is cut off).
 
 Sending: a caller that will wait at once (``sync``), or any small message, is written by
 the calling thread — no thread hand-off.  Large asynchronous sends go to a per-peer
@@ -55,37 +53,24 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import numpy as np
-
 from chorus import config, net
-from chorus.errors import CollectiveMismatchError, ProtocolError, RendezvousError
+from chorus.errors import RendezvousError
 from chorus.transport import shm_link
 from chorus.transport.base import Transport, control_header
 from chorus.transport.handles import Handle
 from chorus.transport.ring import RingReader, RingWriter
 from chorus.transport.tcp_accept import Doorway
 from chorus.transport.tcp_reader import BELL, BufferedReader
+from chorus.transport.tcp_receive import ReadRole, TcpReceiving
 from chorus.transport.tcp_writer import SEND_SLICE_S, bound_sends, send_some
-from chorus.wire.frames import (
-    HEADER_SIZE,
-    LOST_REASON_TEXT,
-    MAX_PAYLOAD,
-    Header,
-    Kind,
-    LostReason,
-    failed_text,
-    unpack_header,
-)
+from chorus.wire.frames import MAX_PAYLOAD, Kind, LostReason
 
 log = logging.getLogger("chorus")
 
 INLINE_MAX = 256 * 1024  # async sends up to this size are written by the caller
 COALESCE_MAX = 64 * 1024  # header and payload go out in one syscall up to this size
-POST_GRACE_S = 0.005  # how long a reader waits for a large message's receive to be posted
-POST_GRACE_MIN = 256 * 1024
 HEARTBEAT_S = 1.0
 _EMPTY = memoryview(b"")
-_BUSY = float("inf")  # last_heard while the reader completes a receive (never "silent")
 
 
 def heartbeat_timeout() -> float:
@@ -124,7 +109,7 @@ def local_address_towards(remote: str | None) -> str:
 
 class _Connection:
     __slots__ = ("peer", "sock", "gone", "cv", "queue", "sender", "last_sent", "last_heard", "reading",
-                 "seen", "bye", "ended", "reader", "ring_out", "ring_in", "ring_min")
+                 "seen", "bye", "ended", "broken", "reader", "role", "ring_out", "ring_in", "ring_min")
 
     def __init__(self, peer: int, sock: socket.socket, gone: Callable[[], str | None]):
         self.peer = peer
@@ -140,14 +125,16 @@ class _Connection:
         self.seen = -1  # bytes received by the time the heartbeat loop last looked
         self.bye = False
         self.ended = threading.Event()  # set when the peer closed the connection (or it broke)
+        self.broken = False  # reading failed: nobody reads the connection again
         self.reader = BufferedReader(sock)
+        self.role = ReadRole()  # which thread reads the connection (tcp_receive)
         # Same-host peers: payloads of >= ring_min bytes go through shared memory (shm_link)
         self.ring_out: RingWriter | None = None
         self.ring_in: RingReader | None = None
         self.ring_min = MAX_PAYLOAD + 1
 
 
-class TcpTransport(Transport):
+class TcpTransport(TcpReceiving, Transport):
     name = "tcp"
 
     def __init__(self, rank: int, world_size: int, store, *, token: bytes | None,
@@ -227,114 +214,6 @@ class TcpTransport(Transport):
                     f"rank {self.rank}: no transport connection from ranks {missing} after "
                     f"{self._timeout:.0f} s. Are they running, and can they reach this host?"
                 )
-
-    # -- receiving -----------------------------------------------------------------------
-    def _read_loop(self, conn: _Connection) -> None:
-        reader = conn.reader
-        try:
-            while True:
-                h = unpack_header(reader.read(HEADER_SIZE))
-                conn.last_heard = time.monotonic()
-                if h.kind == Kind.DATA or h.kind == Kind.COLL:
-                    self._read_payload(conn, reader, h)
-                elif h.kind == Kind.PROBE:
-                    payload = reader.read(h.nbytes)
-                    if conn.peer not in self.dead:
-                        self.on_probe(conn.peer, h.seq, payload)
-                elif conn.peer in self.dead:
-                    continue  # a rank given up on is not believed about the others
-                elif h.kind == Kind.MATCHED:
-                    self.sends.matched(conn.peer, h.seq)
-                elif h.kind == Kind.PEER_LOST:
-                    reason = LOST_REASON_TEXT.get(h.seq, "was lost")
-                    self._lose(h.tag, f"{reason} (reported by rank {conn.peer})", h.seq)
-                elif h.kind == Kind.ABORT:
-                    self.group_mismatch(h.group, h.tag, h.seq, h.fingerprint, conn.peer)
-                elif h.kind == Kind.FAILED:
-                    self.peer_failed(h.tag, failed_text(reader.read(h.nbytes)), conn.peer)
-                elif h.kind == Kind.BYE:
-                    conn.bye = True
-                    self.peer_left(conn.peer)
-                elif h.kind != Kind.HEARTBEAT:
-                    raise ProtocolError(f"unexpected {Kind(h.kind).name} frame after set-up")
-        except ProtocolError as exc:
-            if self.closed_reason is None:
-                self._lose(conn.peer, f"sent an invalid frame ({exc}) and was disconnected",
-                           LostReason.INVALID)
-            conn.sock.close()
-        except (OSError, ConnectionError) as exc:
-            if self.closed_reason is None and not conn.bye:
-                self._lose(conn.peer, f"died (connection lost: {exc or 'EOF'})")
-        except Exception as exc:  # noqa: BLE001 - a reader must never die silently
-            log.exception("chorus rank %d: the reader of rank %d's connection failed", self.rank, conn.peer)
-            if self.closed_reason is None:
-                self._lose(conn.peer, f"could not be read from any more (rank {self.rank}'s reader failed: "
-                                      f"{type(exc).__name__}: {exc})", LostReason.UNREADABLE)
-            conn.sock.close()
-        finally:
-            conn.ended.set()
-
-    def _read_payload(self, conn: _Connection, reader: BufferedReader, h: Header) -> None:
-        """Read one payload into its posted receive, or stash it.  Its claimed length is
-        checked first: a frame that must be buffered or skipped may claim at most
-        ``max_message_bytes()``, else nothing is allocated and the peer is disconnected."""
-        wait = POST_GRACE_S if h.nbytes >= POST_GRACE_MIN else 0.0
-        source = conn.ring_in if h.nbytes >= conn.ring_min else reader  # where the payload is
-        match = self._matcher.claim(conn.peer, h, wait)
-        conn.reading = True
-        try:
-            if isinstance(match, Handle):
-                match.peer = conn.peer
-                error = self._fits(match, h, conn.peer)
-                if error is None:
-                    if h.nbytes:
-                        source.read_into(match.view)
-                    conn.reading, conn.last_heard = False, _BUSY
-                    match.complete(h)  # may reduce for a while: this rank's work, not peer silence
-                    if h.seq and h.kind == Kind.DATA:
-                        self.answer(conn.peer, h)
-                    return
-                match.complete(h, error)  # the receive fails at once, before the skip
-                if h.seq and h.kind == Kind.DATA:
-                    self.answer(conn.peer, h)
-                self._check_claim(h, "skip", error)
-                source.discard(h.nbytes)
-                return
-            self.stashed(conn.peer, h)
-            self._check_claim(h, "buffer")
-            try:
-                data = memoryview(np.empty(h.nbytes, np.uint8)) if h.nbytes else _EMPTY
-            except MemoryError:
-                raise MemoryError(f"a {Kind(h.kind).name} frame of {h.nbytes} bytes arrived before its "
-                                  "receive was posted and this rank has no memory to buffer it") from None
-            if h.nbytes:
-                source.read_into(data)
-            conn.reading, conn.last_heard = False, _BUSY
-            claimant = self._matcher.arrival_ready(match, data)
-            if claimant is not None:
-                self._fill_from_stash(claimant, match)
-        except Exception as exc:
-            if isinstance(match, Handle):  # claimed: no failure sweep finds it any more
-                why = (f"died mid-message ({exc})" if isinstance(exc, OSError)
-                       else f"could not be read from ({type(exc).__name__}: {exc})")
-                match.complete(error=self._lost_error(conn.peer, why, h.group))
-            raise
-        finally:
-            conn.reading = False
-            conn.last_heard = time.monotonic()
-
-    def _check_claim(self, h: Header, what: str, error: BaseException | None = None) -> None:
-        """ProtocolError if a frame that this rank must ``what`` ("buffer": no receive is
-        posted; "skip": it fails its receive with ``error``) claims too many bytes."""
-        if h.nbytes <= self._max_message:
-            return
-        why = ("no receive for it is posted" if error is None
-               else "it belongs to another collective call" if isinstance(error, CollectiveMismatchError)
-               else "it does not fit its posted receive")
-        raise ProtocolError(
-            f"a {Kind(h.kind).name} frame claims {h.nbytes} bytes, which this rank would have to {what} "
-            f"({why}): more than the limit of {self._max_message} bytes (CHORUS_MAX_MESSAGE_BYTES; "
-            "unset: this host's physical memory)")
 
     # -- sending -------------------------------------------------------------------------
     def _send_frame(self, peer: int, header: bytes, view: memoryview, handle: Handle, sync: bool) -> None:

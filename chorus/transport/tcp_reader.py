@@ -8,6 +8,12 @@ the rest is received straight into its destination.
 A connection whose large payloads come through shared memory (chorus.transport.ring) also
 sleeps here while such a payload is incomplete: :meth:`BufferedReader.doze` waits for the
 socket, where the writer rings its bell (a HEARTBEAT frame) or its death shows as EOF.
+
+A thread that waits for a small message reads the socket itself
+(``chorus.transport.tcp_receive``) without blocking before a frame's header is complete:
+it waits with :meth:`BufferedReader.readable`, takes what the kernel has with
+:meth:`BufferedReader.fill_nowait`, and asks :meth:`BufferedReader.frame_buffered`
+whether a header is here.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import select
 import socket
 
 from chorus.transport.base import control_header
-from chorus.wire.frames import Kind
+from chorus.wire.frames import HEADER_SIZE, Kind
 
 BUFFER_BYTES = 256 * 1024
+_NBYTES_AT = 28  # offset of the payload length (u64, little-endian) in a frame header
 BELL = control_header(Kind.HEARTBEAT)  # a ring writer's doorbell is a plain heartbeat
 
 
@@ -29,7 +36,8 @@ class BufferedReader:
         self._view = memoryview(self._buf)
         self._start = 0  # first unread byte
         self._end = 0  # one past the last received byte
-        self._poller: select.poll | None = None
+        self._poller: select.poll | None = None  # the reading thread's
+        self._watcher: select.poll | None = None  # the reader thread's, while it reads nothing
         self.received = 0  # bytes ever received: the heartbeat loop watches it grow mid-payload
 
     def _fill(self, need: int) -> None:
@@ -68,6 +76,59 @@ class BufferedReader:
         if self._start == self._end:
             self._start = self._end = 0
 
+    def buffered(self) -> int:
+        """Bytes received and not read yet."""
+        return self._end - self._start
+
+    def frame_buffered(self) -> int:
+        """The payload length of the next frame if its header is buffered, else -1.  The
+        header is not checked here: whoever reads it does (``unpack_header``)."""
+        if self._end - self._start < HEADER_SIZE:
+            return -1
+        at = self._start + _NBYTES_AT
+        return int.from_bytes(self._view[at: at + 8], "little")
+
+    def readable(self, seconds: float) -> bool:
+        """(The thread reading) wait up to ``seconds`` for the socket to have bytes (or EOF,
+        or an error)."""
+        if self._poller is None:
+            if self._sock.fileno() < 0:
+                return True  # closed: reading says so
+            self._poller = select.poll()
+            self._poller.register(self._sock, select.POLLIN)
+        return bool(self._poller.poll(seconds * 1e3))
+
+    def watch(self) -> None:
+        """(The reader thread, not reading) wait until the socket has bytes, EOF or an
+        error.  A poll object of its own: two threads may not share one."""
+        if self._watcher is None:
+            if self._sock.fileno() < 0:
+                return
+            self._watcher = select.poll()
+            self._watcher.register(self._sock, select.POLLIN)
+        self._watcher.poll()
+
+    def fill_nowait(self) -> int:
+        """Buffer whatever the kernel has now, without blocking; the bytes got (0: none).
+        Raises ConnectionError at EOF."""
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._start and self._end == len(self._buf):
+            pending = self._end - self._start
+            self._view[:pending] = self._view[self._start: self._end]
+            self._start, self._end = 0, pending
+        if self._end == len(self._buf):
+            return 0  # full: the frames buffered must be read first
+        try:
+            got = self._sock.recv_into(self._view[self._end:], 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return 0
+        if not got:
+            raise ConnectionError("connection closed by the peer (EOF)")
+        self._end += got
+        self.received += got
+        return got
+
     def discard(self, n: int) -> None:
         """Skip ``n`` bytes (through the buffer: nothing is allocated, whatever ``n``)."""
         while n:
@@ -81,10 +142,7 @@ class BufferedReader:
         ConnectionError at EOF (the writer died)."""
         if self._skip_bells():
             return True
-        if self._poller is None:
-            self._poller = select.poll()
-            self._poller.register(self._sock, select.POLLIN)
-        if not self._poller.poll(seconds * 1e3):
+        if not self.readable(seconds):
             return False
         if self._end == len(self._buf):  # make room (less than a frame's header is buffered)
             pending = self._end - self._start

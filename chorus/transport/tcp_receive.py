@@ -1,0 +1,304 @@
+"""Receiving on the TCP transport: reading frames, and which thread reads a connection.
+
+Theory of operation
+-------------------
+One thread at a time reads a connection: whoever holds its :class:`ReadRole`'s lock.
+
+* A rank thread about to block on a small receive (``Transport.progress``, called by every
+  wait) takes the role and reads the peer's socket itself until the receive is complete.
+  The message then costs one wake-up, this thread's, by the kernel — instead of two (the
+  reader thread's, then this thread's by the reader thread) plus a hand-off of the GIL;
+  on a busy host every wake-up is a trip through the scheduler.  It never blocks inside a
+  header: it waits with ``poll`` and takes what the kernel has without blocking.  It lets
+  go of the role once the receive is complete, with no complete frame left in the
+  connection's buffer (a frame the reader thread's ``poll`` would not see), or after
+  ``DIRECT_S``; a longer wait, or one for a receive larger than ``DIRECT_MAX``, goes on
+  the usual way.
+* The connection's reader thread reads whenever no rank thread does: it waits for the
+  socket to be readable holding nothing, takes the role, handles every frame there and
+  lets go.  When it finds a rank thread reading (the role taken, or the bytes it woke for
+  already gone) it parks — else every message would wake it too, for nothing — until
+  ``PARK_S`` passes without a rank thread reading, or until it is needed
+  (:meth:`ReadRole.need`): a rank thread let go of the role leaving a receive from the
+  peer posted (its own, unfinished, or another); a wait that does not read
+  for itself (the role is taken, the message is large or from any source, a send awaits
+  its MATCHED); a receive posted that nobody is about to wait for.  So frames that no rank
+  thread waits for (heartbeats, failure notices, EOF) are read within ``PARK_S`` at most.
+
+Frames: for each header, the reader asks the matcher for the posted receive and reads the
+payload straight into that buffer; if none is posted it stashes the payload (the reader
+thread first waits a few milliseconds for a large message's receive to be posted, which in
+a streaming loop saves copying the whole payload once more).  A frame that must be
+stashed, or skipped because it does not fit its receive, may claim at most
+``max_message_bytes()``: a claim beyond it is refused before anything is allocated and
+the peer is cut off.  A read that fails — EOF, a reset, an invalid frame, anything
+unforeseen, in whichever thread — cuts the peer off the same way (never silently).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+
+from chorus.errors import CollectiveMismatchError, ProtocolError
+from chorus.transport.handles import Handle
+from chorus.wire.frames import (
+    HEADER_SIZE,
+    LOST_REASON_TEXT,
+    Header,
+    Kind,
+    LostReason,
+    failed_text,
+    unpack_header,
+)
+
+log = logging.getLogger("chorus")
+
+POST_GRACE_S = 0.005  # how long the reader thread waits for a large message's receive to be posted
+POST_GRACE_MIN = 256 * 1024
+DIRECT_MAX = 64 * 1024  # receives (and frames) up to this size are read by the thread waiting for them
+DIRECT_S = 0.25  # a rank thread reads for its receive this long at most, then waits the usual way
+SLICE_S = 0.005  # how often a reading rank thread checks whether its receive completed elsewhere
+PARK_S = 0.05  # a parked reader thread sleeps until rank threads have not read for this long
+_EMPTY = memoryview(b"")
+_BUSY = float("inf")  # last_heard while a receive completes (never "silent")
+
+
+class ReadRole:
+    """Who reads one connection: ``lock`` is held by the thread reading it."""
+
+    __slots__ = ("lock", "last_caller", "_bell")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last_caller = -float("inf")  # time.monotonic() a rank thread last held the lock
+        self._bell = threading.Event()
+
+    def need(self) -> None:
+        """Wake the reader thread if it is parked (else its next park ends at once)."""
+        if not self._bell.is_set():
+            self._bell.set()
+
+    def park(self, over) -> None:
+        """(The reader thread) sleep while rank threads read the connection: until none has
+        held the lock for PARK_S, until :meth:`need`, or until ``over()``."""
+        bell = self._bell
+        while not over():
+            idle = 0.0 if self.lock.locked() else time.monotonic() - self.last_caller
+            if idle >= PARK_S or bell.wait(PARK_S - idle):
+                break
+        bell.clear()
+
+
+class TcpReceiving:
+    """The receiving half of ``TcpTransport`` (see the module docstring).  Expects the
+    transport's ``_conns``, ``_lose`` and ``_max_message`` and the base class's matching."""
+
+    # -- the reader thread -----------------------------------------------------------------------
+    def _read_loop(self, conn) -> None:
+        """One per connection: read what no rank thread reads (see the module docstring)."""
+        role, reader = conn.role, conn.reader
+        park = False
+        try:
+            while not conn.broken:
+                if park:
+                    role.park(lambda: conn.broken or self.closed_reason is not None)
+                    park = False
+                if not reader.buffered():
+                    reader.watch()
+                if not role.lock.acquire(blocking=False):
+                    park = True  # a rank thread reads
+                    continue
+                try:
+                    if not reader.buffered() and not reader.readable(0):
+                        park = True  # a rank thread took the bytes this thread woke for
+                        continue
+                    while not conn.broken:
+                        self._read_frame(conn, POST_GRACE_S)
+                        if not reader.buffered() and not reader.readable(0):
+                            break
+                finally:
+                    role.lock.release()
+        except BaseException as exc:  # noqa: BLE001 - a reader must never die silently
+            self._read_failed(conn, exc)
+
+    # -- a rank thread reading for its own receive ------------------------------------------
+    def progress(self, handle: Handle, handles: list[Handle], deadline: float | None) -> None:
+        """Before a wait on ``handle`` blocks: read the peer's socket in this thread until
+        ``handle`` (a small receive) is complete, or for DIRECT_S at most; otherwise make
+        sure the reader thread that will complete it is awake."""
+        conn = self._conns.get(handle.peer) if handle.peer is not None else None
+        if conn is None:  # from any source: every connection may bring it
+            for other in list(self._conns.values()):
+                other.role.need()
+            return
+        role = conn.role
+        if (not handle.receive or handle.view is None or len(handle.view) > DIRECT_MAX
+                or not role.lock.acquire(blocking=False)):
+            role.need()
+            return
+        reader = conn.reader
+        now = role.last_caller = time.monotonic()
+        until = now + DIRECT_S if deadline is None else min(deadline, now + DIRECT_S)
+        inside = False  # in the middle of a frame: if interrupted, the stream is lost
+        try:
+            while not conn.broken:
+                n = reader.frame_buffered()
+                # A frame whose header is here is read now, waiting for its payload if need
+                # be; once the receive is complete, only frames already here in full (or
+                # whose payload comes through the ring), so that none is left buffered
+                # where the reader thread's poll would not see it.
+                if n >= 0 and (not handle._done or n >= conn.ring_min or HEADER_SIZE + n <= reader.buffered()):
+                    inside = True
+                    self._read_frame(conn, 0.0)
+                    inside = False
+                    continue
+                if handle._done:
+                    break
+                if reader.fill_nowait():
+                    continue
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                reader.readable(min(left, SLICE_S))
+        except BaseException as exc:
+            if isinstance(exc, Exception) or inside:
+                self._read_failed(conn, exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            role.last_caller = time.monotonic()
+            role.lock.release()
+            if not handle._done or self._matcher.awaits(conn.peer) or self.sends.pending:
+                role.need()
+
+    def _attend(self, peer: int | None) -> None:
+        """A receive from ``peer`` (None: any) was posted that nobody is about to wait for:
+        the reader threads that can complete it must not stay parked."""
+        conns = list(self._conns.values()) if peer is None else [self._conns.get(peer)]
+        for conn in conns:
+            if conn is not None:
+                conn.role.need()
+
+    # -- frames ------------------------------------------------------------------------------
+    def _read_frame(self, conn, grace: float) -> None:
+        """Read and act on one frame (the caller holds ``conn.role``)."""
+        reader = conn.reader
+        h = unpack_header(reader.read(HEADER_SIZE))
+        conn.last_heard = time.monotonic()
+        if h.kind == Kind.DATA or h.kind == Kind.COLL:
+            self._read_payload(conn, reader, h, grace)
+        elif h.kind == Kind.PROBE:
+            payload = reader.read(h.nbytes)
+            if conn.peer not in self.dead:
+                self.on_probe(conn.peer, h.seq, payload)
+        elif conn.peer in self.dead:
+            return  # a rank given up on is not believed about the others
+        elif h.kind == Kind.MATCHED:
+            self.sends.matched(conn.peer, h.seq)
+        elif h.kind == Kind.PEER_LOST:
+            reason = LOST_REASON_TEXT.get(h.seq, "was lost")
+            self._lose(h.tag, f"{reason} (reported by rank {conn.peer})", h.seq)
+        elif h.kind == Kind.ABORT:
+            self.group_mismatch(h.group, h.tag, h.seq, h.fingerprint, conn.peer)
+        elif h.kind == Kind.FAILED:
+            self.peer_failed(h.tag, failed_text(reader.read(h.nbytes)), conn.peer)
+        elif h.kind == Kind.BYE:
+            conn.bye = True
+            self.peer_left(conn.peer)
+        elif h.kind != Kind.HEARTBEAT:
+            raise ProtocolError(f"unexpected {Kind(h.kind).name} frame after set-up")
+
+    def _read_failed(self, conn, exc: BaseException) -> None:
+        """Reading ``conn`` failed with ``exc`` (in the reader thread or a rank thread): no
+        thread reads it again, and unless the peer said BYE or this rank is closing, the
+        peer is lost (an invalid frame or a failed reader also closes the socket)."""
+        already = conn.broken
+        conn.broken = True
+        try:
+            if already:
+                return
+            if isinstance(exc, ProtocolError):
+                if self.closed_reason is None:
+                    self._lose(conn.peer, f"sent an invalid frame ({exc}) and was disconnected",
+                               LostReason.INVALID)
+                conn.sock.close()
+            elif isinstance(exc, (OSError, ConnectionError)):
+                if self.closed_reason is None and not conn.bye:
+                    self._lose(conn.peer, f"died (connection lost: {exc or 'EOF'})")
+            else:
+                if isinstance(exc, Exception):
+                    log.error("chorus rank %d: reading rank %d's connection failed", self.rank, conn.peer,
+                              exc_info=exc)
+                if self.closed_reason is None:
+                    self._lose(conn.peer, f"could not be read from any more (rank {self.rank}'s reader failed: "
+                                          f"{type(exc).__name__}: {exc})", LostReason.UNREADABLE)
+                conn.sock.close()
+        finally:
+            conn.ended.set()
+            conn.role.need()  # a parked reader thread ends now
+
+    def _read_payload(self, conn, reader, h: Header, grace: float) -> None:
+        """Read one payload into its posted receive, or stash it.  Its claimed length is
+        checked first: a frame that must be buffered or skipped may claim at most
+        ``max_message_bytes()``, else nothing is allocated and the peer is disconnected."""
+        wait = grace if h.nbytes >= POST_GRACE_MIN else 0.0
+        source = conn.ring_in if h.nbytes >= conn.ring_min else reader  # where the payload is
+        match = self._matcher.claim(conn.peer, h, wait)
+        conn.reading = True
+        try:
+            if isinstance(match, Handle):
+                match.peer = conn.peer
+                error = self._fits(match, h, conn.peer)
+                if error is None:
+                    if h.nbytes:
+                        source.read_into(match.view)
+                    conn.reading, conn.last_heard = False, _BUSY
+                    match.complete(h)  # may reduce for a while: this rank's work, not peer silence
+                    if h.seq and h.kind == Kind.DATA:
+                        self.answer(conn.peer, h)
+                    return
+                match.complete(h, error)  # the receive fails at once, before the skip
+                if h.seq and h.kind == Kind.DATA:
+                    self.answer(conn.peer, h)
+                self._check_claim(h, "skip", error)
+                source.discard(h.nbytes)
+                return
+            self.stashed(conn.peer, h)
+            self._check_claim(h, "buffer")
+            try:
+                data = memoryview(np.empty(h.nbytes, np.uint8)) if h.nbytes else _EMPTY
+            except MemoryError:
+                raise MemoryError(f"a {Kind(h.kind).name} frame of {h.nbytes} bytes arrived before its "
+                                  "receive was posted and this rank has no memory to buffer it") from None
+            if h.nbytes:
+                source.read_into(data)
+            conn.reading, conn.last_heard = False, _BUSY
+            claimant = self._matcher.arrival_ready(match, data)
+            if claimant is not None:
+                self._fill_from_stash(claimant, match)
+        except Exception as exc:
+            if isinstance(match, Handle):  # claimed: no failure sweep finds it any more
+                why = (f"died mid-message ({exc})" if isinstance(exc, OSError)
+                       else f"could not be read from ({type(exc).__name__}: {exc})")
+                match.complete(error=self._lost_error(conn.peer, why, h.group))
+            raise
+        finally:
+            conn.reading = False
+            conn.last_heard = time.monotonic()
+
+    def _check_claim(self, h: Header, what: str, error: BaseException | None = None) -> None:
+        """ProtocolError if a frame that this rank must ``what`` ("buffer": no receive is
+        posted; "skip": it fails its receive with ``error``) claims too many bytes."""
+        if h.nbytes <= self._max_message:
+            return
+        why = ("no receive for it is posted" if error is None
+               else "it belongs to another collective call" if isinstance(error, CollectiveMismatchError)
+               else "it does not fit its posted receive")
+        raise ProtocolError(
+            f"a {Kind(h.kind).name} frame claims {h.nbytes} bytes, which this rank would have to {what} "
+            f"({why}): more than the limit of {self._max_message} bytes (CHORUS_MAX_MESSAGE_BYTES; "
+            "unset: this host's physical memory)")
