@@ -363,7 +363,8 @@ class Gpu:
             wrong = [r["wrong"] for r in e.values() if r["wrong"] >= 0]
             row.append(str(sum(wrong)) if wrong else "-")
             rows.append(row)
-        note = (f"{doc['world']} x {doc['device']}, {doc['dtype']}, torch {doc['torch']}; {doc['timing']}; "
+        mode = "calls captured in a CUDA graph and replayed; " if doc.get("graph") else ""
+        note = (f"{doc['world']} x {doc['device']}, {doc['dtype']}, torch {doc['torch']}; {mode}{doc['timing']}; "
                 f"{doc['iters']} calls per size after {doc['warmup']} warm-up ones"
                 + (", fewer above 1 MiB" if doc.get("scale_iters") else "") + ". " + files_line([self.path]))
         return "\n\n".join([code(self.command), table(head, rows), note])
@@ -415,7 +416,26 @@ TABLES = {
     "w2-mpich": Runs([f"{EPYC}/all_reduce-w2-mpich-{i}.json" for i in (1, 2, 3, 4)]),
     "h200-all_reduce": Gpu("4xh200/all_reduce-bf16-w4.json",
                            "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 1G -f 4 "
-                           "-n 200 -w 20 --scale-iters"),
+                           "-n 200 -w 20 --scale-iters --lane"),
+    "h200-all_reduce-own": Gpu("4xh200/all_reduce-own-kernels-bf16-w4.json",
+                               "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 1G "
+                               "-f 4 -n 200 -w 20 --scale-iters   # before the NCCL hand-off"),
+    "h200-graph": Gpu("4xh200/all_reduce-graphed-bf16-w4.json",
+                      "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 4M -f 4 "
+                      "-n 200 -w 20 --graph --baseline nccl"),
+    "h200-nccl-from": GpuAlgorithms("4xh200/calibrate-nccl-bf16-w4.json",
+                                    "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 256K "
+                                    "-e 64M -f 2 -n 100 -w 10 --scale-iters --baseline none "
+                                    "--algorithm one_shot,two_shot_push,nccl"),
+    "h200-all_gather": Gpu("4xh200/all_gather-bf16-w4.json",
+                           "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_gather -b 1K -e 256M "
+                           "-f 4 -n 200 -w 20 --scale-iters"),
+    "h200-reduce_scatter": Gpu("4xh200/reduce_scatter-bf16-w4.json",
+                               "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective reduce_scatter -b 1K "
+                               "-e 256M -f 4 -n 200 -w 20 --scale-iters"),
+    "h200-rails": Gpu("4xh200/rails-2x2-bf16-w4.json",
+                      "NCCL_NVLS_ENABLE=0 CHORUS_HOST_ID=a,a,b,b CHORUS_CUDA_RAILS=nccl chorus bench --device cuda "
+                      "--collective all_reduce -b 16M -e 1G -f 4 -n 50 -w 5 --scale-iters"),
     "h200-calibrate": GpuAlgorithms("4xh200/calibrate-bf16-w4.json",
                                     "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 16K "
                                     "-e 16M -f 2 -n 200 -w 20 --baseline none --algorithm one_shot,two_shot,copy_reduce"),

@@ -1,7 +1,8 @@
 """The model's predictions for H100 clusters of 8 to 4096 GPUs (chorus.sim.gpu), written to
 docs/results/model/h100-scale.json, and the tables of docs/scale.md made from that file,
 from docs/results/model/published-nccl.json (published NCCL figures, gathered by hand)
-and from docs/results/4xh200/all_reduce-bf16-w4.json (NCCL measured in this repository).
+and from docs/results/4xh200/all_reduce-own-kernels-bf16-w4.json (NCCL and chorus's own
+kernels, measured in this repository).
 
 usage: PYTHONPATH=$PWD python3 tools/predict_scale.py           write the result file and the page's tables
        PYTHONPATH=$PWD python3 tools/predict_scale.py --check   exit 1 if either differs from what the model gives now
@@ -25,7 +26,7 @@ from chorus.sim.gpu import GpuTopology, estimate
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT = os.path.join(ROOT, "docs", "results", "model", "h100-scale.json")
 PUBLISHED = os.path.join(ROOT, "docs", "results", "model", "published-nccl.json")
-MEASURED = os.path.join(ROOT, "docs", "results", "4xh200", "all_reduce-bf16-w4.json")
+MEASURED = os.path.join(ROOT, "docs", "results", "4xh200", "all_reduce-own-kernels-bf16-w4.json")
 PAGE = os.path.join(ROOT, "docs", "scale.md")
 COMMAND = "PYTHONPATH=$PWD python3 tools/predict_scale.py"
 

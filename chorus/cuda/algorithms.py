@@ -84,6 +84,10 @@ def _chunks(total: int, step: int):
 #: 1 MiB and 8.5 ms at 1 GiB, against two_shot's 17.5 us and 10.3 ms in the same run:
 #: docs/results/4xh200/pull-vs-push-bf16-w4.json; two_shot_stores 490 us and 8.5 ms:
 #: calibrate-two-shot-bf16-w4.json).
+#: From CHORUS_CUDA_NCCL_FROM_BYTES (8 MiB) the component hands all_reduce to NCCL's
+#: kernels (chorus.cuda.nccl) instead: in one run two_shot_push took 35.9 us at 4 MiB
+#: against NCCL's 40.0, and 61.3, 151.4 and 715.9 us at 8, 16 and 64 MiB against 59.1,
+#: 96.7 and 319.6 (docs/results/4xh200/calibrate-nccl-bf16-w4.json).
 ONE_SHOT_MAX_BYTES = 1 << 20
 #: ... for groups of more ranks than this, two-shot from ONE_SHOT_MAX_BYTES / 4 on (every
 #: one-shot rank reads W - 1 peers' whole messages; two-shot reads 2 (W - 1) / W of one)

@@ -151,12 +151,12 @@ class TcpReceiving:
                 # be; once the receive is complete, only frames already here in full (or
                 # whose payload comes through the ring), so that none is left buffered
                 # where the reader thread's poll would not see it.
-                if n >= 0 and (not handle._done or n >= conn.ring_min or HEADER_SIZE + n <= reader.buffered()):
+                if n >= 0 and (not handle.done() or n >= conn.ring_min or HEADER_SIZE + n <= reader.buffered()):
                     inside = True
                     self._read_frame(conn, 0.0)
                     inside = False
                     continue
-                if handle._done:
+                if handle.done():
                     break
                 if reader.fill_nowait():
                     continue
@@ -172,7 +172,7 @@ class TcpReceiving:
         finally:
             role.last_caller = time.monotonic()
             role.lock.release()
-            if not handle._done or self._matcher.awaits(conn.peer) or self.sends.pending:
+            if not handle.done() or self._matcher.awaits(conn.peer) or self.sends.pending:
                 role.need()
 
     def _attend(self, peer: int | None) -> None:
