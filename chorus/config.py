@@ -297,6 +297,11 @@ SETTINGS: dict[str, Setting] = _declare(
                     "(chorus.cuda.nccl: torch's ProcessGroupNCCL, fingerprints agreed over chorus first, "
                     "aborted when a peer is lost), where NCCL's ring is faster than chorus's two-shot "
                     "kernels (docs/results/4xh200); 0: chorus's kernels at every size; needs torch with NCCL"),
+    Setting("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES", "int", 0, minimum=0, unit="bytes",
+            meaning="all_gather and reduce_scatter of equal blocks of CUDA tensors inside a host run on "
+                    "NCCL's kernels from this many bytes of their whole buffer (W blocks; chorus.cuda.nccl, "
+                    "as CHORUS_CUDA_NCCL_FROM_BYTES for all_reduce); 0 (the default until measured on GPUs): "
+                    "chorus's fused kernels at every size"),
     Setting("CHORUS_CUDA_STAGING", "bool", False,
             meaning="never map peers' GPU memory: stage CUDA tensors through pinned host memory "
                     "and the CPU components (what a failed CUDA IPC check falls back to)"),

@@ -37,15 +37,35 @@ def test_which_groups_hand_off(setting, group_id, has_nccl, want, monkeypatch):
     (1024, "SUM", torch.float32, "nccl", True),  # by name, at any size
 ])
 def test_which_calls_hand_off(nbytes, reduce_op, dtype, algorithm, want):
-    comp = SimpleNamespace(_nccl_from=8 << 20)
-    call = SimpleNamespace(algorithm=algorithm, nbytes=nbytes, reduce_op=reduce_op,
+    call = SimpleNamespace(name="all_reduce", algorithm=algorithm, nbytes=nbytes, reduce_op=reduce_op, uniform=True,
                            buffers={"data": torch.empty(4, dtype=dtype)})
-    assert CudaComponent._on_nccl(comp, call) is want
+    assert CudaComponent._on_nccl(_component(), call) is want
+
+
+def _component(nccl_from=8 << 20, gather_from=0, world=4):
+    return SimpleNamespace(_nccl_from=nccl_from, _nccl_gather_from=gather_from, pg=SimpleNamespace(size=lambda: world))
 
 
 def test_no_hand_off_when_off():
-    call = SimpleNamespace(algorithm=None, nbytes=1 << 30, reduce_op="SUM", buffers={"data": torch.empty(4)})
-    assert CudaComponent._on_nccl(SimpleNamespace(_nccl_from=0), call) is False
+    call = SimpleNamespace(name="all_reduce", algorithm=None, nbytes=1 << 30, reduce_op="SUM", uniform=True,
+                           buffers={"data": torch.empty(4)})
+    assert CudaComponent._on_nccl(_component(nccl_from=0), call) is False
+
+
+@pytest.mark.parametrize("name, per_rank, uniform, algorithm, gather_from, want", [
+    ("all_gather", 2 << 20, True, None, 8 << 20, True),  # 4 blocks of 2 MiB: 8 MiB in all
+    ("all_gather", (2 << 20) - 2, True, None, 8 << 20, False),
+    ("reduce_scatter", 4 << 20, True, None, 8 << 20, True),
+    ("reduce_scatter", 4 << 20, False, None, 8 << 20, False),  # uneven blocks stay on chorus's kernels
+    ("all_gather", 64 << 20, True, None, 0, False),  # off by default
+    ("all_gather", 1024, True, "nccl", 8 << 20, True),  # by name
+    ("broadcast", 64 << 20, True, None, 8 << 20, False),
+])
+def test_which_gathers_hand_off(name, per_rank, uniform, algorithm, gather_from, want):
+    call = SimpleNamespace(name=name, algorithm=algorithm, nbytes=per_rank, uniform=uniform,
+                           reduce_op="SUM" if name == "reduce_scatter" else "",
+                           buffers={"input": torch.empty(4, dtype=torch.bfloat16)})
+    assert CudaComponent._on_nccl(_component(gather_from=gather_from), call) is want
 
 
 def _agree_on_threads(fingerprints):

@@ -143,7 +143,9 @@ class CudaComponent(Component):
         self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
         self._plans: dict = {}  # all_reduce_now's plans
         # large all_reduces go to NCCL from this size (0: never); its communicator, made then
-        self._nccl_from = config.get("CHORUS_CUDA_NCCL_FROM_BYTES") if nccl_handoff(pg) else 0
+        handoff = nccl_handoff(pg)
+        self._nccl_from = config.get("CHORUS_CUDA_NCCL_FROM_BYTES") if handoff else 0
+        self._nccl_gather_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if handoff else 0
         self._nccl = None
         self._device_index = -1
         self._torch = None
@@ -173,6 +175,8 @@ class CudaComponent(Component):
             if self._on_nccl(call):
                 return "nccl"
             return A.all_reduce_algorithm(call.nbytes, self.pg.size())
+        if call.name in ("all_gather", "reduce_scatter") and self._on_nccl(call):
+            return "nccl"
         if call.name in ("all_gather", "reduce_scatter") and call.algorithm != "one_shot":
             first = _first(call)
             if (call.name == "all_gather" and first.element_size() in A.GATHER_ITEMS) or (
@@ -320,13 +324,21 @@ class CudaComponent(Component):
 
     # -- large all_reduce on NCCL ---------------------------------------------------------------------
     def _on_nccl(self, call: Call) -> bool:
-        """An all_reduce NCCL runs: from the size on, or any size by name (``algorithm="nccl"``)."""
-        big = call.algorithm in (None, "auto") and call.nbytes >= self._nccl_from
-        return bool(self._nccl_from and (big or call.algorithm == "nccl") and call.reduce_op in NCCL_OPS
+        """A call NCCL runs: all_reduce from CHORUS_CUDA_NCCL_FROM_BYTES; all_gather and
+        reduce_scatter of equal blocks from CHORUS_CUDA_NCCL_GATHER_FROM_BYTES of their
+        whole buffer (W blocks); either at any size by name (``algorithm="nccl"``)."""
+        if call.name == "all_reduce":
+            start, total = self._nccl_from, call.nbytes
+        elif call.name in ("all_gather", "reduce_scatter") and call.uniform:
+            start, total = self._nccl_gather_from, call.nbytes * self.pg.size()
+        else:
+            return False
+        big = call.algorithm in (None, "auto") and total >= start
+        return bool(start and (big or call.algorithm == "nccl") and (not call.reduce_op or call.reduce_op in NCCL_OPS)
                     and staging.torch_dtype_name(_first(call)) not in NOT_NCCL_DTYPES)
 
     def _start_nccl(self, call: Call):
-        """all_reduce on the group's NCCL communicator (chorus.cuda.nccl), in issue order
+        """The call on the group's NCCL communicator (chorus.cuda.nccl), in issue order
         with the group's other ops: fingerprints agreed first, then NCCL's kernel ordered
         after the current stream, which waits for it."""
         import torch
@@ -345,7 +357,13 @@ class CudaComponent(Component):
 
         def transfers(ctx) -> None:
             peers.agree(call)
-            peers.all_reduce(call.buffers["data"], call.reduce_op)
+            b = call.buffers
+            if call.name == "all_reduce":
+                peers.all_reduce(b["data"], call.reduce_op)
+            elif call.name == "all_gather":
+                peers.all_gather(b["output"], b["input"])
+            else:
+                peers.reduce_scatter(b["output"], b["input"], call.reduce_op)
 
         run_in_order(sync, self.name, "nccl", staging.on_stream(transfers, stream))
         if not call.async_op:

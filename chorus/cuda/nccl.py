@@ -169,6 +169,20 @@ class NcclPeers:
         opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
         self.group().allreduce([tensor], opts).wait()
 
+    def all_gather(self, output, tensor) -> None:
+        """``output`` (W blocks) = every member's ``tensor``, in member order (enqueued
+        likewise)."""
+        self.group()._allgather_base(output, tensor).wait()
+
+    def reduce_scatter(self, output, tensor, reduce_op: str) -> None:
+        """``output`` = NCCL's reduction of block i (this member's index) of every
+        member's ``tensor`` (W blocks), enqueued likewise."""
+        import torch.distributed as dist
+
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
+        self.group()._reduce_scatter_base(output, tensor, opts).wait()
+
     def broadcast(self, tensor, root: int) -> None:
         """``tensor`` = member ``root``'s (its index in ``ranks``), enqueued likewise."""
         import torch.distributed as dist

@@ -18,6 +18,7 @@ import chorus  # noqa: E402
 from chorus import recorder  # noqa: E402
 from chorus.api.state import current  # noqa: E402
 from chorus.call import make  # noqa: E402
+from chorus.components.select import device_component  # noqa: E402
 from chorus.cuda.component import attach  # noqa: E402
 
 OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
@@ -239,6 +240,33 @@ def case_async(rank, world, pg, comp):
     kinds = {(e.what, e.component) for e in events}
     # all_reduce: one fused kernel per round ("reduce"); broadcast: copies and barriers
     assert {("begin", "cuda"), ("copy", "cuda"), ("sync", "cuda"), ("reduce", "cuda"), ("end", "cuda")} <= kinds
+
+
+def case_nccl_gather(rank, world, pg, comp):
+    """CHORUS_CUDA_NCCL_GATHER_FROM_BYTES set (here, before a new group's first CUDA call):
+    all_gather_into_tensor and reduce_scatter_tensor from that size on NCCL's kernels,
+    equal to NCCL's own; below it, chorus's fused kernels."""
+    os.environ["CHORUS_CUDA_NCCL_GATHER_FROM_BYTES"] = str(8 << 20)
+    try:
+        group = chorus.new_group(list(range(world)))
+        for n in (1000, 1 << 20):  # blocks per rank: 4 KB (fused kernels) and 4 MiB (NCCL)
+            inp = data(rank, n, "float32")
+            out, want = torch.empty(n * world, device="cuda"), torch.empty(n * world, device="cuda")
+            chorus.all_gather_into_tensor(out, inp, group=group)
+            tdist.all_gather_into_tensor(want, inp)
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), ("all_gather", n)
+            big = data(rank, n * world, "float32")
+            part, want = torch.empty(n, device="cuda"), torch.empty(n, device="cuda")
+            chorus.reduce_scatter_tensor(part, big, group=group)
+            tdist.reduce_scatter_tensor(want, big)
+            torch.cuda.synchronize()
+            assert torch.equal(part, want), ("reduce_scatter", n)
+            made = device_component(group, "cuda")._nccl is not None  # the communicator, made at NCCL's first op
+            assert made == (n * world * 4 >= 8 << 20), (n, made)
+        chorus.destroy_process_group(group)
+    finally:
+        del os.environ["CHORUS_CUDA_NCCL_GATHER_FROM_BYTES"]
 
 
 def case_graph(rank, world, pg, comp):

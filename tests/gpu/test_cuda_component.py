@@ -47,6 +47,11 @@ def test_cuda_graphs(small_workspace):
         4, torch.cuda.device_count()))
 
 
+def test_nccl_gather_hand_off(small_workspace):
+    world = min(4, torch.cuda.device_count())
+    mp.spawn(gpu_workers.run, args=(world, ports(), ["nccl_gather"]), nprocs=world)
+
+
 def test_staging_fallback(small_workspace, monkeypatch):
     monkeypatch.setenv("CHORUS_CUDA_STAGING", "1")
     mp.spawn(gpu_workers.run, args=(2, ports(), ["rooted", "p2p"]), nprocs=2)
