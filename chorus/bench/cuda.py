@@ -253,6 +253,19 @@ def _time_graphed(torch, chorus, run, iters: int, warmup: int) -> tuple[float, f
     return start.elapsed_time(end) / 1e3 / iters, cpu
 
 
+def _workspace_note(chorus) -> str:
+    """What the group's CUDA workspace takes on this rank's GPU, and how long the group's
+    first CUDA call took to make it."""
+    from chorus.api.state import current
+    from chorus.components.select import device_component
+
+    ws = getattr(device_component(current().default_group, "cuda"), "ws", None)
+    if ws is None:
+        return "chorus's CUDA workspace: none (staging)"
+    return (f"chorus's CUDA workspace: {ws.layout.total / 2**20:.1f} MiB per GPU, allocated, mapped and checked in "
+            f"{ws.setup_s:.3f} s")
+
+
 def _agree(chorus, ok: bool) -> bool:
     """Whether every rank's ``ok`` holds (chorus's CPU path: untouched by GPU failures)."""
     import numpy as np
@@ -338,6 +351,8 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
                     pass
                 continue
             rows.append(row)
+            if lib.startswith("chorus") and not DRY and not any("CUDA workspace" in n for n in notes):
+                notes.append(f"rank {rank}: {_workspace_note(chorus)}")
         save()
         if rank == 0:
             progress.record(workdir, "chorus", index, {r["library"]: r["seconds"] for r in rows

@@ -98,10 +98,18 @@ def attach(pg) -> CudaComponent:
     why = "CHORUS_CUDA_STAGING=1" if setting("CHORUS_CUDA_STAGING", 0) else ""
     ws = None
     if not why:
+        started = time.perf_counter()
         try:
             ws = Workspace.create(pg, store, prefix, total)
         except (Unusable, ImportError) as exc:
             why = str(exc)
+        else:
+            ws.setup_s = time.perf_counter() - started
+            lay = ws.layout
+            log.info("chorus rank %d: group %s's CUDA workspace: %.1f MiB on this GPU (slots 2 x %.1f MiB, graph "
+                     "slots 2 x %.1f MiB, channels 2 x %d x %.1f MiB), allocated, mapped by %d ranks and checked "
+                     "in %.3f s", pg.members[pg.rank()], pg.name, lay.total / 2**20, lay.slot / 2**20,
+                     lay.graph / 2**20, pg.size(), lay.channel / 2**20, pg.size(), ws.setup_s)
     if ws is None:
         from chorus.cuda.rails import attach as rails
 

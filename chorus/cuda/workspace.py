@@ -100,6 +100,7 @@ class Workspace:
         self.words[:] = 0
         self.bases: list[int] = []
         self.barriers = 0  # barriers the check made (chorus.cuda.lanes counts on from there)
+        self.setup_s = 0.0  # seconds create() took: allocation, exchange, mapping and check
         self.stream = None
         self._opened: list[int] = []
         self._held: list[int] = []  # workspaces of threads of this process (own included) it uses
