@@ -46,9 +46,10 @@ def caught(exc: BaseException, **more) -> dict:
 
 
 def kill(rank: int, world: int, out: str) -> dict:
-    """All-reduce 64 MiB again and again (each op several rounds of the default 64 MiB
-    workspace's 16 MiB slots) until something fails."""
-    x = torch.empty(16 << 20, device="cuda")
+    """All-reduce KILL_TEST_ELEMENTS float32 elements (default 16 Mi: 64 MiB, on
+    NCCL's kernels through chorus's hand-off; 1 Mi: 4 MiB, chorus's two-shot kernels)
+    again and again until something fails."""
+    x = torch.empty(int(os.environ.get("KILL_TEST_ELEMENTS", 16 << 20)), device="cuda")
     i = 0
     try:
         while True:

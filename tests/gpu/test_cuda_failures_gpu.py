@@ -1,10 +1,10 @@
 """Failures of chorus.cuda on 4 GPUs, through ``import chorus as dist`` (backend "nccl"),
 one process per GPU (tests/gpu/failure_workers.py, started with subprocess):
 
-* a rank SIGKILLed in the middle of a loop of large all_reduces: every other rank raises
+* a rank SIGKILLed in the middle of a loop of all_reduces: every other rank raises
   PeerLostError within 5 s of the kill, every process exits by itself, and none of the
-  job's processes is left on a GPU (on one host, and on two simulated hosts whose
-  all_reduce crosses NCCL rails);
+  job's processes is left on a GPU (on one host, on chorus's kernels and on NCCL's through
+  the hand-off, and on two simulated hosts whose all_reduce crosses NCCL rails);
 * rank 1 all-gathers where the others all-reduce: CollectiveMismatchError on every rank,
   naming both calls, within seconds (the group's timeout is 60 s), at the op's
   ``Work.synchronize()``, at the next CUDA call and at the next CPU call of the group.
@@ -108,10 +108,14 @@ def read(tmp_path, rank: int) -> dict:
     return json.loads((tmp_path / f"rank{rank}.json").read_text())
 
 
-@pytest.mark.parametrize("hosts", [None, "a,a,b,b"], ids=["one-host", "two-hosts-rails"])
-def test_sigkill_mid_all_reduce(hosts, job, tmp_path, monkeypatch):
-    """(two-hosts-rails: two simulated hosts of two GPUs, all_reduce through the NCCL rails
-    between them: chorus.cuda.rails aborts them.)"""
+@pytest.mark.parametrize("hosts, elements", [(None, 1 << 20), (None, 16 << 20), ("a,a,b,b", 16 << 20)],
+                         ids=["one-host-kernels", "one-host-nccl", "two-hosts-rails"])
+def test_sigkill_mid_all_reduce(hosts, elements, job, tmp_path, monkeypatch):
+    """one-host-kernels: 4 MiB all_reduces on chorus's two-shot kernels (their spins see
+    ABORT); one-host-nccl: 64 MiB, on NCCL's kernels through chorus's hand-off (the
+    communicator is aborted); two-hosts-rails: two simulated hosts of two GPUs, all_reduce
+    through the NCCL rails between them (chorus.cuda.rails aborts them)."""
+    monkeypatch.setenv("KILL_TEST_ELEMENTS", str(elements))
     if hosts:
         monkeypatch.setenv("CHORUS_HOST_ID", hosts)
         monkeypatch.setenv("CHORUS_CUDA_RAILS", "nccl")
