@@ -8,15 +8,20 @@ through pinned host memory instead (chorus.cuda.staging).
 
 Per call, with a mapped workspace::
 
-    supports(call)   a CUDA call: all_reduce "one_shot" / "two_shot" by size (or
-                     "two_shot_push", "two_shot_stores", "copy_reduce", by name), "one_shot" (other
-                     collectives), "channels" (all_to_all), "barrier"; "staging" for
-                     reductions of dtypes the kernels lack
+    supports(call)   a CUDA call: all_reduce "one_shot" / "two_shot_push" by size (or
+                     "two_shot", "two_shot_stores", "copy_reduce", by name), "nccl" from
+                     CHORUS_CUDA_NCCL_FROM_BYTES (NCCL's kernels on a communicator of
+                     the group's: chorus.cuda.nccl; all_gather and reduce_scatter from
+                     CHORUS_CUDA_NCCL_GATHER_FROM_BYTES), "fused" (all_gather,
+                     reduce_scatter), "one_shot" (other collectives), "channels"
+                     (all_to_all), "barrier"; "staging" for reductions of dtypes the
+                     kernels lack
     all_reduce_now   a synchronous all_reduce from a cached plan, with none of the general
                      path's per-call objects (the API's latency lane)
     start(call)      enqueue the algorithm (chorus.cuda.algorithms) on the caller's
                      current stream, in issue order; return at once (async_op: a
-                     CudaWork holding an event recorded after it)
+                     CudaWork holding an event recorded after it); inside a CUDA graph
+                     capture, all_reduce only (chorus.cuda.capture)
     p2p(...)         a send or receive through the pair's channel
 
 Streams, as ProcessGroupNCCL's contract: an op is enqueued on the caller's current stream
