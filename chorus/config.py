@@ -258,6 +258,10 @@ SETTINGS: dict[str, Setting] = _declare(
       for name, names in _ALGORITHMS.items()),
     Setting("CHORUS_SEGMENT_BYTES", "int", 1 * MIB, minimum=1, unit="bytes",
             meaning="pipelining unit of the ring and chain algorithms"),
+    Setting("CHORUS_TCP_LANE_BYTES", "int", 64 * KIB, minimum=0, maximum=16 * MIB, unit="bytes",
+            meaning="a synchronous all_reduce of up to this many bytes per rank, on a group whose "
+                    "collectives run over TCP (no shared-memory window), runs from a plan cached per "
+                    "dtype, shape and op (same algorithm and bits as the general path); 0: never"),
     Setting("CHORUS_TRANSPORT", "choice", "auto", choices=("auto", "shm", "tcp"),
             meaning="auto: shared memory among ranks of one host, TCP between hosts (hierarchy); "
                     "shm: require shared memory (error where impossible); tcp: sockets only"),

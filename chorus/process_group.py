@@ -60,7 +60,7 @@ class ProcessGroup:
         # (chorus.components.select; set when the group is created).
         self.components: tuple = ()
         self.device_components: dict = {}  # "cuda" -> its component, made at first use
-        self.lane = None  # the shared-memory component, whose latency lanes the API tries first
+        self.lane = None  # the shared-memory component or the TCP lane, whose latency lanes the API tries first
         # CHORUS_SEND_MODE=rendezvous: sends complete once the peer's receive took them
         self.rendezvous = config.get("CHORUS_SEND_MODE") == "rendezvous"
         transport.register_group(group_id, self.members,

@@ -51,15 +51,25 @@ class ScheduleComponent(Component):
         return choose(call.name, call.group.size(), call.nbytes, requested, call.uniform,
                       self.forced.get(call.name))
 
+    def default(self, name: str, world: int, nbytes: int) -> str:
+        """The algorithm a call of ``name`` moving ``nbytes`` per rank, with no
+        ``algorithm=``, runs with here (what ``supports`` answers for it)."""
+        return choose(name, world, nbytes, None, True, self.forced.get(name))
+
+    def schedule(self, pg, name: str, algorithm: str, args: dict, root: int, itemsize: int):
+        """This rank's schedule of ``name`` run with ``algorithm`` on ``pg`` (``args``: the
+        call's size arguments; ``itemsize``: bytes per element): the one ``start`` runs."""
+        args = dict(args)
+        if root >= 0:
+            args["root"] = root
+        if algorithm in ("ring", "chain") and name in ("all_reduce", "broadcast"):
+            args["segment"] = max(1, self.segment // max(1, itemsize))  # the pipelining unit
+        return build_schedule(name, algorithm, pg.rank(), pg.size(), **args)
+
     def start(self, call: Call, algorithm: str) -> Work | None:
         pg = call.group
-        args = dict(call.args)
-        if call.root >= 0:
-            args["root"] = call.root
-        if algorithm in ("ring", "chain") and call.name in ("all_reduce", "broadcast"):
-            itemsize = max(1, next(iter(call.buffers.values())).itemsize) if call.buffers else 1
-            args["segment"] = max(1, self.segment // itemsize)  # the pipelining unit
-        sched = build_schedule(call.name, algorithm, pg.rank(), pg.size(), **args)
+        itemsize = next(iter(call.buffers.values())).itemsize if call.buffers else 1
+        sched = self.schedule(pg, call.name, algorithm, call.args, call.root, itemsize)
         code = DTYPE_CODES[call.dtype]
         announce = self.announce
 

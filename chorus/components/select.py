@@ -7,6 +7,11 @@ Every group holds its components in the order they are asked (``pg.components``)
       several on some host
     anything else                (ScheduleComponent,)
 
+and ``pg.lane``, the component whose latency lanes the API tries first for a small
+synchronous call: the shared-memory component on one host, the TCP lane
+(chorus.components.tcp_lane) where the schedules component runs everything, none for a
+hierarchy (its phases run on sub-groups).
+
 and, from its first call on a device, that device's component (``pg.device_components``).
 
 ``start(call)`` hands the call to the first component whose ``supports(call)`` names an
@@ -24,6 +29,7 @@ import importlib
 from chorus.call import Call
 from chorus.components.schedules import ScheduleComponent, forced_algorithms
 from chorus.components.shm import ShmComponent
+from chorus.components.tcp_lane import TcpLane
 from chorus.errors import InvalidTensorError
 from chorus.work import Work
 
@@ -76,7 +82,12 @@ def attach(pg, *, settings: bool = True) -> None:
     from chorus.components.hierarchy import build  # it makes sub-groups, attached here
 
     pg.hierarchy = build(pg, hosts, attach)
-    pg.components = (ScheduleComponent(),) if pg.hierarchy is None else (pg.hierarchy, ScheduleComponent())
+    if pg.hierarchy is None:
+        schedules = ScheduleComponent()
+        pg.components = (schedules,)
+        pg.lane = TcpLane(pg, schedules)
+    else:
+        pg.components = (pg.hierarchy, ScheduleComponent())
 
 
 def detach(pg) -> None:

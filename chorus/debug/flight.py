@@ -11,8 +11,9 @@ first op, cut back to its last N ops now and then (:func:`trim`):
   async flag and requested algorithm), the component and algorithm, the state (queued,
   started, done, failed), the times (issued, started, ended), the error, the sequence
   number;
-* ``lanes``: one list per latency lane of the shared-memory component (chorus.components.shm:
-  all_reduce, all_to_all), to which the lane appends each op's sequence number; and
+* ``lanes``: one list per latency lane (all_reduce: the shared-memory component's,
+  chorus.components.shm, or the TCP lane's, chorus.components.tcp_lane; all_to_all), to
+  which the lane appends each op's sequence number; and
   ``keys``, one list per lane of ``(index, plan key)``: whenever the lane changes plans it
   notes its plan key (``(dtype, op, shape, plan)`` or ``(dtype, shape, plan)``, which it
   holds already) with the index in its list from which the ops ran with it.
@@ -308,7 +309,8 @@ def _entry(seq: int, item, issued: float | None, ring: Ring) -> dict:
         "seq": seq, "op": "all_reduce" if len(item) == 4 else "all_to_all", "dtype": dtype.name,
         "count": count, "nbytes": count * dtype.itemsize,
         "reduce_op": item[1].name if len(item) == 4 else "", "root": -1, "async": False,
-        "component": "shm", "algorithm": "window", "lane": True, "state": state, "issued": issued,
+        "component": getattr(plan, "component", "shm"), "algorithm": getattr(plan, "algorithm", "window"),
+        "lane": True, "state": state, "issued": issued,
         "started": issued, "ended": failure[1] if failure else None, "timed": "sampled",
         "error": failure[0] if failure else None, "lost_rank": failure[2] if failure else None,
         "waiting_on": waiting_on(failure[0]) if failure else [],

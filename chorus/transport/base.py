@@ -176,7 +176,7 @@ class Transport:
             return handle
         if not waited:
             self._attend(peer)
-        if expect is not None:
+        if expect is not None and self._matcher.stashes():
             self._check_stash_against(handle)
         # Check again now that the receive is posted: a failure recorded between the first
         # check and the post found nothing to fail (flags are set before the sweep).

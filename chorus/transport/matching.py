@@ -140,8 +140,15 @@ class Matcher:
                         return a
         return None
 
+    def stashes(self) -> bool:
+        """Whether any message is stashed (read without the lock: a frame stashed while a
+        caller acts on False is checked against the receives posted by then, ``Transport.stashed``)."""
+        return bool(self._unexpected)
+
     def awaits(self, peer: int) -> bool:
         """Whether a posted receive can be completed by a message from ``peer``."""
+        if not self._posted:  # (the common case after a receive completed: no lock)
+            return False
         with self._lock:
             return any(h.peer is None or h.peer == peer for queue in self._posted.values() for h in queue)
 

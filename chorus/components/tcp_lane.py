@@ -1,0 +1,243 @@
+"""The TCP latency lane: a synchronous all_reduce of a small numpy array (or of a torch
+CPU tensor, through a numpy view) on a group whose collectives run as schedules over the
+transport (no shared-memory window: ranks on several hosts, ``CHORUS_TRANSPORT=tcp``),
+from a plan cached per (dtype, shape, op).
+
+On such a group a small all_reduce is a few small messages, and the general path (the
+Call, selection, ``run_in_order``, the engine's walk over the schedule's regions and
+temporaries) costs several times what its messages cost.  A plan is the schedule the
+schedules component would run for the call (``ScheduleComponent.default`` and
+``.schedule``: the same algorithm, so the same bits on every rank), compiled once into
+what each step posts: the receives (peer, tag, a view of the plan's buffers, the
+reduction that completes it), the sends and the local copies.  A call copies the array
+into the plan's buffer, runs the steps and copies the result back.
+
+The lane keeps the general path's guarantees because it moves the same frames through
+the same primitives: ``Transport.isend``/``irecv``/``wait_all`` with the op's sequence
+number and fingerprint, so a peer that called something else raises
+CollectiveMismatchError (settled as ``run_in_order`` settles it, to name every rank's
+call), a lost peer PeerLostError, a silent one CommTimeoutError at the group's timeout,
+and a rank on the lane and a rank on the general path work together.  It takes the
+group's next sequence number and tells the transport when the op finished, so lane and
+general calls interleave.  It steps aside (returns False) whenever the general path is
+needed: a recorder listener attached, async ops queued, another thread inside one of the
+group's collectives (the general path raises ConcurrentCallError), a call the plan does
+not cover (PREMUL_SUM, a non-contiguous array, more than ``CHORUS_TCP_LANE_BYTES``).
+Ops are noted in the group's flight recorder as the shared-memory lanes note theirs.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from chorus import config, recorder
+from chorus.buffers import as_buffer
+from chorus.components.base import settled
+from chorus.debug import flight
+from chorus.errors import InvalidArgumentError, InvalidTensorError
+from chorus.reductions import ReduceOp, check_op, combiner, divide
+from chorus.schedules.base import Copy, Recv, Send
+from chorus.wire.dtypes import DTYPE_CODES
+from chorus.wire.fingerprint import fingerprint
+from chorus.wire.frames import Kind
+
+PLANS = 256  # plans kept per group before the cache starts over
+#: a torch CPU tensor of up to this many bytes keeps its numpy view between calls
+TENSOR_VIEW_BYTES = 1 << 16
+COLL = int(Kind.COLL)
+
+
+class Plan:
+    """One all_reduce of one (dtype, shape, op) on one group, compiled: ``data`` (the plan's
+    copy of the array, flat), ``steps`` (per step: the receives as (peer, tag, view,
+    finish), the sends as (peer, tag, view), the copies as callables; peers are global
+    ranks), the wire dtype code, the fingerprint, whether the result is divided by W (AVG),
+    and the dtype name that division takes.  ``component`` and ``algorithm`` name it in
+    the flight recorder."""
+
+    __slots__ = ("data", "steps", "code", "fingerprint", "average", "dtype", "algorithm")
+    component = "tcp"
+
+    def __init__(self, data: np.ndarray, steps: tuple, code: int, fingerprint: int, average: bool,
+                 dtype: str, algorithm: str):
+        self.data = data
+        self.steps = steps
+        self.code = code
+        self.fingerprint = fingerprint
+        self.average = average
+        self.dtype = dtype
+        self.algorithm = algorithm
+
+
+def compile_schedule(schedule, members: tuple[int, ...], data: np.ndarray, combine) -> tuple:
+    """The steps of ``schedule`` (one rank's all_reduce, its ``data`` region in ``data``)
+    as Plan.steps, on buffers made here: its scratch, and the temporaries its reducing
+    receives land in before ``combine(dst, temp)`` folds them in (as chorus.engine does)."""
+    widest = max((sum(op.dst.count for op in step if isinstance(op, Recv) and op.reduce) for step in schedule),
+                 default=0)
+    buffers = {"data": data, "scratch": np.empty(schedule.scratch, data.dtype)}
+    temps = np.empty(widest, data.dtype)
+
+    def region(r) -> np.ndarray:
+        return buffers[r.buffer][r.offset: r.offset + r.count]
+
+    def raw(r) -> memoryview:
+        return memoryview(region(r).view(np.uint8))
+
+    steps = []
+    for step in schedule:
+        recvs, sends, copies, offset = [], [], [], 0
+        for op in step:
+            if isinstance(op, Recv):
+                if op.reduce:
+                    temp = temps[offset: offset + op.dst.count]
+                    offset += op.dst.count
+                    recvs.append((members[op.peer], op.tag, memoryview(temp.view(np.uint8)),
+                                  partial(combine, region(op.dst), temp)))
+                else:
+                    recvs.append((members[op.peer], op.tag, raw(op.dst), None))
+            elif isinstance(op, Send):
+                sends.append((members[op.peer], op.tag, raw(op.src)))
+            elif isinstance(op, Copy):
+                dst, src = region(op.dst), region(op.src)
+                copies.append(partial(combine, dst, src) if op.reduce else partial(np.copyto, dst, src))
+        steps.append((tuple(recvs), tuple(sends), tuple(copies)))
+    return tuple(steps)
+
+
+class TcpLane:
+    """The latency lane of group ``pg``, whose collectives ``schedules`` (its
+    ScheduleComponent) runs: the API tries ``all_reduce_now`` first (see the module
+    docstring)."""
+
+    def __init__(self, pg, schedules):
+        self.pg = pg
+        self.schedules = schedules
+        self.limit = config.get("CHORUS_TCP_LANE_BYTES")
+        self.plans: dict = {}
+        self.last = None  # (dtype, op, shape, plan): the last plan used
+        self.tensor_view = None  # (tensor, its data_ptr, numpy view): the last small torch tensor
+        self.flight = ring = flight.attach(pg)
+        self.log, self.keys = (ring.lanes[0], ring.keys[0]) if ring is not None else (None, None)
+
+    def forget_plans(self) -> None:
+        """Drop the cached plans (made again at the next call)."""
+        self.plans.clear()
+        self.last = self.tensor_view = None
+
+    def all_to_all_now(self, out, inp) -> bool:
+        """No all_to_all lane over TCP: the general path runs it."""
+        return False
+
+    def all_reduce_tensor_now(self, t, op) -> bool:
+        """all_reduce_now for a torch CPU tensor ``t``, through a numpy view of its memory;
+        False where numpy has no view of it (bfloat16, a tensor that requires grad...)."""
+        view = self.tensor_view
+        if view is not None and view[0] is t and view[1] == t.data_ptr() and view[2].size == t.numel():
+            return self.all_reduce_now(view[2], op)
+        try:
+            arr = t.numpy()
+        except (RuntimeError, TypeError):
+            return False
+        if arr.nbytes <= TENSOR_VIEW_BYTES:
+            self.tensor_view = (t, t.data_ptr(), arr)
+        return self.all_reduce_now(arr, op)
+
+    def all_reduce_now(self, arr: np.ndarray, op) -> bool:
+        """all_reduce of ``arr`` (a numpy array) now, from a cached plan: True if done;
+        False if the general path must take it (it gives the same result or error)."""
+        last = self.last
+        if last is not None and last[0] is arr.dtype and last[1] is op and last[2] == arr.shape:
+            plan = last[3]
+        else:
+            if type(op) is not ReduceOp.RedOpType:
+                return False
+            plan = self.plans.get((arr.dtype, arr.shape, op.name))
+            if plan is None:
+                plan = self._plan(arr, op)
+            if not plan:
+                return False
+            last = self.last = (arr.dtype, op, arr.shape, plan)
+            if self.flight is not None:  # the flight recorder: the lane's ops from here run this plan
+                self.keys.append((len(self.log), last))
+        pg = self.pg
+        if pg.queue or recorder.current is not None or not arr.flags.carray:
+            return False
+        entry = pg.entry
+        try:
+            token = entry.pop()  # the group's entry (ProcessGroup.enter) ...
+        except IndexError:
+            return False  # ... another thread holds: the general path raises ConcurrentCallError
+        try:
+            seq = pg.take_seq()
+            ring = self.flight
+            if ring is not None:  # the flight recorder: the sequence number (the clock at times)
+                self.log.append(seq)
+                if seq >= ring.clock_at:
+                    flight.tick(ring, seq)
+            self._run(plan, seq, arr.reshape(-1))
+            if ring is not None:
+                ring.done = seq
+        finally:
+            entry.append(token)
+        if plan.average:
+            divide(arr, plan.dtype, pg.size())
+        return True
+
+    def _run(self, plan: Plan, seq: int, flat: np.ndarray) -> None:
+        """Run ``plan`` as op ``seq`` of the group on ``flat`` (the caller's array, flat)."""
+        pg = self.pg
+        ctx = pg.context("all_reduce", seq, plan.fingerprint)
+        try:
+            t, group, code, fp = pg.transport, pg.id, plan.code, plan.fingerprint
+            data = plan.data
+            np.copyto(data, flat)
+            expect = (seq, fp)
+            for recvs, sends, copies in plan.steps:
+                handles = [t.irecv(peer, view, kind=COLL, group=group, tag=tag, dtype=code, expect=expect,
+                                   finish=finish, waited=True) for peer, tag, view, finish in recvs]
+                for peer, tag, view in sends:
+                    handles.append(t.isend(peer, view, kind=COLL, group=group, tag=tag, seq=seq, dtype=code,
+                                           fingerprint=fp, sync=True))
+                for copy in copies:
+                    copy()
+                if handles:
+                    t.wait_all(handles, ctx.deadline, ctx.describe, label=ctx.label)
+            t.finished(group, seq, fp)
+            np.copyto(flat, data)
+        except BaseException as exc:
+            error = settled(pg, exc, ctx)
+            ring = self.flight
+            if ring is not None:
+                flight.failed_lane(ring, seq, pg.members[ring.group_rank], error)
+            if error is exc:
+                raise
+            raise error from None
+
+    def _plan(self, arr: np.ndarray, op):
+        """The cached Plan for ``arr``'s dtype and shape and ``op``, or False."""
+        if len(self.plans) >= PLANS:
+            self.plans.clear()
+        key = (arr.dtype, arr.shape, op.name)
+        self.plans[key] = False
+        if op.name == "PREMUL_SUM" or arr.nbytes > self.limit:
+            return False
+        pg = self.pg
+        try:
+            buf = as_buffer(arr, op="all_reduce")
+            check_op(op, buf.dtype, "all_reduce")
+            algorithm = self.schedules.default("all_reduce", pg.size(), buf.nbytes)
+        except (InvalidArgumentError, InvalidTensorError):
+            return False  # the general path raises it
+        if buf.copied or buf.dtype == "bfloat16":
+            return False
+        count = buf.numel
+        schedule = self.schedules.schedule(pg, "all_reduce", algorithm, {"count": count}, -1, arr.itemsize)
+        data = np.empty(count, arr.dtype)
+        steps = compile_schedule(schedule, pg.members, data, combiner(op, buf.dtype))
+        plan = Plan(data, steps, DTYPE_CODES[buf.dtype], fingerprint("all_reduce", buf.dtype, count, -1, op.name),
+                    op.name == "AVG", buf.dtype, algorithm)
+        self.plans[key] = plan
+        return plan
