@@ -71,6 +71,13 @@ class Workspace:
         return self._mem[:nbytes]
 
 
+def combine_first(combine: Combine, dst: np.ndarray, received: np.ndarray) -> None:
+    """``dst = op(received, dst)`` with ``combine(a, b)`` computing ``a = op(a, b)``: a
+    reducing receive whose data is the left operand (``Recv.first``)."""
+    combine(received, dst)
+    dst[...] = received
+
+
 def _region(buffers: dict[str, np.ndarray], region: Region) -> np.ndarray:
     return buffers[region.buffer][region.offset: region.offset + region.count]
 
@@ -105,7 +112,8 @@ def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: 
                     temp = temps[0][offset: offset + op.dst.count]
                     offset += op.dst.count
                     view = memoryview(temp.view(np.uint8))
-                    finish = partial(combine, _region(buffers, op.dst), temp)
+                    dst = _region(buffers, op.dst)
+                    finish = partial(combine_first, combine, dst, temp) if op.first else partial(combine, dst, temp)
                 else:
                     view = region_bytes(buffers, op.dst)
                 handles.append(transport.irecv(ctx.members[op.peer], view, kind=Kind.COLL, group=ctx.group,

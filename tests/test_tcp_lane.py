@@ -29,9 +29,8 @@ CASES = [  # (dtype, op, element counts)
     ("uint8", "MAX", (9,)),
     ("bool", "SUM", (12,)),
     ("complex64", "SUM", (6,)),
+    ("complex128", "PRODUCT", (6, 33)),  # numpy's complex multiply: not commutative bit for bit
 ]
-# (not complex PRODUCT: numpy's complex multiply is not commutative bit for bit here, so the
-# two partners of a recursive-doubling exchange disagree on the general path too)
 
 
 @pytest.fixture(autouse=True)
@@ -251,3 +250,23 @@ def test_lane_over_real_tcp_matches_the_threads():
         assert ops == sum(len(counts) for _, _, counts in CASES)
         for key, value in out.items():
             assert value.tobytes() == threads[0][key].tobytes(), (key, rank)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("op", ["MIN", "MAX"])
+def test_signed_zeros_give_the_same_bits_on_every_rank(world, op):
+    """MIN/MAX of 0.0 and -0.0 give the first operand's sign: a recursive-doubling
+    exchange puts the lower rank's operand first on both partners, on the lane and on the
+    general path."""
+
+    def body(rank, world):
+        got = []
+        for lane in (64 << 10, 0):
+            with config.override(CHORUS_TCP_LANE_BYTES=lane):
+                x = np.array([0.0, -0.0, 1.0] if rank % 2 else [-0.0, 0.0, 1.0])
+                dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+                got.append(x.tobytes())
+        return got
+
+    results = run_threads(body, world)
+    assert all(r == results[0] for r in results), results

@@ -36,6 +36,7 @@ from chorus import config, recorder
 from chorus.buffers import as_buffer
 from chorus.components.base import settled
 from chorus.debug import flight
+from chorus.engine import combine_first
 from chorus.errors import InvalidArgumentError, InvalidTensorError
 from chorus.reductions import ReduceOp, check_op, combiner, divide
 from chorus.schedules.base import Copy, Recv, Send
@@ -94,8 +95,9 @@ def compile_schedule(schedule, members: tuple[int, ...], data: np.ndarray, combi
                 if op.reduce:
                     temp = temps[offset: offset + op.dst.count]
                     offset += op.dst.count
-                    recvs.append((members[op.peer], op.tag, memoryview(temp.view(np.uint8)),
-                                  partial(combine, region(op.dst), temp)))
+                    combined = (partial(combine_first, combine, region(op.dst), temp) if op.first
+                                else partial(combine, region(op.dst), temp))
+                    recvs.append((members[op.peer], op.tag, memoryview(temp.view(np.uint8)), combined))
                 else:
                     recvs.append((members[op.peer], op.tag, raw(op.dst), None))
             elif isinstance(op, Send):

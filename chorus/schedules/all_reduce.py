@@ -69,8 +69,9 @@ def recursive_doubling_all_reduce(rank: int, world: int, count: int, *,
         1      0<->1 2<->3   0,1: a+b       2,3: c+d
         2      0<->2 1<->3   0..3: a+b+c+d
 
-    Both partners compute op(mine, theirs) from the same two operands, so they agree
-    bit for bit.  Each exchange sends a snapshot in ``scratch`` (a local Copy the step
+    Both partners compute op(lower rank's, higher rank's) from the same two operands,
+    so they agree bit for bit (swapped operands give other bits for MIN/MAX of signed
+    zeros and for numpy's complex product).  Each exchange sends a snapshot in ``scratch`` (a local Copy the step
     before) because a step may not send the region it reduces into.
 
     Non-powers of two fold first (W = 6: 0 -> 1 and 2 -> 3, the core is 1 3 4 5), run the
@@ -85,7 +86,7 @@ def recursive_doubling_all_reduce(rank: int, world: int, count: int, *,
         partner = core_rank(core ^ distance, world)
         steps.append(copies(data, snapshot))
         steps.append(sends(partner, snapshot, tag, segment)
-                     + recvs(partner, data, tag, segment, reduce=True))
+                     + recvs(partner, data, tag, segment, reduce=True, first=partner < rank))
     steps += _fold_out(core, extra, data, segment, tag=len(_powers(world)) + 1)
     return finish(steps, scratch=count if core is not None and world > 1 else 0)
 

@@ -32,12 +32,17 @@ class Send:
 @dataclass(frozen=True, slots=True)
 class Recv:
     """Receive from group rank ``peer`` into ``dst``; with ``reduce``, combine into ``dst``
-    with the op's reduction instead of overwriting it."""
+    with the op's reduction instead of overwriting it: ``dst = op(dst, received)``, or with
+    ``first`` ``dst = op(received, dst)``.  Where two ranks compute the same combination
+    (a recursive-doubling exchange) the lower rank's operand goes first on both: MIN/MAX
+    of -0.0 and 0.0, and numpy's complex product, give other bits with the operands
+    swapped."""
 
     peer: int
     dst: Region
     tag: int = 0
     reduce: bool = False
+    first: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,12 +82,12 @@ def sends(peer: int, where: Region | Sequence[Region], tag: int,
 
 
 def recvs(peer: int, where: Region | Sequence[Region], tag: int, segment: int = 0,
-          reduce: bool = False) -> tuple[Recv, ...]:
+          reduce: bool = False, first: bool = False) -> tuple[Recv, ...]:
     """Receive into a region (or several) from ``peer``, cut exactly as :func:`sends` cuts
-    the matching source, so message k lands in piece k."""
+    the matching source, so message k lands in piece k (``reduce``, ``first``: Recv's)."""
     if _whole(where, segment):
-        return (Recv(peer, where, tag, reduce),)
-    return tuple([Recv(peer, piece, tag, reduce) for piece in _pieces(where, segment)])
+        return (Recv(peer, where, tag, reduce, first),)
+    return tuple([Recv(peer, piece, tag, reduce, first) for piece in _pieces(where, segment)])
 
 
 def copies(src: Region, dst: Region) -> tuple[Copy, ...]:
