@@ -29,6 +29,10 @@ FOREIGN = {
                      "torch.cuda.is_current_stream_capturing() checks CUDA's state in Python first"
        for path in ("chorus/cuda/component.py", "chorus/cuda/capture.py")
        for name in ("_C", "_cuda_isCurrentStreamCapturing")},
+    **{("chorus/cuda/nccl.py", name): "ProcessGroupNCCL's all_gather and reduce_scatter of one flat tensor of "
+                                      "W blocks have only these names on the backend object (torch's own "
+                                      "all_gather_into_tensor and reduce_scatter_tensor call them)"
+       for name in ("_allgather_base", "_reduce_scatter_base")},
     ("chorus/bench/cuda.py", "_sleep"):
         "holding the GPU busy while the CPU enqueues a timed batch has no public call in torch",
     **{("chorus/torch/profiling.py", name): "a profiler event that shows the op's input tensors "
