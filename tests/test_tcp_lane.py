@@ -59,7 +59,7 @@ def _every_case(rank, world):
             dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
             out[(dtype, op, n)] = x
     lane = dist.group.WORLD.lane
-    out["lane"] = type(lane).__name__, len(lane.log) if lane is not None else 0
+    out["lane"] = type(lane).__name__, len(lane.reduce_log) if lane is not None else 0
     return out
 
 
@@ -87,7 +87,7 @@ def test_torch_tensors_take_the_lane():
             dist.all_reduce(t)
         b = torch.ones(4, dtype=torch.bfloat16)  # no numpy view: the general path
         dist.all_reduce(b)
-        return t.tolist(), b.tolist(), len(dist.group.WORLD.lane.log)
+        return t.tolist(), b.tolist(), len(dist.group.WORLD.lane.reduce_log)
 
     for t, b, ops in run_threads(body, 2):
         assert t == [[12.0] * 3] * 2 and b == [2.0] * 4 and ops == 3
@@ -120,7 +120,7 @@ def _interleaved(rank, world):
         dist.all_reduce(u, group=pg, algorithm="recursive_doubling" if rank == 0 else None)  # mixed
         got.append(u[0])
     dist.barrier()
-    return got, len(dist.group.WORLD.lane.log), len(pg.lane.log)
+    return got, len(dist.group.WORLD.lane.reduce_log), len(pg.lane.reduce_log)
 
 
 def test_lane_and_general_calls_interleave():
@@ -172,7 +172,7 @@ def test_a_lost_peer_fails_the_lane_with_peer_lost():
             return "killed"
         with pytest.raises(dist.PeerLostError, match="rank 2"):
             dist.all_reduce(x)
-        return len(dist.group.WORLD.lane.log)
+        return len(dist.group.WORLD.lane.reduce_log)
 
     assert run_threads(body, 3, fabric=fabric) == [2, 2, "killed"]
 
@@ -196,7 +196,7 @@ def test_the_lane_steps_aside_for_a_recorder_and_a_thread_inside():
     try:
         def body(rank, world):
             dist.all_reduce(np.ones(2, np.float32))
-            return len(dist.group.WORLD.lane.log)
+            return len(dist.group.WORLD.lane.reduce_log)
 
         assert run_threads(body, 2) == [0, 0]
     finally:
@@ -238,7 +238,7 @@ def test_lane_only_where_the_group_runs_over_tcp(monkeypatch):
 def _processes_body(rank, world):
     out = _every_case(rank, world)
     out.pop("lane")
-    return out, len(dist.group.WORLD.lane.log)
+    return out, len(dist.group.WORLD.lane.reduce_log)
 
 
 @pytest.mark.slow

@@ -27,36 +27,28 @@ from chorus import recorder
 from chorus.buffers import as_buffer
 from chorus.call import Call
 from chorus.components.base import Component, run_in_order
+from chorus.components.lane import PLANS, ReduceLane
 from chorus.debug import flight
 from chorus.errors import InvalidArgumentError, InvalidTensorError
-from chorus.reductions import ReduceOp, check_op, divide, row_reducer, rows_into
+from chorus.reductions import check_op, row_reducer, rows_into
 from chorus.selection import without_hierarchy
 from chorus.wire.fingerprint import fingerprint
 from chorus.work import Work
 
-PLANS = 256  # plans kept per group before the cache starts over
-#: a torch CPU tensor of up to this many bytes keeps its numpy view between calls (making
-#: one costs about a microsecond; the view keeps the tensor's memory until another replaces it)
-TENSOR_VIEW_BYTES = 1 << 16
 
-
-class ShmComponent(Component):
+class ShmComponent(ReduceLane, Component):
     """The group ``pg``'s window ``shm`` (a chorus.shm.group.ShmGroup).  ``forced``: the
     collectives whose algorithm the group's settings name (they go to TCP schedules)."""
 
     name = "shm"
 
     def __init__(self, pg, shm, forced: frozenset[str] = frozenset()):
-        self.pg = pg
         self.shm = shm
         self.tcp_only = forced
-        self.plans: dict = {}
-        self.last_reduce = None  # (dtype, op, shape, plan): the last all_reduce plan used
         self.last_exchange = None  # (dtype, shape, plan): the last all_to_all plan used
-        self.tensor_view = None  # (tensor, its data_ptr, numpy view): the last small torch tensor
         self.flight = ring = flight.attach(pg)  # the group's flight recorder, or None (turned off)
-        self.reduce_log, self.exchange_log = ring.lanes if ring is not None else (None, None)
-        self.reduce_keys, self.exchange_keys = ring.keys if ring is not None else (None, None)
+        self._lane_init(pg, *(ring.lanes[0], ring.keys[0]) if ring is not None else (None, None))
+        self.exchange_log, self.exchange_keys = (ring.lanes[1], ring.keys[1]) if ring is not None else (None, None)
 
     def supports(self, call: Call) -> str | None:
         if call.name in self.tcp_only:
@@ -78,75 +70,15 @@ class ShmComponent(Component):
     def forget_plans(self) -> None:
         """Drop the latency lanes' plans (made again at the next call): for a window whose
         settings changed under them."""
-        self.plans.clear()
-        self.last_reduce = self.last_exchange = self.tensor_view = None
+        super().forget_plans()
+        self.last_exchange = None
 
     # -- latency lanes ---------------------------------------------------------------------
-    def all_reduce_now(self, arr: np.ndarray, op) -> bool:
-        """all_reduce of ``arr`` (a numpy array) now, from a cached plan: True if done;
-        False if the general path must take it (it gives the same result or error).
+    def _lane_open(self) -> bool:
+        return not self.shm.closed
 
-        Every check here is one a repeated call needs: the last plan is kept with the
-        dtype, shape and op it was made for, compared by identity where that is exact (a
-        dtype or op object that is another object looks the plan up); ``flags.carray`` is
-        C-contiguous, aligned and writeable in one read."""
-        last = self.last_reduce
-        if last is not None and last[0] is arr.dtype and last[1] is op and last[2] == arr.shape:
-            plan = last[3]
-        else:
-            if type(op) is not ReduceOp.RedOpType or self.shm.closed:
-                return False
-            plan = self.plans.get((arr.dtype, arr.shape, op.name))
-            if plan is None:
-                plan = self._reduce_plan(arr, op)
-            if not plan:
-                return False
-            last = self.last_reduce = (arr.dtype, op, arr.shape, plan)
-            if self.flight is not None:  # the flight recorder: the lane's ops from here run this plan
-                self.reduce_keys.append((len(self.reduce_log), last))
-        pg = self.pg
-        if pg.queue or recorder.current is not None or not arr.flags.carray:
-            return False
-        entry = pg.entry
-        try:
-            token = entry.pop()  # the group's entry (ProcessGroup.enter) ...
-        except IndexError:
-            return False  # ... another thread holds: the general path raises ConcurrentCallError
-        try:
-            seq = pg.take_seq()
-            ring = self.flight
-            if ring is None:
-                self.shm.all_reduce_planned(pg, seq, plan, arr)
-            else:  # the flight recorder: the sequence number (the clock at times)
-                self.reduce_log.append(seq)
-                if seq >= ring.clock_at:
-                    flight.tick(ring, seq)
-                try:
-                    self.shm.all_reduce_planned(pg, seq, plan, arr)
-                except BaseException as exc:
-                    flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
-                    raise
-                ring.done = seq
-        finally:
-            entry.append(token)
-        if plan.average:
-            divide(arr, arr.dtype.name, pg.size())
-        return True
-
-    def all_reduce_tensor_now(self, t, op) -> bool:
-        """all_reduce_now for a torch CPU tensor ``t``, through a numpy view of its memory
-        (the same plans, results and errors); False where numpy has no view of it (bfloat16,
-        a tensor that requires grad, a conjugate view...) or the lane steps aside."""
-        view = self.tensor_view
-        if view is not None and view[0] is t and view[1] == t.data_ptr() and view[2].size == t.numel():
-            return self.all_reduce_now(view[2], op)
-        try:
-            arr = t.numpy()
-        except (RuntimeError, TypeError):
-            return False
-        if arr.nbytes <= TENSOR_VIEW_BYTES:
-            self.tensor_view = (t, t.data_ptr(), arr)
-        return self.all_reduce_now(arr, op)
+    def _reduce_run(self, plan, seq: int, arr: np.ndarray) -> None:
+        self.shm.all_reduce_planned(self.pg, seq, plan, arr)
 
     def _reduce_plan(self, arr: np.ndarray, op):
         """The cached chorus.shm.group.Planned for ``arr``'s dtype and shape and ``op``, or False."""

@@ -32,21 +32,19 @@ from functools import partial
 
 import numpy as np
 
-from chorus import config, recorder
+from chorus import config
 from chorus.buffers import as_buffer
 from chorus.components.base import settled
+from chorus.components.lane import PLANS, ReduceLane
 from chorus.debug import flight
 from chorus.engine import combine_first
 from chorus.errors import InvalidArgumentError, InvalidTensorError
-from chorus.reductions import ReduceOp, check_op, combiner, divide
+from chorus.reductions import check_op, combiner
 from chorus.schedules.base import Copy, Recv, Send
 from chorus.wire.dtypes import DTYPE_CODES
 from chorus.wire.fingerprint import fingerprint
 from chorus.wire.frames import Kind
 
-PLANS = 256  # plans kept per group before the cache starts over
-#: a torch CPU tensor of up to this many bytes keeps its numpy view between calls
-TENSOR_VIEW_BYTES = 1 << 16
 COLL = int(Kind.COLL)
 
 
@@ -109,88 +107,25 @@ def compile_schedule(schedule, members: tuple[int, ...], data: np.ndarray, combi
     return tuple(steps)
 
 
-class TcpLane:
+class TcpLane(ReduceLane):
     """The latency lane of group ``pg``, whose collectives ``schedules`` (its
     ScheduleComponent) runs: the API tries ``all_reduce_now`` first (see the module
     docstring)."""
 
     def __init__(self, pg, schedules):
-        self.pg = pg
         self.schedules = schedules
         self.limit = config.get("CHORUS_TCP_LANE_BYTES")
-        self.plans: dict = {}
-        self.last = None  # (dtype, op, shape, plan): the last plan used
-        self.tensor_view = None  # (tensor, its data_ptr, numpy view): the last small torch tensor
         self.flight = ring = flight.attach(pg)
-        self.log, self.keys = (ring.lanes[0], ring.keys[0]) if ring is not None else (None, None)
-
-    def forget_plans(self) -> None:
-        """Drop the cached plans (made again at the next call)."""
-        self.plans.clear()
-        self.last = self.tensor_view = None
+        self._lane_init(pg, *(ring.lanes[0], ring.keys[0]) if ring is not None else (None, None))
 
     def all_to_all_now(self, out, inp) -> bool:
         """No all_to_all lane over TCP: the general path runs it."""
         return False
 
-    def all_reduce_tensor_now(self, t, op) -> bool:
-        """all_reduce_now for a torch CPU tensor ``t``, through a numpy view of its memory;
-        False where numpy has no view of it (bfloat16, a tensor that requires grad...)."""
-        view = self.tensor_view
-        if view is not None and view[0] is t and view[1] == t.data_ptr() and view[2].size == t.numel():
-            return self.all_reduce_now(view[2], op)
-        try:
-            arr = t.numpy()
-        except (RuntimeError, TypeError):
-            return False
-        if arr.nbytes <= TENSOR_VIEW_BYTES:
-            self.tensor_view = (t, t.data_ptr(), arr)
-        return self.all_reduce_now(arr, op)
-
-    def all_reduce_now(self, arr: np.ndarray, op) -> bool:
-        """all_reduce of ``arr`` (a numpy array) now, from a cached plan: True if done;
-        False if the general path must take it (it gives the same result or error)."""
-        last = self.last
-        if last is not None and last[0] is arr.dtype and last[1] is op and last[2] == arr.shape:
-            plan = last[3]
-        else:
-            if type(op) is not ReduceOp.RedOpType:
-                return False
-            plan = self.plans.get((arr.dtype, arr.shape, op.name))
-            if plan is None:
-                plan = self._plan(arr, op)
-            if not plan:
-                return False
-            last = self.last = (arr.dtype, op, arr.shape, plan)
-            if self.flight is not None:  # the flight recorder: the lane's ops from here run this plan
-                self.keys.append((len(self.log), last))
+    def _reduce_run(self, plan: Plan, seq: int, arr: np.ndarray) -> None:
+        """Run ``plan`` as op ``seq`` of the group on ``arr`` (the caller's array)."""
         pg = self.pg
-        if pg.queue or recorder.current is not None or not arr.flags.carray:
-            return False
-        entry = pg.entry
-        try:
-            token = entry.pop()  # the group's entry (ProcessGroup.enter) ...
-        except IndexError:
-            return False  # ... another thread holds: the general path raises ConcurrentCallError
-        try:
-            seq = pg.take_seq()
-            ring = self.flight
-            if ring is not None:  # the flight recorder: the sequence number (the clock at times)
-                self.log.append(seq)
-                if seq >= ring.clock_at:
-                    flight.tick(ring, seq)
-            self._run(plan, seq, arr.reshape(-1))
-            if ring is not None:
-                ring.done = seq
-        finally:
-            entry.append(token)
-        if plan.average:
-            divide(arr, plan.dtype, pg.size())
-        return True
-
-    def _run(self, plan: Plan, seq: int, flat: np.ndarray) -> None:
-        """Run ``plan`` as op ``seq`` of the group on ``flat`` (the caller's array, flat)."""
-        pg = self.pg
+        flat = arr.reshape(-1)
         ctx = pg.context("all_reduce", seq, plan.fingerprint)
         try:
             t, group, code, fp = pg.transport, pg.id, plan.code, plan.fingerprint
@@ -211,14 +146,11 @@ class TcpLane:
             np.copyto(flat, data)
         except BaseException as exc:
             error = settled(pg, exc, ctx)
-            ring = self.flight
-            if ring is not None:
-                flight.failed_lane(ring, seq, pg.members[ring.group_rank], error)
             if error is exc:
                 raise
             raise error from None
 
-    def _plan(self, arr: np.ndarray, op):
+    def _reduce_plan(self, arr: np.ndarray, op):
         """The cached Plan for ``arr``'s dtype and shape and ``op``, or False."""
         if len(self.plans) >= PLANS:
             self.plans.clear()
