@@ -261,7 +261,7 @@ def _workspace_note(chorus) -> str:
 
     ws = getattr(device_component(current().default_group, "cuda"), "ws", None)
     if ws is None:
-        return "chorus's CUDA workspace: none (staging)"
+        return "chorus's CUDA workspace: none of this group's own (staged, or rails across hosts)"
     return (f"chorus's CUDA workspace: {ws.layout.total / 2**20:.1f} MiB per GPU, allocated, mapped and checked in "
             f"{ws.setup_s:.3f} s")
 
