@@ -59,9 +59,6 @@ log = logging.getLogger("chorus")
 
 #: what the rails run; every other call is staged
 RAIL_OPS = frozenset({"all_reduce", "broadcast"})
-#: dtypes the rails leave to staging (NCCL's bool and float8 reductions are not chorus's)
-STAGED_DTYPES = NOT_NCCL_DTYPES
-
 
 def rails_of(by_host: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...] | None:
     """Rail i = the i-th group rank of every host (host order), or None when the hosts
@@ -148,7 +145,7 @@ class RailsComponent(Component):
         if call.reduce_op and call.reduce_op not in NCCL_OPS:
             return "staging"
         first = next(iter(call.buffers.values()), None)
-        if first is None or staging.torch_dtype_name(first) in STAGED_DTYPES:
+        if first is None or staging.torch_dtype_name(first) in NOT_NCCL_DTYPES:
             return "staging"
         return "rails"
 
