@@ -60,6 +60,7 @@ log = logging.getLogger("chorus")
 #: what the rails run; every other call is staged
 RAIL_OPS = frozenset({"all_reduce", "broadcast"})
 
+
 def rails_of(by_host: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...] | None:
     """Rail i = the i-th group rank of every host (host order), or None when the hosts
     hold different numbers of ranks (no rails: such a group stages).
