@@ -306,6 +306,11 @@ SETTINGS: dict[str, Setting] = _declare(
                     "NCCL's kernels from this many bytes of their whole buffer (W blocks; chorus.cuda.nccl, "
                     "as CHORUS_CUDA_NCCL_FROM_BYTES for all_reduce); 0 (the default until measured on GPUs): "
                     "chorus's fused kernels at every size"),
+    Setting("CHORUS_CUDA_NCCL_ALL_TO_ALL_FROM_BYTES", "int", 1, minimum=0, unit="bytes",
+            meaning="all_to_all of CUDA tensors inside a host runs on NCCL's kernels from this many bytes "
+                    "of the largest block on (chorus.cuda.nccl, as CHORUS_CUDA_NCCL_FROM_BYTES); 1: every "
+                    "size, where NCCL's grouped sends were 3-30x faster than chorus's channels "
+                    "(docs/results/4xh200/all_to_all-bf16-w4.txt); 0: chorus's channels at every size"),
     Setting("CHORUS_CUDA_STAGING", "bool", False,
             meaning="never map peers' GPU memory: stage CUDA tensors through pinned host memory "
                     "and the CPU components (what a failed CUDA IPC check falls back to)"),

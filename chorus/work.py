@@ -75,6 +75,10 @@ class Work:
     error from ``wait()`` (and ``result()``); ``exception()`` returns it without raising.
     """
 
+    #: True where the op is queued on a device stream and ``wait()`` only orders the
+    #: caller's current stream after it (CUDA); False where ``wait()`` blocks until done
+    on_stream = False
+
     def __init__(self, result: list | None = None):
         self._result = result if result is not None else []
         self._error: BaseException | None = None

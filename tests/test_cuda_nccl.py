@@ -42,8 +42,9 @@ def test_which_calls_hand_off(nbytes, reduce_op, dtype, algorithm, want):
     assert CudaComponent._on_nccl(_component(), call) is want
 
 
-def _component(nccl_from=8 << 20, gather_from=0, world=4):
-    return SimpleNamespace(_nccl_from=nccl_from, _nccl_gather_from=gather_from, pg=SimpleNamespace(size=lambda: world))
+def _component(nccl_from=8 << 20, gather_from=0, exchange_from=1, world=4):
+    return SimpleNamespace(_nccl_from=nccl_from, _nccl_gather_from=gather_from, _nccl_exchange_from=exchange_from,
+                           pg=SimpleNamespace(size=lambda: world))
 
 
 def test_no_hand_off_when_off():
@@ -66,6 +67,19 @@ def test_which_gathers_hand_off(name, per_rank, uniform, algorithm, gather_from,
                            reduce_op="SUM" if name == "reduce_scatter" else "",
                            buffers={"input": torch.empty(4, dtype=torch.bfloat16)})
     assert CudaComponent._on_nccl(_component(gather_from=gather_from), call) is want
+
+
+@pytest.mark.parametrize("largest_block, uniform, algorithm, exchange_from, want", [
+    (2, True, None, 1, True),  # every size by default
+    (1 << 20, False, None, 1, True),  # uneven splits too
+    (1 << 20, True, None, 0, False),  # off: chorus's channels
+    (1024, True, None, 4096, False),  # under the size
+    (1024, True, "channels", 1, False),  # chorus's, by name
+])
+def test_which_all_to_alls_hand_off(largest_block, uniform, algorithm, exchange_from, want):
+    call = SimpleNamespace(name="all_to_all", algorithm=algorithm, nbytes=largest_block, uniform=uniform,
+                           reduce_op="", buffers={"input": torch.empty(4, dtype=torch.bfloat16)})
+    assert CudaComponent._on_nccl(_component(exchange_from=exchange_from), call) is want
 
 
 def _agree_on_threads(fingerprints):

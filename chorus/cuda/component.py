@@ -12,7 +12,8 @@ Per call, with a mapped workspace::
                      "two_shot", "two_shot_stores", "copy_reduce", by name), "nccl" from
                      CHORUS_CUDA_NCCL_FROM_BYTES (NCCL's kernels on a communicator of
                      the group's: chorus.cuda.nccl; all_gather and reduce_scatter from
-                     CHORUS_CUDA_NCCL_GATHER_FROM_BYTES), "fused" (all_gather,
+                     CHORUS_CUDA_NCCL_GATHER_FROM_BYTES, all_to_all from
+                     CHORUS_CUDA_NCCL_ALL_TO_ALL_FROM_BYTES), "fused" (all_gather,
                      reduce_scatter), "one_shot" (other collectives), "channels"
                      (all_to_all), "barrier"; "staging" for reductions of dtypes the
                      kernels lack
@@ -159,6 +160,7 @@ class CudaComponent(Component):
         handoff = nccl_handoff(pg)
         self._nccl_from = config.get("CHORUS_CUDA_NCCL_FROM_BYTES") if handoff else 0
         self._nccl_gather_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if handoff else 0
+        self._nccl_exchange_from = config.get("CHORUS_CUDA_NCCL_ALL_TO_ALL_FROM_BYTES") if handoff else 0
         self._nccl = None
         self._device_index = -1
         self._torch = None
@@ -188,7 +190,7 @@ class CudaComponent(Component):
             if self._on_nccl(call):
                 return "nccl"
             return A.all_reduce_algorithm(call.nbytes, self.pg.size())
-        if call.name in ("all_gather", "reduce_scatter") and self._on_nccl(call):
+        if call.name in ("all_gather", "reduce_scatter", "all_to_all") and self._on_nccl(call):
             return "nccl"
         if call.name in ("all_gather", "reduce_scatter") and call.algorithm != "one_shot":
             first = _first(call)
@@ -339,11 +341,14 @@ class CudaComponent(Component):
     def _on_nccl(self, call: Call) -> bool:
         """A call NCCL runs: all_reduce from CHORUS_CUDA_NCCL_FROM_BYTES; all_gather and
         reduce_scatter of equal blocks from CHORUS_CUDA_NCCL_GATHER_FROM_BYTES of their
-        whole buffer (W blocks); either at any size by name (``algorithm="nccl"``)."""
+        whole buffer (W blocks); all_to_all from CHORUS_CUDA_NCCL_ALL_TO_ALL_FROM_BYTES of
+        its largest block; each at any size by name (``algorithm="nccl"``)."""
         if call.name == "all_reduce":
             start, total = self._nccl_from, call.nbytes
         elif call.name in ("all_gather", "reduce_scatter") and call.uniform:
             start, total = self._nccl_gather_from, call.nbytes * self.pg.size()
+        elif call.name == "all_to_all":
+            start, total = self._nccl_exchange_from, call.nbytes
         else:
             return False
         big = call.algorithm in (None, "auto") and total >= start
@@ -375,6 +380,9 @@ class CudaComponent(Component):
                 peers.all_reduce(b["data"], call.reduce_op)
             elif call.name == "all_gather":
                 peers.all_gather(b["output"], b["input"])
+            elif call.name == "all_to_all":
+                peers.all_to_all(b["output"], b["input"], call.args["send_counts"], call.args["recv_counts"],
+                                 call.uniform)
             else:
                 peers.reduce_scatter(b["output"], b["input"], call.reduce_op)
 

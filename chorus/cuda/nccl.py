@@ -183,6 +183,15 @@ class NcclPeers:
         opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
         self.group()._reduce_scatter_base(output, tensor, opts).wait()
 
+    def all_to_all(self, output, tensor, send_counts, recv_counts, uniform: bool) -> None:
+        """``output`` = block i of every member's ``tensor``, in member order (1-D tensors:
+        ``send_counts[j]`` elements go to member j, ``recv_counts[j]`` come from it),
+        enqueued likewise."""
+        import torch.distributed as dist
+
+        splits = ([], []) if uniform else (list(recv_counts), list(send_counts))
+        self.group().alltoall_base(output, tensor, *splits, dist.AllToAllOptions()).wait()
+
     def broadcast(self, tensor, root: int) -> None:
         """``tensor`` = member ``root``'s (its index in ``ranks``), enqueued likewise."""
         import torch.distributed as dist

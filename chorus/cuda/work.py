@@ -28,6 +28,8 @@ from chorus.work import Work
 class CudaWork(Work):
     """``event``: recorded after the op; ``check()`` raises the group's error, if any."""
 
+    on_stream = True
+
     def __init__(self, event, check, result: list | None, keep: tuple = ()):
         super().__init__(result)
         self._event = event

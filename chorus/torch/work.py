@@ -8,7 +8,8 @@ object back from every backend method.  Its contract:
   (``PeerLostError``, ``CollectiveMismatchError``, ``CommTimeoutError``) unchanged;
 * ``get_future()`` returns a ``torch.futures.Future`` that completes by itself, in the
   thread that completes the last chorus op, with the op's output tensors (DDP's comm
-  hooks read ``fut.value()[0]``) or with chorus's error;
+  hooks read ``fut.value()[0]``) or with chorus's error; for ops queued on CUDA streams,
+  a CUDA-aware future completed at once, as ProcessGroupNCCL's;
 * torch keeps the Python object alive while it needs it (its C++ holder owns a
   reference), and this object keeps the chorus ops alive.
 
@@ -112,7 +113,28 @@ class TorchWork(dist.Work):
         but ``Future.set_exception`` only marks the Python wrapper (the C++ future would
         complete *successfully* holding the exception object); so the future handed out
         is a ``then`` of an internal one, whose callback returns the outputs or raises
-        the op's error — torch records a raising callback as a real error."""
+        the op's error — torch records a raising callback as a real error.
+
+        Ops queued on CUDA streams get ProcessGroupNCCL's kind of future instead: a
+        CUDA-aware one, completed at once, whose value's events follow the ops on the
+        current stream (consumers' streams wait for those events, the CPU never does).
+        DDP's reducer then queues its copies and the optimizer behind the all_reduces
+        without waiting for the GPU."""
+        with self._lock:
+            if self._future is not None:
+                return self._future
+        devices = self._stream_devices()
+        if devices:
+            try:
+                self.wait()  # orders the current stream after the ops; a failed group raises
+            except BaseException:  # noqa: BLE001 - delivered by the future below
+                pass
+            else:
+                future = torch.futures.Future(devices=devices)
+                future.set_result(self._result)
+                with self._lock:
+                    self._future = future
+                return future
         with self._lock:
             if self._future is not None:
                 return self._future
@@ -135,6 +157,14 @@ class TorchWork(dist.Work):
             for w in self._works:
                 w.get_future().add_done_callback(one_done)
         return self._future
+
+    def _stream_devices(self) -> list:
+        """The CUDA devices of the result's tensors when every op is queued on a stream
+        (``Work.on_stream``; an op that ran synchronously is queued already), else []."""
+        if not all(w.on_stream for w in self._works):
+            return []
+        return sorted({t.device for t in self._result if isinstance(t, torch.Tensor) and t.is_cuda},
+                      key=lambda d: d.index)
 
     # -- completion -------------------------------------------------------------------------
     def _settle_from_works(self) -> None:

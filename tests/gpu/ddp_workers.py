@@ -34,9 +34,15 @@ def train(rank: int, world: int, backend: str, port: int, steps: int, out: str) 
         avg = loss.detach().clone()
         tdist.all_reduce(avg)
         losses.append(avg.item() / world)
+    record = {}
+    if backend == "chorus":  # a CUDA op's future is ProcessGroupNCCL's kind: done at enqueue
+        t = torch.full((4,), float(rank + 1), device="cuda")
+        future = tdist.all_reduce(t, async_op=True).get_future()
+        record["future_done_at_once"] = future.done()
+        record["future_value"] = future.wait()[0].tolist()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     sums = [torch.zeros(2, dtype=torch.float64, device="cuda") for _ in range(world)]
     tdist.all_gather(sums, torch.stack([flat.double().sum(), (flat.double() ** 2).sum()]))
     with open(os.path.join(out, f"{backend}-rank{rank}.json"), "w") as f:
-        json.dump({"losses": losses, "checksums": [s.tolist() for s in sums]}, f)
+        json.dump({"losses": losses, "checksums": [s.tolist() for s in sums], **record}, f)
     tdist.destroy_process_group()

@@ -47,11 +47,11 @@ def finish(comp) -> None:
 
 
 def issue(comp, pg, name, buffers, *, count, dtype, reduce_op="", root=-1, args=None, async_op=False,
-          uniform=True):
+          uniform=True, algorithm=None):
     """Build the Call the API would and start it on the component."""
     wire = "uint8" if dtype.startswith("float8") else dtype
     first = next(iter(buffers.values()))
-    call = make(pg, name, dtype=wire, count=count, buffers=buffers, async_op=async_op, algorithm=None,
+    call = make(pg, name, dtype=wire, count=count, buffers=buffers, async_op=async_op, algorithm=algorithm,
                 nbytes=first.numel() * first.element_size(), args=args or {"count": count}, root=root,
                 reduce_op=reduce_op, uniform=uniform, result=list(buffers.values()))
     if "device" in call._fields:
@@ -177,9 +177,11 @@ def case_rooted(rank, world, pg, comp):
     out = torch.full((sum(recv),), -1.0, device="cuda")
     ref = torch.empty_like(out)
     tdist.all_to_all_single(ref, inp, recv, send)
-    issue(comp, pg, "all_to_all", {"input": inp, "output": out}, count=0, dtype="float32",
-          args={"send_counts": tuple(send), "recv_counts": tuple(recv)}, uniform=False)
-    assert torch.equal(out, ref)
+    for algorithm in (None, "channels"):  # NCCL's (the hand-off), chorus's
+        out.fill_(-1.0)
+        issue(comp, pg, "all_to_all", {"input": inp, "output": out}, count=0, dtype="float32",
+              args={"send_counts": tuple(send), "recv_counts": tuple(recv)}, uniform=False, algorithm=algorithm)
+        assert torch.equal(out, ref), algorithm
     issue(comp, pg, "barrier", {"token": torch.empty(0, device="cuda")}, count=0, dtype="bytes")
 
 
