@@ -42,15 +42,17 @@ def test_which_calls_hand_off(nbytes, reduce_op, dtype, algorithm, want):
     assert CudaComponent._on_nccl(_component(), call) is want
 
 
-def _component(nccl_from=8 << 20, gather_from=0, exchange_from=1, world=4):
+def _component(nccl_from=8 << 20, gather_from=0, exchange_from=1, world=4, handoff=True):
     return SimpleNamespace(_nccl_from=nccl_from, _nccl_gather_from=gather_from, _nccl_exchange_from=exchange_from,
-                           pg=SimpleNamespace(size=lambda: world))
+                           _handoff=handoff, pg=SimpleNamespace(size=lambda: world))
 
 
 def test_no_hand_off_when_off():
     call = SimpleNamespace(name="all_reduce", algorithm=None, nbytes=1 << 30, reduce_op="SUM", uniform=True,
                            buffers={"data": torch.empty(4)})
     assert CudaComponent._on_nccl(_component(nccl_from=0), call) is False
+    by_name = SimpleNamespace(**{**vars(call), "algorithm": "nccl"})
+    assert CudaComponent._on_nccl(_component(handoff=False), by_name) is False  # a group that never hands off
 
 
 @pytest.mark.parametrize("name, per_rank, uniform, algorithm, gather_from, want", [
@@ -60,6 +62,7 @@ def test_no_hand_off_when_off():
     ("reduce_scatter", 4 << 20, False, None, 8 << 20, False),  # uneven blocks stay on chorus's kernels
     ("all_gather", 64 << 20, True, None, 0, False),  # off by default
     ("all_gather", 1024, True, "nccl", 8 << 20, True),  # by name
+    ("reduce_scatter", 1024, True, "nccl", 0, True),  # by name, with the size-chosen hand-off off
     ("broadcast", 64 << 20, True, None, 8 << 20, False),
 ])
 def test_which_gathers_hand_off(name, per_rank, uniform, algorithm, gather_from, want):

@@ -157,7 +157,7 @@ class CudaComponent(Component):
         self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
         self._plans: dict = {}  # all_reduce_now's plans
         # large all_reduces go to NCCL from this size (0: never); its communicator, made then
-        handoff = nccl_handoff(pg)
+        handoff = self._handoff = nccl_handoff(pg)
         self._nccl_from = config.get("CHORUS_CUDA_NCCL_FROM_BYTES") if handoff else 0
         self._nccl_gather_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if handoff else 0
         self._nccl_exchange_from = config.get("CHORUS_CUDA_NCCL_ALL_TO_ALL_FROM_BYTES") if handoff else 0
@@ -342,7 +342,8 @@ class CudaComponent(Component):
         """A call NCCL runs: all_reduce from CHORUS_CUDA_NCCL_FROM_BYTES; all_gather and
         reduce_scatter of equal blocks from CHORUS_CUDA_NCCL_GATHER_FROM_BYTES of their
         whole buffer (W blocks); all_to_all from CHORUS_CUDA_NCCL_ALL_TO_ALL_FROM_BYTES of
-        its largest block; each at any size by name (``algorithm="nccl"``)."""
+        its largest block (0: never); each at any size by name (``algorithm="nccl"``)
+        wherever the group hands off at all."""
         if call.name == "all_reduce":
             start, total = self._nccl_from, call.nbytes
         elif call.name in ("all_gather", "reduce_scatter") and call.uniform:
@@ -351,8 +352,9 @@ class CudaComponent(Component):
             start, total = self._nccl_exchange_from, call.nbytes
         else:
             return False
-        big = call.algorithm in (None, "auto") and total >= start
-        return bool(start and (big or call.algorithm == "nccl") and (not call.reduce_op or call.reduce_op in NCCL_OPS)
+        big = bool(start) and call.algorithm in (None, "auto") and total >= start
+        by_name = call.algorithm == "nccl" and self._handoff
+        return bool((big or by_name) and (not call.reduce_op or call.reduce_op in NCCL_OPS)
                     and staging.torch_dtype_name(_first(call)) not in NOT_NCCL_DTYPES)
 
     def _start_nccl(self, call: Call):
