@@ -33,6 +33,8 @@ def test_which_groups_hand_off(setting, group_id, has_nccl, want, monkeypatch):
     ((8 << 20) - 1, "SUM", torch.float32, None, False),  # under the size
     (8 << 20, "BXOR", torch.int32, None, False),  # NCCL has no bitwise ops
     (8 << 20, "SUM", torch.bool, None, False),  # nor chorus's bool reductions
+    (8 << 20, "SUM", torch.int16, None, False),  # NCCL has no int16
+    (8 << 20, "SUM", torch.complex64, None, False),  # nor complex
     (8 << 20, "SUM", torch.float32, "two_shot", False),  # chorus's kernel, by name
     (1024, "SUM", torch.float32, "nccl", True),  # by name, at any size
 ])
@@ -55,20 +57,22 @@ def test_no_hand_off_when_off():
     assert CudaComponent._on_nccl(_component(handoff=False), by_name) is False  # a group that never hands off
 
 
-@pytest.mark.parametrize("name, per_rank, uniform, algorithm, gather_from, want", [
-    ("all_gather", 2 << 20, True, None, 8 << 20, True),  # 4 blocks of 2 MiB: 8 MiB in all
-    ("all_gather", (2 << 20) - 2, True, None, 8 << 20, False),
-    ("reduce_scatter", 4 << 20, True, None, 8 << 20, True),
-    ("reduce_scatter", 4 << 20, False, None, 8 << 20, False),  # uneven blocks stay on chorus's kernels
-    ("all_gather", 64 << 20, True, None, 0, False),  # off by default
-    ("all_gather", 1024, True, "nccl", 8 << 20, True),  # by name
-    ("reduce_scatter", 1024, True, "nccl", 0, True),  # by name, with the size-chosen hand-off off
-    ("broadcast", 64 << 20, True, None, 8 << 20, False),
+@pytest.mark.parametrize("name, per_rank, uniform, algorithm, gather_from, want, dtype", [
+    ("all_gather", 2 << 20, True, None, 8 << 20, True, torch.bfloat16),  # 4 blocks of 2 MiB: 8 MiB in all
+    ("all_gather", (2 << 20) - 2, True, None, 8 << 20, False, torch.bfloat16),
+    ("reduce_scatter", 4 << 20, True, None, 8 << 20, True, torch.bfloat16),
+    ("reduce_scatter", 4 << 20, False, None, 8 << 20, False, torch.bfloat16),  # uneven blocks stay on chorus's kernels
+    ("all_gather", 64 << 20, True, None, 0, False, torch.bfloat16),  # off by default
+    ("all_gather", 1024, True, "nccl", 8 << 20, True, torch.bfloat16),  # by name
+    ("reduce_scatter", 1024, True, "nccl", 0, True, torch.bfloat16),  # by name, with the size-chosen hand-off off
+    ("broadcast", 64 << 20, True, None, 8 << 20, False, torch.bfloat16),
+    ("all_gather", 4 << 20, True, None, 8 << 20, True, torch.int16),  # moved as bytes: any dtype
+    ("reduce_scatter", 4 << 20, True, None, 8 << 20, False, torch.int16),  # reduced: NCCL's dtypes only
 ])
-def test_which_gathers_hand_off(name, per_rank, uniform, algorithm, gather_from, want):
+def test_which_gathers_hand_off(name, per_rank, uniform, algorithm, gather_from, want, dtype):
     call = SimpleNamespace(name=name, algorithm=algorithm, nbytes=per_rank, uniform=uniform,
                            reduce_op="SUM" if name == "reduce_scatter" else "",
-                           buffers={"input": torch.empty(4, dtype=torch.bfloat16)})
+                           buffers={"input": torch.empty(4, dtype=dtype)})
     assert CudaComponent._on_nccl(_component(gather_from=gather_from), call) is want
 
 

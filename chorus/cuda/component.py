@@ -59,7 +59,7 @@ from chorus.cuda import algorithms as A
 from chorus.cuda import capture, failures, staging
 from chorus.cuda import layout as L
 from chorus.cuda.failures import OpNames
-from chorus.cuda.nccl import NCCL_OPS, NOT_NCCL_DTYPES, NcclPeers, nccl_available
+from chorus.cuda.nccl import NcclPeers, nccl_available, nccl_reduces
 from chorus.engine import OpContext
 from chorus.errors import (
     InvalidArgumentError,
@@ -323,7 +323,7 @@ class CudaComponent(Component):
             fp = fingerprint("all_reduce", name, count, -1, kind)
         except (KeyError, ValueError):
             return False
-        if self._nccl_from and count * item >= self._nccl_from and kind in NCCL_OPS and name not in NOT_NCCL_DTYPES:
+        if self._nccl_from and count * item >= self._nccl_from and nccl_reduces(name, kind):
             return False  # NCCL's (the general path's _start_nccl)
         plan = (name, fp, kind, count, item, A.all_reduce_algorithm(count * item, self.pg.size()), kind == "AVG")
         self._plans[key] = plan
@@ -354,8 +354,8 @@ class CudaComponent(Component):
             return False
         big = bool(start) and call.algorithm in (None, "auto") and total >= start
         by_name = call.algorithm == "nccl" and self._handoff
-        return bool((big or by_name) and (not call.reduce_op or call.reduce_op in NCCL_OPS)
-                    and staging.torch_dtype_name(_first(call)) not in NOT_NCCL_DTYPES)
+        return bool((big or by_name) and (not call.reduce_op
+                                          or nccl_reduces(staging.torch_dtype_name(_first(call)), call.reduce_op)))
 
     def _start_nccl(self, call: Call):
         """The call on the group's NCCL communicator (chorus.cuda.nccl), in issue order

@@ -50,8 +50,27 @@ NCCL_OPS = {"SUM": "SUM", "AVG": "SUM", "PREMUL_SUM": "SUM", "PRODUCT": "PRODUCT
 #: how long closing waits for an abort already running on a listener's thread (NCCL's
 #: abort of a communicator whose kernel waits for a killed peer took over 30 s on 4 H200s)
 ABORT_WAIT_S = 5.0
-#: dtypes chorus keeps from NCCL (its bool and float8 reductions are not chorus's)
-NOT_NCCL_DTYPES = frozenset({"bool", "float8_e4m3fn", "float8_e5m2"})
+#: the dtypes NCCL reduces as chorus does.  torch hands bool and float8 to NCCL as uint8,
+#: whose sums are not chorus's; int16, uint16, uint32, uint64 and complex it cannot hand
+#: NCCL at all.  Ops that only move data (all_gather, all_to_all, broadcast) take any
+#: dtype: NCCL gets their bytes.
+NCCL_REDUCE_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"})
+
+
+def nccl_reduces(dtype: str, reduce_op: str) -> bool:
+    """Whether NCCL reduces ``dtype`` (chorus's name) with ``reduce_op`` as chorus would.
+
+    >>> nccl_reduces("bfloat16", "AVG"), nccl_reduces("int16", "SUM"), nccl_reduces("int32", "BXOR")
+    (True, False, False)
+    """
+    return dtype in NCCL_REDUCE_DTYPES and reduce_op in NCCL_OPS
+
+
+def as_bytes(tensor):
+    """A flat contiguous tensor's bytes, for NCCL ops that only move data."""
+    import torch
+
+    return tensor.view(torch.uint8)
 
 
 def nccl_available() -> bool:
@@ -172,7 +191,7 @@ class NcclPeers:
     def all_gather(self, output, tensor) -> None:
         """``output`` (W blocks) = every member's ``tensor``, in member order (enqueued
         likewise)."""
-        self.group()._allgather_base(output, tensor).wait()
+        self.group()._allgather_base(as_bytes(output), as_bytes(tensor)).wait()
 
     def reduce_scatter(self, output, tensor, reduce_op: str) -> None:
         """``output`` = NCCL's reduction of block i (this member's index) of every
@@ -189,8 +208,9 @@ class NcclPeers:
         enqueued likewise."""
         import torch.distributed as dist
 
-        splits = ([], []) if uniform else (list(recv_counts), list(send_counts))
-        self.group().alltoall_base(output, tensor, *splits, dist.AllToAllOptions()).wait()
+        item = tensor.element_size()
+        splits = ([], []) if uniform else ([c * item for c in recv_counts], [c * item for c in send_counts])
+        self.group().alltoall_base(as_bytes(output), as_bytes(tensor), *splits, dist.AllToAllOptions()).wait()
 
     def broadcast(self, tensor, root: int) -> None:
         """``tensor`` = member ``root``'s (its index in ``ranks``), enqueued likewise."""
@@ -198,7 +218,7 @@ class NcclPeers:
 
         opts = dist.BroadcastOptions()
         opts.rootRank = root
-        self.group().broadcast([tensor], opts).wait()
+        self.group().broadcast([as_bytes(tensor)], opts).wait()
 
     def abort(self) -> None:
         """Abort the communicator (NCCL's kernels stop waiting); idempotent."""

@@ -29,7 +29,8 @@ buffer when L does not divide n)::
 
 broadcast from group rank r0 (host h0, index i0): rail i0 broadcasts from host h0, then
 every host broadcasts from its rank of index i0.  Every other collective, reductions the
-rails cannot run (bitwise ops, bool and float8) and groups whose hosts hold different
+rails cannot run (bitwise ops; dtypes NCCL does not reduce as chorus does,
+chorus.cuda.nccl.NCCL_REDUCE_DTYPES) and groups whose hosts hold different
 numbers of ranks are staged as before (chorus.cuda.staging).
 
 Results: every rank gets the same bits (each element is reduced once per host in rank
@@ -53,7 +54,7 @@ from chorus.components import select
 from chorus.components.base import Component, run_in_order
 from chorus.components.hierarchy import hidden_subgroup
 from chorus.cuda import staging
-from chorus.cuda.nccl import NCCL_OPS, NOT_NCCL_DTYPES, NcclPeers, nccl_available
+from chorus.cuda.nccl import NcclPeers, nccl_available, nccl_reduces
 
 log = logging.getLogger("chorus")
 
@@ -143,10 +144,8 @@ class RailsComponent(Component):
     def supports(self, call) -> str | None:
         if call.name not in RAIL_OPS or call.algorithm not in (None, "rails"):
             return "staging"
-        if call.reduce_op and call.reduce_op not in NCCL_OPS:
-            return "staging"
         first = next(iter(call.buffers.values()), None)
-        if first is None or staging.torch_dtype_name(first) in NOT_NCCL_DTYPES:
+        if first is None or (call.reduce_op and not nccl_reduces(staging.torch_dtype_name(first), call.reduce_op)):
             return "staging"
         return "rails"
 
