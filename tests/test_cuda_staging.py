@@ -26,9 +26,9 @@ def data(rank: int, n: int, dtype, salt: int = 0) -> torch.Tensor:
 
 
 def run(name, buffers, *, dtype="float32", count=N, reduce_op="", root=-1, args=None, after=None, uniform=True,
-        async_op=False):
+        async_op=False, algorithm=None):
     pg = current().default_group
-    call = make(pg, name, dtype=dtype, count=count, buffers=buffers, async_op=async_op, algorithm=None,
+    call = make(pg, name, dtype=dtype, count=count, buffers=buffers, async_op=async_op, algorithm=algorithm,
                 nbytes=count * 4, args=args or {"count": count}, root=root, reduce_op=reduce_op, after=after,
                 uniform=uniform)
     work = staging.start(call, "staging", select.start)
@@ -67,13 +67,13 @@ def collectives(rank, world):
     counts = (5, 0, 11)
     o = torch.empty(counts[rank])
     run("reduce_scatter", {"input": data(rank, sum(counts), torch.float32), "output": o}, reduce_op="SUM",
-        count=sum(counts), args={"counts": counts}, uniform=False)
-    out["reduce_scatter"] = o
+        count=sum(counts), args={"counts": counts}, uniform=False, algorithm="fused")  # (chorus.cuda's names:
+    out["reduce_scatter"] = o                                                          # the CPU path chooses)
     send = [rank + j + 1 for j in range(world)]
     recv = [i + rank + 1 for i in range(world)]
     o = torch.empty(sum(recv))
     run("all_to_all", {"input": data(rank, sum(send), torch.float32) + 10 * rank, "output": o}, count=0,
-        args={"send_counts": tuple(send), "recv_counts": tuple(recv)}, uniform=False)
+        args={"send_counts": tuple(send), "recv_counts": tuple(recv)}, uniform=False, algorithm="channels")
     out["all_to_all"] = o
     pg = current().default_group
     if rank == 0:

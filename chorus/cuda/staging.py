@@ -32,6 +32,12 @@ def torch_dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+#: chorus.cuda's own algorithm names (chorus.cuda.component): a staged call named by one
+#: runs the CPU path's own choice
+CUDA_ALGORITHMS = frozenset({"one_shot", "two_shot", "two_shot_push", "two_shot_stores", "copy_reduce", "fused",
+                             "channels", "nccl", "staging"})
+
+
 def on_stream(fn, stream):
     """``fn`` made to run on ``stream`` (and its device) from any thread (no stream: ``fn``)."""
     if fn is None or stream is None:
@@ -108,6 +114,8 @@ def start(call, algorithm: str, run_cpu):
     fields = dict(buffers=buffers, dtype=staged.cpu_dtype, reduce_op=op,
                   combine=combiner(getattr(ReduceOp, op), staged.cpu_dtype) if op else None,
                   before=on_stream(before, stream), after=on_stream(after, stream))
+    if call.algorithm in CUDA_ALGORITHMS:
+        fields["algorithm"] = None
     if "device" in call._fields:
         fields["device"] = "cpu"
     return run_cpu(call._replace(**fields))

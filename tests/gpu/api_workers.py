@@ -6,6 +6,7 @@ whatever its order."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
 
@@ -211,6 +212,8 @@ class Program:
 
 
 def run(rank: int, world: int, port: int, steps: int, seed: int, out: str) -> None:
+    # a rank that hangs prints where each of its threads is (into the test's captured output)
+    faulthandler.dump_traceback_later(float(os.environ.get("CHORUS_TEST_STACKS_AFTER_S", "75")), exit=False)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       NCCL_NVLS_ENABLE="0")
     torch.cuda.set_device(rank)
@@ -225,3 +228,4 @@ def run(rank: int, world: int, port: int, steps: int, seed: int, out: str) -> No
         f.write("\n".join(prog.wrong))
     dist.destroy_process_group()
     tdist.destroy_process_group()
+    faulthandler.cancel_dump_traceback_later()
