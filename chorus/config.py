@@ -301,16 +301,18 @@ SETTINGS: dict[str, Setting] = _declare(
                     "(chorus.cuda.nccl: torch's ProcessGroupNCCL, fingerprints agreed over chorus first, "
                     "aborted when a peer is lost), where NCCL's ring is faster than chorus's two-shot "
                     "kernels (docs/results/4xh200); 0: chorus's kernels at every size; needs torch with NCCL"),
-    Setting("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES", "int", 0, minimum=0, unit="bytes",
+    Setting("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES", "int", 16 * MIB, minimum=0, unit="bytes",
             meaning="all_gather and reduce_scatter of equal blocks of CUDA tensors inside a host run on "
                     "NCCL's kernels from this many bytes of their whole buffer (W blocks; chorus.cuda.nccl, "
-                    "as CHORUS_CUDA_NCCL_FROM_BYTES for all_reduce); 0 (the default until measured on GPUs): "
-                    "chorus's fused kernels at every size"),
-    Setting("CHORUS_CUDA_NCCL_ALL_TO_ALL_FROM_BYTES", "int", 1, minimum=0, unit="bytes",
-            meaning="all_to_all of CUDA tensors inside a host runs on NCCL's kernels from this many bytes "
-                    "of the largest block on (chorus.cuda.nccl, as CHORUS_CUDA_NCCL_FROM_BYTES); 1: every "
-                    "size, where NCCL's grouped sends were 3-30x faster than chorus's channels "
-                    "(docs/results/4xh200/all_to_all-bf16-w4.txt); 0: chorus's channels at every size"),
+                    "as CHORUS_CUDA_NCCL_FROM_BYTES for all_reduce), where chorus's fused kernels fell behind "
+                    "NCCL's on 4 H200s (docs/results/4xh200) and the hand-off matched NCCL (docs/results/2xh200); "
+                    "0: chorus's fused kernels at every size"),
+    Setting("CHORUS_CUDA_NCCL_ALL_TO_ALL", "bool", True,
+            meaning="all_to_all of CUDA tensors inside a host runs on NCCL's kernels (chorus.cuda.nccl, as "
+                    "CHORUS_CUDA_NCCL_FROM_BYTES), at every size: the ranks of one all_to_all send different "
+                    "amounts, so no size could choose the same path on all of them; NCCL's grouped sends were "
+                    "3-30x faster than chorus's channels (docs/results/4xh200/all_to_all-bf16-w4.txt); "
+                    "off: chorus's channels"),
     Setting("CHORUS_CUDA_STAGING", "bool", False,
             meaning="never map peers' GPU memory: stage CUDA tensors through pinned host memory "
                     "and the CPU components (what a failed CUDA IPC check falls back to)"),

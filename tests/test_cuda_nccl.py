@@ -44,8 +44,8 @@ def test_which_calls_hand_off(nbytes, reduce_op, dtype, algorithm, want):
     assert CudaComponent._on_nccl(_component(), call) is want
 
 
-def _component(nccl_from=8 << 20, gather_from=0, exchange_from=1, world=4, handoff=True):
-    return SimpleNamespace(_nccl_from=nccl_from, _nccl_gather_from=gather_from, _nccl_exchange_from=exchange_from,
+def _component(nccl_from=8 << 20, gather_from=0, exchange=True, world=4, handoff=True):
+    return SimpleNamespace(_nccl_from=nccl_from, _nccl_gather_from=gather_from, _nccl_exchange=exchange,
                            _handoff=handoff, pg=SimpleNamespace(size=lambda: world))
 
 
@@ -62,7 +62,7 @@ def test_no_hand_off_when_off():
     ("all_gather", (2 << 20) - 2, True, None, 8 << 20, False, torch.bfloat16),
     ("reduce_scatter", 4 << 20, True, None, 8 << 20, True, torch.bfloat16),
     ("reduce_scatter", 4 << 20, False, None, 8 << 20, False, torch.bfloat16),  # uneven blocks stay on chorus's kernels
-    ("all_gather", 64 << 20, True, None, 0, False, torch.bfloat16),  # off by default
+    ("all_gather", 64 << 20, True, None, 0, False, torch.bfloat16),  # 0: off
     ("all_gather", 1024, True, "nccl", 8 << 20, True, torch.bfloat16),  # by name
     ("reduce_scatter", 1024, True, "nccl", 0, True, torch.bfloat16),  # by name, with the size-chosen hand-off off
     ("broadcast", 64 << 20, True, None, 8 << 20, False, torch.bfloat16),
@@ -76,17 +76,17 @@ def test_which_gathers_hand_off(name, per_rank, uniform, algorithm, gather_from,
     assert CudaComponent._on_nccl(_component(gather_from=gather_from), call) is want
 
 
-@pytest.mark.parametrize("largest_block, uniform, algorithm, exchange_from, want", [
-    (2, True, None, 1, True),  # every size by default
-    (1 << 20, False, None, 1, True),  # uneven splits too
-    (1 << 20, True, None, 0, False),  # off: chorus's channels
-    (1024, True, None, 4096, False),  # under the size
-    (1024, True, "channels", 1, False),  # chorus's, by name
+@pytest.mark.parametrize("largest_block, uniform, algorithm, exchange, want", [
+    (0, True, None, True, True),  # every size, an empty block too: the same on every rank
+    (2, True, None, True, True),
+    (1 << 20, False, None, True, True),  # uneven splits too
+    (1 << 20, True, None, False, False),  # off: chorus's channels
+    (1024, True, "channels", True, False),  # chorus's, by name
 ])
-def test_which_all_to_alls_hand_off(largest_block, uniform, algorithm, exchange_from, want):
+def test_which_all_to_alls_hand_off(largest_block, uniform, algorithm, exchange, want):
     call = SimpleNamespace(name="all_to_all", algorithm=algorithm, nbytes=largest_block, uniform=uniform,
                            reduce_op="", buffers={"input": torch.empty(4, dtype=torch.bfloat16)})
-    assert CudaComponent._on_nccl(_component(exchange_from=exchange_from), call) is want
+    assert CudaComponent._on_nccl(_component(exchange=exchange), call) is want
 
 
 def _agree_on_threads(fingerprints):

@@ -12,8 +12,8 @@ Per call, with a mapped workspace::
                      "two_shot", "two_shot_stores", "copy_reduce", by name), "nccl" from
                      CHORUS_CUDA_NCCL_FROM_BYTES (NCCL's kernels on a communicator of
                      the group's: chorus.cuda.nccl; all_gather and reduce_scatter from
-                     CHORUS_CUDA_NCCL_GATHER_FROM_BYTES, all_to_all from
-                     CHORUS_CUDA_NCCL_ALL_TO_ALL_FROM_BYTES), "fused" (all_gather,
+                     CHORUS_CUDA_NCCL_GATHER_FROM_BYTES, all_to_all with
+                     CHORUS_CUDA_NCCL_ALL_TO_ALL), "fused" (all_gather,
                      reduce_scatter), "one_shot" (other collectives), "channels"
                      (all_to_all), "barrier"; "staging" for reductions of dtypes the
                      kernels lack
@@ -160,7 +160,7 @@ class CudaComponent(Component):
         handoff = self._handoff = nccl_handoff(pg)
         self._nccl_from = config.get("CHORUS_CUDA_NCCL_FROM_BYTES") if handoff else 0
         self._nccl_gather_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if handoff else 0
-        self._nccl_exchange_from = config.get("CHORUS_CUDA_NCCL_ALL_TO_ALL_FROM_BYTES") if handoff else 0
+        self._nccl_exchange = handoff and config.get("CHORUS_CUDA_NCCL_ALL_TO_ALL")
         self._nccl = None
         self._device_index = -1
         self._torch = None
@@ -341,21 +341,22 @@ class CudaComponent(Component):
     def _on_nccl(self, call: Call) -> bool:
         """A call NCCL runs: all_reduce from CHORUS_CUDA_NCCL_FROM_BYTES; all_gather and
         reduce_scatter of equal blocks from CHORUS_CUDA_NCCL_GATHER_FROM_BYTES of their
-        whole buffer (W blocks); all_to_all from CHORUS_CUDA_NCCL_ALL_TO_ALL_FROM_BYTES of
-        its largest block (0: never); each at any size by name (``algorithm="nccl"``)
-        wherever the group hands off at all."""
+        whole buffer (W blocks); all_to_all at every size with CHORUS_CUDA_NCCL_ALL_TO_ALL
+        (sizes differ by rank there: a size could send ranks different ways); each by name
+        (``algorithm="nccl"``) wherever the group hands off at all.  Every input to the
+        choice is the same on every rank of the call."""
+        auto = call.algorithm in (None, "auto")
         if call.name == "all_reduce":
-            start, total = self._nccl_from, call.nbytes
+            chosen = auto and 0 < self._nccl_from <= call.nbytes
         elif call.name in ("all_gather", "reduce_scatter") and call.uniform:
-            start, total = self._nccl_gather_from, call.nbytes * self.pg.size()
+            chosen = auto and 0 < self._nccl_gather_from <= call.nbytes * self.pg.size()
         elif call.name == "all_to_all":
-            start, total = self._nccl_exchange_from, call.nbytes
+            chosen = auto and self._nccl_exchange
         else:
             return False
-        big = bool(start) and call.algorithm in (None, "auto") and total >= start
         by_name = call.algorithm == "nccl" and self._handoff
-        return bool((big or by_name) and (not call.reduce_op
-                                          or nccl_reduces(staging.torch_dtype_name(_first(call)), call.reduce_op)))
+        return bool((chosen or by_name) and (not call.reduce_op
+                                             or nccl_reduces(staging.torch_dtype_name(_first(call)), call.reduce_op)))
 
     def _start_nccl(self, call: Call):
         """The call on the group's NCCL communicator (chorus.cuda.nccl), in issue order
