@@ -129,6 +129,7 @@ class NcclPeers:
         self.store = None  # the torch store it is made over
         self.broken: BaseException | None = None
         self.aborting: threading.Thread | None = None  # the failure listener's abort, while it runs
+        self.reduce_options: dict = {}  # reduce op -> torch's AllreduceOptions for it
         pg.transport.add_failure_listener(self._on_failure)
 
     def agree(self, call) -> None:
@@ -182,11 +183,13 @@ class NcclPeers:
     def all_reduce(self, tensor, reduce_op: str) -> None:
         """``tensor`` = NCCL's all_reduce of it over the members (enqueued; the current
         stream waits for it)."""
-        import torch.distributed as dist
+        opts = self.reduce_options.get(reduce_op)
+        if opts is None:  # (made once per op: each costs microseconds a call would pay)
+            import torch.distributed as dist
 
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
-        self.group().allreduce([tensor], opts).wait()
+            opts = self.reduce_options[reduce_op] = dist.AllreduceOptions()
+            opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
+        (self.nccl or self.group()).allreduce([tensor], opts).wait()
 
     def all_gather(self, output, tensor) -> None:
         """``output`` (W blocks) = every member's ``tensor``, in member order (enqueued
