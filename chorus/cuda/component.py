@@ -384,8 +384,7 @@ class CudaComponent(Component):
             elif call.name == "all_gather":
                 peers.all_gather(b["output"], b["input"])
             elif call.name == "all_to_all":
-                peers.all_to_all(b["output"], b["input"], call.args["send_counts"], call.args["recv_counts"],
-                                 call.uniform)
+                peers.all_to_all(b["output"], b["input"], call.args["send_counts"], call.args["recv_counts"])
             else:
                 peers.reduce_scatter(b["output"], b["input"], call.reduce_op)
 

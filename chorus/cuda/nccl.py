@@ -205,15 +205,17 @@ class NcclPeers:
         opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
         self.group()._reduce_scatter_base(output, tensor, opts).wait()
 
-    def all_to_all(self, output, tensor, send_counts, recv_counts, uniform: bool) -> None:
+    def all_to_all(self, output, tensor, send_counts, recv_counts) -> None:
         """``output`` = block i of every member's ``tensor``, in member order (1-D tensors:
         ``send_counts[j]`` elements go to member j, ``recv_counts[j]`` come from it),
-        enqueued likewise."""
+        enqueued likewise.  The splits are always given: whether a rank's own splits
+        are all equal differs from rank to rank, and torch runs equal splits as another
+        NCCL operation than uneven ones, which the other ranks would never match."""
         import torch.distributed as dist
 
         item = tensor.element_size()
-        splits = ([], []) if uniform else ([c * item for c in recv_counts], [c * item for c in send_counts])
-        self.group().alltoall_base(as_bytes(output), as_bytes(tensor), *splits, dist.AllToAllOptions()).wait()
+        self.group().alltoall_base(as_bytes(output), as_bytes(tensor), [c * item for c in recv_counts],
+                                   [c * item for c in send_counts], dist.AllToAllOptions()).wait()
 
     def broadcast(self, tensor, root: int) -> None:
         """``tensor`` = member ``root``'s (its index in ``ranks``), enqueued likewise."""
