@@ -11,8 +11,7 @@ forced with ``CHORUS_ALGO_<COLLECTIVE>`` under ``chorus bench --transport tcp``)
 
     collective      rule
     all_reduce      <= 32 KiB, or W >= 8 and <= 256 KiB: recursive_doubling;
-                    W >= 8 and <= 4 MiB: two_shot (all transfers of a phase at once);
-                    else ring
+                    <= 16 MiB: rabenseifner; else ring
     broadcast       < 1 MiB or W <= 2: binomial; else chain (pipelined)
     reduce          binomial
     all_gather      <= 32 KiB per rank: bruck; else ring
@@ -51,7 +50,14 @@ def default_algorithm(collective: str, world: int, nbytes: int, uniform: bool = 
     if collective == "all_reduce":
         if nbytes <= 32 * KIB or (world >= 8 and nbytes <= 256 * KIB):
             return "recursive_doubling"
-        return "two_shot" if world >= 8 and nbytes <= 4 * MIB else "ring"
+        # rabenseifner: 2 log2(W) steps, each a single exchange that the waiting thread reads
+        # itself (chorus.transport.tcp_receive), against ring's 2 (W - 1) and two_shot's
+        # W - 1 transfers at once per phase.  Same-job sweeps, 2-vCPU VM, median us
+        # (ring / rabenseifner / two_shot): W=3 1 MiB 3917 / 3012 / 4008; W=4 1 MiB
+        # 6139 / 4349 / 6930, 16 MiB 44890 / 41462 / 53504; W=8 1 MiB 18096 / 12308 / 17965,
+        # 4 MiB 36718 / 27841 / 38259; W=2 16 MiB 16038 / 12732 (ring).  Beyond 16 MiB
+        # ring's pipelining was not measured against it.
+        return "rabenseifner" if nbytes <= 16 * MIB else "ring"
     if collective == "broadcast":
         return "binomial" if nbytes < MIB or world <= 2 else "chain"
     if collective == "all_gather":

@@ -105,8 +105,8 @@ def test_bytes_size_the_op_as_nccl_tests_does():
     sends = [a for a in walk.steps[0].actions if a.kind == "send"]
     assert {a.nbytes for a in sends} == {16}
     big = walkthrough("all_reduce", 4, None, nbytes=4 << 20)  # followed at 1 element a cell, real bytes
-    assert big.algorithm == "ring" and big.count == 1 << 20  # chorus's choice for 4 MiB
-    assert {a.nbytes for a in big.steps[0].actions} == {1 << 20}  # a quarter of the data per message
+    assert big.algorithm == "rabenseifner" and big.count == 1 << 20  # chorus's choice for 4 MiB
+    assert {a.nbytes for a in big.steps[0].actions} == {2 << 20}  # halving: half of the data per message
     assert "followed at 4 element(s) per rank" in big.footer[-2]
     assert walkthrough("all_reduce", 4, "shm:rs_ag", nbytes=4 << 20).steps[0].actions[0].nbytes == 4 << 20
     assert walkthrough("all_reduce", 4, None).algorithm == "recursive_doubling"

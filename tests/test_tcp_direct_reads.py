@@ -70,6 +70,36 @@ def test_the_waiting_thread_reads_its_small_receives(pair):
     assert readers.count(threading.current_thread().name) > 0, set(readers)
 
 
+def _echo_readers(t0: TcpTransport, t1: TcpTransport, nbytes: int, receives: int) -> list[str]:
+    """Rank 1 sends ``receives`` messages of ``nbytes`` per round, each its own tag, and
+    rank 0 waits for them in one wait; the names of the threads that completed rank 0's
+    receives (their ``finish``), after 50 rounds whose payloads all arrived intact."""
+    readers: list[str] = []
+    payloads = [bytes([k + 1]) * nbytes for k in range(receives)]
+    for _ in range(50):
+        handles = [_recv(t0, 1, nbytes, tag=10 + k, waited=True,
+                         finish=lambda: readers.append(threading.current_thread().name)) for k in range(receives)]
+        sent = [t1.isend(0, memoryview(p), kind=Kind.DATA, group=0, tag=10 + k) for k, p in enumerate(payloads)]
+        _wait(t0, handles)
+        _wait(t1, sent)
+        assert [bytes(h.view) for h in handles] == payloads
+    return readers
+
+
+def test_a_lone_large_receive_is_read_by_the_waiting_thread(pair):
+    """A wait for one 256 KiB receive (a ring step's) reads it in the waiting thread, as
+    it reads small ones."""
+    readers = _echo_readers(*pair, 256 * 1024, 1)
+    assert readers.count(threading.current_thread().name) > 0, set(readers)
+
+
+def test_large_receives_waited_for_together_are_left_to_the_reader_threads(pair):
+    """Two 256 KiB receives in one wait: the reader thread reads them (the waiting thread
+    would take them one after the other), and both arrive intact."""
+    readers = _echo_readers(*pair, 256 * 1024, 2)
+    assert readers.count(threading.current_thread().name) < len(readers), set(readers)
+
+
 @pytest.mark.parametrize("first", ["large", "small"])
 def test_a_large_frame_next_to_an_awaited_small_one_is_read(pair, first):
     """Rank 1 sends a 1 MiB message and a 4-byte one (in either order); rank 0 waits for
