@@ -322,7 +322,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("CHORUS_SHM_SLOT_BYTES", "int", minimum=0, unit="bytes",
             meaning="bytes per window slot (whole 4 KiB pages, at least 64 KiB); unset or 0: "
                     "1 MiB (2 MiB for 2 ranks), less to stay within CHORUS_SHM_BYTES"),
-    Setting("CHORUS_SHM_ONESHOT_BYTES", "int", 256 * KIB, minimum=0, maximum=GIB, unit="bytes",
+    Setting("CHORUS_SHM_ONESHOT_BYTES", "int", 64 * KIB, minimum=0, maximum=GIB, unit="bytes",
             meaning="all_reduce and reduce are one-shot (every rank reduces everything) while each "
                     "rank reads at most this many bytes of the others' data"),
     Setting("CHORUS_SHM_CMA", "bool", True,

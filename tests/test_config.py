@@ -121,7 +121,7 @@ def test_the_message_says_the_range_and_the_default(monkeypatch):
     with pytest.raises(ConfigError) as info:
         config.get("CHORUS_SHM_ONESHOT_BYTES")
     assert str(info.value) == ("CHORUS_SHM_ONESHOT_BYTES='abc': give a whole number of bytes "
-                               "from 0 to 1073741824 (default 262144)")
+                               "from 0 to 1073741824 (default 65536)")
     assert isinstance(info.value, InvalidArgumentError) and isinstance(info.value, ValueError)
     monkeypatch.setenv("CHORUS_TRANSPORT", "udp")
     with pytest.raises(ConfigError, match=r"CHORUS_TRANSPORT='udp': give one of auto, shm, tcp \(default auto\)"):
@@ -280,7 +280,7 @@ def test_python_m_chorus_config_prints_every_setting():
     lines = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
     assert list(lines) == list(SETTINGS)
     assert lines["CHORUS_SHM_POLLS"][1:3] == ["7", "set"]
-    assert lines["CHORUS_SHM_ONESHOT_BYTES"][1:3] == ["262144", "default"]
+    assert lines["CHORUS_SHM_ONESHOT_BYTES"][1:3] == ["65536", "default"]
     assert "do-not-print" not in result.stdout
 
 

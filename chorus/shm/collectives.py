@@ -48,9 +48,10 @@ WHOLE_CHUNKS_WORLD = 2
 def one_shot(win: Window, dtype: np.dtype, count: int, op: str = "all_reduce") -> bool:
     """Whether all_reduce (``op``: or reduce) of ``count`` elements of ``dtype`` runs
     one-shot (every rank reduces everything): it fits a slot, and each rank reads at most
-    ``CHORUS_SHM_ONESHOT_BYTES`` of the others' data (nbytes x (W - 1); one-shot won up to
-    64 KiB at W = 4 and 16 KiB at W = 8, at W = 2 below 1 MiB: ``chorus bench --world W``
-    with CHORUS_SHM_ONESHOT_BYTES=0 against a large one), or the group has at most
+    ``CHORUS_SHM_ONESHOT_BYTES`` of the others' data (nbytes x (W - 1)): against the cached
+    two-shot plan, one-shot lost from 16 KiB at W = 8 (19.3-19.9 us against 24.5-31.1) and
+    from 32 KiB at W = 4 (21.7-27.0 against 23.7-30.3), 32 vCPUs, 64 KiB against 256 KiB
+    alternating in one job (docs/results/32-vcpu-h200-host/oneshot-ab/), or the group has at most
     ``WHOLE_CHUNKS_WORLD`` ranks and the op does not copy once (``direct.use``): then
     one-shot is the whole-chunk algorithm with one chunk (and takes the latency path of
     chorus.api.collectives: at 1 MiB, W = 2, 210-235 us against 265-375 us through the
