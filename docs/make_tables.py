@@ -29,6 +29,7 @@ PAGES = (os.path.join(DOCS, "benchmarks.md"), os.path.join(DOCS, "algorithms.md"
 
 XEON = "16-vcpu-xeon"
 EPYC = "2-vcpu-epyc"
+HOST32 = "32-vcpu-h200-host"
 SWEEP_W8 = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
 #: nccl-tests' bus bandwidth factors (chorus/bench/report.py, BUS_FACTOR).
@@ -154,6 +155,8 @@ def bench_command(doc: dict, collective: str | None = None, begin: int | None = 
     parts += [f"--world {doc['world']}", f"--transport {doc['transport']}", f"--baseline {doc['baseline']}"]
     if doc.get("registered"):
         parts.append("--registered")
+    if doc.get("mpi_args"):
+        parts.append(f"--mpi-args '{doc['mpi_args']}'")
     if json_name:
         parts.append(f"--json {json_name}")
     return " ".join(parts)
@@ -414,6 +417,15 @@ TABLES = {
                    (f"{XEON}/ddp-w8-private-buckets.json", {"CHORUS_TORCH_SHARE": "0"}),
                    (f"{XEON}/ddp-w8-bucket-view-malloc.json", {})]),
     "w2-mpich": Runs([f"{EPYC}/all_reduce-w2-mpich-{i}.json" for i in (1, 2, 3, 4)]),
+    "w8-32-openmpi": Nccl(f"{HOST32}/parity-2/shm-w8.json"),
+    "w8-32-openmpi-runs": Runs([f"{HOST32}/shm-w8-openmpi-3runs/shm-w8-mpi-{i}.json" for i in (1, 2, 3)]),
+    "w8-32-tcp": Nccl(f"{HOST32}/parity-2/tcp-w8.json"),
+    "h200x2-all_to_all": Gpu("2xh200/all_to_all-bf16-w2.json",
+                             "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_to_all -b 1K -e 64M "
+                             "-f 8 -n 100 -w 10 --scale-iters"),
+    "h200x2-all_gather": GpuAlgorithms("2xh200/all_gather-fused-vs-nccl-bf16-w2.json",
+                                       "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_gather "
+                                       "--algorithm fused,nccl -b 1K -e 256M -f 4 -n 100 -w 10 --scale-iters"),
     "h200-all_reduce": Gpu("4xh200/all_reduce-bf16-w4.json",
                            "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 1G -f 4 "
                            "-n 200 -w 20 --scale-iters --lane"),

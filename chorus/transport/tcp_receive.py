@@ -80,7 +80,7 @@ def _others_pending(handle: Handle, handles: list[Handle]) -> bool:
     """Whether ``handles`` hold a receive other than ``handle`` that is not complete: the
     reader threads then read them all at once, a rank thread only one after another."""
     for h in handles:
-        if h.receive and not h._done and h is not handle:
+        if h.receive and not h.done() and h is not handle:
             return True
     return False
 
