@@ -88,8 +88,26 @@ def _echo_readers(t0: TcpTransport, t1: TcpTransport, nbytes: int, receives: int
 
 def test_a_lone_large_receive_is_read_by_the_waiting_thread(pair):
     """A wait for one 256 KiB receive (a ring step's) reads it in the waiting thread, as
-    it reads small ones."""
-    readers = _echo_readers(*pair, 256 * 1024, 1)
+    it reads small ones: ping-pong, rank 1 replying from a thread of its own, so that each
+    reply arrives while rank 0 already waits for it (a frame already there when nobody
+    waits is the reader thread's)."""
+    t0, t1 = pair
+    readers: list[str] = []
+    payload = bytes(range(256)) * 1024
+
+    def echo():
+        for _ in range(100):
+            h = _recv(t1, 0, 8, tag=1, waited=True)
+            _wait(t1, [h])
+            _wait(t1, [_send(t1, 0, payload, tag=2)])
+
+    threading.Thread(target=echo, daemon=True).start()
+    for i in range(100):
+        reply = _recv(t0, 1, len(payload), tag=2, waited=True,
+                      finish=lambda: readers.append(threading.current_thread().name))
+        _wait(t0, [_send(t0, 1, i.to_bytes(8, "little"), tag=1)])
+        _wait(t0, [reply])
+        assert bytes(reply.view) == payload
     assert readers.count(threading.current_thread().name) > 0, set(readers)
 
 
