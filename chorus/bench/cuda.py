@@ -398,7 +398,7 @@ def _human(nbytes: int) -> str:
 
 def _label(lib: str) -> str:
     """A library's name in a column of 9 (symm-mem's as s1shot / s2shot; a chorus
-    algorithm by its own name, "c:nccl" for chorus's hand-off to NCCL beside NCCL's own)."""
+    algorithm by its own name, "c:nccl" for chorus's hand-off to NCCL, next to NCCL's own)."""
     if lib == "chorus:nccl":
         return "c:nccl"
     return lib.replace("symm-", "s").replace("chorus:", "")[:9]

@@ -70,8 +70,6 @@ DIRECT_MAX = 64 * 1024  # receives up to this size are read by the thread waitin
 DIRECT_S = 0.25  # a rank thread reads for its receive this long at most, then waits the usual way
 SLICE_S = 0.005  # how often a reading rank thread checks whether its receive completed elsewhere
 PARK_S = 0.05  # a parked reader thread sleeps until rank threads have not read for this long
-STALL_S = 50e-6  # a gap this long between two polls of a spinning reader: it lost its CPU ...
-CALM_S = 1.0  # ... and spins no more for this long
 _EMPTY = memoryview(b"")
 _BUSY = float("inf")  # last_heard while a receive completes (never "silent")
 
@@ -114,9 +112,6 @@ class ReadRole:
 class TcpReceiving:
     """The receiving half of ``TcpTransport`` (see the module docstring).  Expects the
     transport's ``_conns``, ``_lose`` and ``_max_message`` and the base class's matching."""
-
-    spin_s = 0.0  # how long a rank thread polls its socket without blocking before it waits
-    spin_after = 0.0  # time.monotonic() before which it does not (it lost its CPU while polling)
 
     # -- the reader thread -----------------------------------------------------------------------
     def _read_loop(self, conn) -> None:
@@ -166,7 +161,6 @@ class TcpReceiving:
         now = role.last_caller = time.monotonic()
         until = now + DIRECT_S if deadline is None else min(deadline, now + DIRECT_S)
         inside = False  # in the middle of a frame: if interrupted, the stream is lost
-        spin_end = last = 0.0  # polling without blocking until spin_end; the previous poll at last
         try:
             while not conn.broken:
                 n = reader.frame_buffered()
@@ -183,22 +177,9 @@ class TcpReceiving:
                     break
                 if reader.fill_nowait():
                     continue
-                now = time.monotonic()
-                left = until - now
+                left = until - time.monotonic()
                 if left <= 0:
                     break
-                if not spin_end:
-                    spin_end = now + self.spin_s if self.spin_s and now >= self.spin_after else now
-                elif now < spin_end:
-                    if now - last < STALL_S:
-                        last = now
-                        continue
-                    # a gap between two polls: another task had this CPU, so polling
-                    # takes the CPU from someone; wait the blocking way for a while
-                    self.spin_after, spin_end = now + CALM_S, now
-                last = now
-                if now < spin_end:
-                    continue
                 reader.readable(min(left, SLICE_S))
         except BaseException as exc:
             if isinstance(exc, Exception) or inside:
