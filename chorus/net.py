@@ -339,6 +339,11 @@ class Pending:
         with self._cv:
             self._since[key] = time.monotonic()
 
+    def __len__(self) -> int:
+        """Connections being handshaken now."""
+        with self._cv:
+            return len(self._since)
+
     def opened(self, key: object) -> None:
         """``key`` sent its opening message: it is never shed."""
         with self._cv:
