@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 
 from chorus.reductions import ReduceOp, combiner
+from chorus.selection import valid_names
 from chorus.work import HandleWork
 
 #: torch dtype name -> (dtype of the pinned copy, chorus dtype name of the CPU op)
@@ -33,7 +34,7 @@ def torch_dtype_name(t) -> str:
 
 
 #: chorus.cuda's own algorithm names (chorus.cuda.component): a staged call named by one
-#: runs the CPU path's own choice
+#: the CPU path does not know runs the CPU path's own choice
 CUDA_ALGORITHMS = frozenset({"one_shot", "two_shot", "two_shot_push", "two_shot_stores", "copy_reduce", "fused",
                              "channels", "nccl", "staging"})
 
@@ -114,8 +115,8 @@ def start(call, algorithm: str, run_cpu):
     fields = dict(buffers=buffers, dtype=staged.cpu_dtype, reduce_op=op,
                   combine=combiner(getattr(ReduceOp, op), staged.cpu_dtype) if op else None,
                   before=on_stream(before, stream), after=on_stream(after, stream))
-    if call.algorithm in CUDA_ALGORITHMS:
-        fields["algorithm"] = None
+    if call.algorithm in CUDA_ALGORITHMS and call.algorithm not in valid_names(call.name):
+        fields["algorithm"] = None  # (a name both paths know, "two_shot", stays)
     if "device" in call._fields:
         fields["device"] = "cpu"
     return run_cpu(call._replace(**fields))
