@@ -138,8 +138,18 @@ class ProcessGroup:
         self.inside_op = op
         return True
 
+    def enter_lane(self) -> bool:
+        """Take the entry token for a latency lane's whole op (True), or False while
+        another thread holds it: the lane steps aside and the general path raises
+        ConcurrentCallError.  ``leave()`` when True."""
+        try:
+            self.entry.pop()
+        except IndexError:
+            return False
+        return True
+
     def leave(self) -> None:
-        """Give the entry token back (after enter() returned True)."""
+        """Give the entry token back (after enter() or enter_lane() returned True)."""
         self.inside = 0
         self.entry.append(None)
 

@@ -77,28 +77,18 @@ class ReduceLane:
         pg = self.pg
         if pg.queue or recorder.current is not None or not arr.flags.carray:
             return False
-        entry = pg.entry
-        try:
-            token = entry.pop()  # the group's entry (ProcessGroup.enter) ...
-        except IndexError:
-            return False  # ... another thread holds: the general path raises ConcurrentCallError
+        if not pg.enter_lane():
+            return False
         try:
             seq = pg.take_seq()
             ring = self.flight
             if ring is None:
                 self._reduce_run(plan, seq, arr)
-            else:  # the flight recorder: the sequence number (the clock at times)
-                self.reduce_log.append(seq)
-                if seq >= ring.clock_at:
-                    flight.tick(ring, seq)
-                try:
-                    self._reduce_run(plan, seq, arr)
-                except BaseException as exc:
-                    flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
-                    raise
-                ring.done = seq
+            else:
+                flight.run_lane(ring, self.reduce_log, seq, pg.members[ring.group_rank], self._reduce_run, plan, seq,
+                                arr)
         finally:
-            entry.append(token)
+            pg.leave()
         if plan.average:
             divide(arr, arr.dtype.name, pg.size())
         return True

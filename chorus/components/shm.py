@@ -123,28 +123,18 @@ class ShmComponent(ReduceLane, Component):
         pg = self.pg
         if pg.queue or recorder.current is not None:
             return False
-        entry = pg.entry
-        try:
-            token = entry.pop()  # as in all_reduce_now
-        except IndexError:
+        if not pg.enter_lane():
             return False
         try:
             seq = pg.take_seq()
             ring = self.flight
             if ring is None:
                 self.shm.all_to_all_fast(pg, seq, plan, inp, out)
-            else:  # as in all_reduce_now
-                self.exchange_log.append(seq)
-                if seq >= ring.clock_at:
-                    flight.tick(ring, seq)
-                try:
-                    self.shm.all_to_all_fast(pg, seq, plan, inp, out)
-                except BaseException as exc:
-                    flight.failed_lane(ring, seq, pg.members[ring.group_rank], exc)
-                    raise
-                ring.done = seq
+            else:
+                flight.run_lane(ring, self.exchange_log, seq, pg.members[ring.group_rank], self.shm.all_to_all_fast, pg,
+                                seq, plan, inp, out)
         finally:
-            entry.append(token)
+            pg.leave()
         return True
 
     def _exchange_plan(self, inp: np.ndarray):

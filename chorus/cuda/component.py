@@ -283,11 +283,8 @@ class CudaComponent(Component):
                 or torch_c._cuda_getCurrentRawStream(self._device_index) != self._last_raw
                 or torch_c._cuda_isCurrentStreamCapturing()):
             return False  # (another stream than the group's last op's, or a capture: the general path)
-        entry = pg.entry
-        try:
-            token = entry.pop()  # the group's entry (ProcessGroup.enter) ...
-        except IndexError:
-            return False  # ... another thread holds: the general path raises ConcurrentCallError
+        if not pg.enter_lane():
+            return False
         try:
             seq = pg.take_seq()
             self.check("all_reduce")
@@ -297,7 +294,7 @@ class CudaComponent(Component):
                 lanes.begin(op_id, None, stream, plan[0], plan[2], plan[1])
                 A.all_reduce(lanes, tensor.data_ptr(), plan[3], plan[4], plan[5])
         finally:
-            entry.append(token)
+            pg.leave()
         if plan[6]:
             tensor.div_(pg.size())  # AVG (floating dtypes only: see _plan)
         return True

@@ -73,7 +73,7 @@ from chorus.errors import ChorusError, InvalidArgumentError, InvalidTensorError
 from chorus.wire.dtypes import dtype_name
 from chorus.wire.fingerprint import COLLECTIVES, REDUCE_OPS, describe
 
-__all__ = ["Ring", "attach", "dump", "dump_flight_recorder", "failed", "failed_lane", "forget",
+__all__ = ["Ring", "attach", "dump", "dump_flight_recorder", "failed", "failed_lane", "run_lane", "forget",
            "install_signal_dumps", "snapshot", "tick", "trim"]
 
 clock = time.perf_counter
@@ -234,6 +234,21 @@ def failed(entry: list, rank: int, exc: BaseException) -> None:
     if type(entry[CALL]) is not tuple:
         entry[CALL] = summary(entry[CALL])
     on_error(rank, exc)
+
+
+def run_lane(ring: Ring, log: list, seq: int, rank: int, run, *args) -> None:
+    """``run(*args)``, latency-lane op ``seq`` of ``ring`` (group rank ``rank``'s): noted in
+    the lane's ``log``, the clock read at times (:func:`tick`), a failure kept, the op
+    marked done."""
+    log.append(seq)
+    if seq >= ring.clock_at:
+        tick(ring, seq)
+    try:
+        run(*args)
+    except BaseException as exc:
+        failed_lane(ring, seq, rank, exc)
+        raise
+    ring.done = seq
 
 
 def failed_lane(ring: Ring, seq: int, rank: int, exc: BaseException) -> None:
