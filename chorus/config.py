@@ -313,6 +313,11 @@ SETTINGS: dict[str, Setting] = _declare(
                     "amounts, so no size could choose the same path on all of them; NCCL's grouped sends were "
                     "3-30x faster than chorus's channels (docs/results/4xh200/all_to_all-bf16-w4.txt); "
                     "off: chorus's channels"),
+    Setting("CHORUS_CUDA_NCCL_AGREE", "choice", "gpu", choices=("gpu", "cpu"),
+            meaning="how a call handed to NCCL inside a host checks that every rank called the same op: "
+                    "gpu: chorus's barrier kernel compares the fingerprints on the GPUs just before NCCL's "
+                    "kernel (no CPU waits for a peer; a watcher aborts the communicator on a mismatch); cpu: "
+                    "the ranks' CPUs compare them before anything is queued (one round trip per call)"),
     Setting("CHORUS_CUDA_STAGING", "bool", False,
             meaning="never map peers' GPU memory: stage CUDA tensors through pinned host memory "
                     "and the CPU components (what a failed CUDA IPC check falls back to)"),

@@ -21,8 +21,9 @@ import torch
 import torch.multiprocessing as mp
 
 
-def per_call(fn, n: int = 200, warmup: int = 20) -> float:
-    """Microseconds of wall time per call of ``fn`` (the CPU's, as the GPU keeps up)."""
+def per_call(fn, n: int = 200, warmup: int = 20, drained: bool = False):
+    """Microseconds of wall time per call of ``fn`` (the CPU's, as the GPU keeps up); with
+    ``drained``, also the wall time per call until the GPU has finished them."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -31,7 +32,8 @@ def per_call(fn, n: int = 200, warmup: int = 20) -> float:
         fn()
     t1 = time.perf_counter()
     torch.cuda.synchronize()
-    return 1e6 * (t1 - t0) / n
+    cpu = 1e6 * (t1 - t0) / n
+    return (cpu, 1e6 * (time.perf_counter() - t0) / n) if drained else cpu
 
 
 def timed(owner, name: str, label: str, spent: collections.Counter, seen: dict | None = None) -> None:
@@ -51,19 +53,27 @@ def timed(owner, name: str, label: str, spent: collections.Counter, seen: dict |
     setattr(owner, name, wrapper)
 
 
-def body(rank: int, world: int, port: int, out: str) -> None:
+def init_both(rank: int, world: int, port: int):
+    """torch's NCCL group (on ``port`` + 1) and chorus's (on ``port``) over this rank's GPU;
+    returns (torch.distributed, chorus)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     import torch.distributed as tdist
 
     import chorus as dist
-    import chorus.cuda.component as component
-    import chorus.debug.flight as flight
-    from chorus.cuda.nccl import NcclPeers
 
     torch.cuda.set_device(rank)
     tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port + 1}", rank=rank, world_size=world,
                              device_id=torch.device("cuda", rank))
     dist.init_process_group("nccl")
+    return tdist, dist
+
+
+def body(rank: int, world: int, port: int, out: str) -> None:
+    tdist, dist = init_both(rank, world, port)
+    import chorus.cuda.component as component
+    import chorus.debug.flight as flight
+    from chorus.cuda.nccl import NcclPeers
+
     t = torch.ones(1 << 19, dtype=torch.bfloat16, device="cuda")
     res: dict[str, float | str] = {}
     res["torch nccl all_reduce"] = per_call(lambda: tdist.all_reduce(t))
@@ -81,7 +91,7 @@ def body(rank: int, world: int, port: int, out: str) -> None:
     for label, ns in spent.items():
         res[f"  in {label}"] = ns / 1e3 / (n + 20)
     res["chorus auto (own kernels)"] = per_call(lambda: dist.all_reduce(t))
-    peers = seen["agree"]
+    peers = seen.get("agree") or seen["NcclPeers.all_reduce"]
     res["NcclPeers.all_reduce alone"] = per_call(lambda: peers.all_reduce(t, "SUM"))
     group, opts = peers.group(), tdist.AllreduceOptions()
     res["its ProcessGroupNCCL.allreduce+wait"] = per_call(lambda: group.allreduce([t], opts).wait())

@@ -29,6 +29,8 @@ two_shot_all_reduce_ on a symmetric buffer; a baseline only).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import socket
@@ -180,6 +182,22 @@ def _sync(torch) -> None:
         torch.cuda.synchronize()
 
 
+@contextlib.contextmanager
+def _no_gc():
+    """The cyclic garbage collector off for a timed loop, as timeit does: a full
+    collection (tens of milliseconds with torch loaded) landing in one rank's loop once
+    stalls its GPU and, through the barriers, every peer's, and is the allocation pattern
+    of the whole process, not of the op timed."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _time(torch, chorus, run, iters: int, warmup: int) -> tuple[float, float]:
     """(GPU seconds, CPU seconds) per call of ``iters`` back-to-back calls.  Every rank
     holds its GPU equally long (the ranks agree on the longest CPU estimate first, which
@@ -205,13 +223,14 @@ def _time(torch, chorus, run, iters: int, warmup: int) -> tuple[float, float]:
     cpu_est = float(est[0])
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sleep_s = min(SLEEP_CAP_S, cpu_est * iters * 1.5 + 200e-6)
-    torch.cuda._sleep(int(sleep_s * CLOCK_HZ))
-    start.record()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        run()
-    cpu = (time.perf_counter() - t0) / iters
-    end.record()
+    with _no_gc():
+        torch.cuda._sleep(int(sleep_s * CLOCK_HZ))
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            run()
+        cpu = (time.perf_counter() - t0) / iters
+        end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3 / iters, cpu
 
@@ -244,11 +263,12 @@ def _time_graphed(torch, chorus, run, iters: int, warmup: int) -> tuple[float, f
     torch.cuda.synchronize()
     chorus.all_reduce(np.zeros(1), op=chorus.ReduceOp.MAX)  # line the ranks up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    t0 = time.perf_counter()
-    graph.replay()
-    cpu = (time.perf_counter() - t0) / iters
-    end.record()
+    with _no_gc():
+        start.record()
+        t0 = time.perf_counter()
+        graph.replay()
+        cpu = (time.perf_counter() - t0) / iters
+        end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3 / iters, cpu
 
@@ -410,6 +430,8 @@ def format_table(rows: list[dict], collective: str, world: int, dtype: str) -> s
     time per call (us), each baseline's time over chorus's ("x nccl" > 1: chorus is
     faster), and #wrong, every library's wrong elements together.  The rest (count,
     algbw, every library's busbw, CPU time and #wrong) is in the ``--json`` document."""
+    if not rows:
+        return f"(no results for {collective})"
     libs = list(dict.fromkeys(r["library"] for r in rows))
     libs.sort(key=lambda lib: (not lib.startswith("chorus"), lib != "chorus", lib))
     by = {(r["library"], r["nbytes"]): r for r in rows}

@@ -65,7 +65,6 @@ from chorus.errors import (
     InvalidArgumentError,
 )
 from chorus.wire.fingerprint import fingerprint
-from chorus.work import Work
 
 log = logging.getLogger("chorus")
 
@@ -162,6 +161,7 @@ class CudaComponent(Component):
         self._nccl_gather_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if handoff else 0
         self._nccl_exchange = handoff and config.get("CHORUS_CUDA_NCCL_ALL_TO_ALL")
         self._nccl = None
+        self._nccl_guard = config.get("CHORUS_CUDA_NCCL_AGREE") == "gpu" and ws is not None
         self._device_index = -1
         self._torch = None
         if ws is not None:
@@ -367,28 +367,67 @@ class CudaComponent(Component):
             select.attach(sub, settings=False)
             self._nccl = NcclPeers(self.pg, tuple(range(self.pg.size())), sub, f"cuda/{self.pg.id}/nccl/address")
         peers = self._nccl
+        guard = self._nccl_guard and not capture.capturing()
+        if guard:
+            peers.watch(self.ws.words, L.STATUS)
+            torch_c = torch._C
+            if (not self.pg.queue and recorder.current is None and self.ws.stream is None
+                    and torch_c._cuda_getDevice() == self._device_index
+                    and torch_c._cuda_getCurrentRawStream(self._device_index) == self._last_raw):
+                # the common case, inline, as start()'s: the group idle, the stream of its last op
+                # current (a hundred microseconds of closures and hooks less per call)
+                op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
+                if call.before is not None:
+                    call.before()
+                self._guard(None, op_id, _Raw(self._last_raw), call.fingerprint)
+                self._hand(peers, call)
+                if call.after is not None:
+                    call.after()
+                if not call.async_op:
+                    return None
+                return self._work(self._last_stream, call.name, call.result, call.buffers)
         stream = torch.cuda.current_stream(self.ws.device)
         if not capture.capturing():  # (a capture may not wait for work outside it)
             self._follow(stream)
         sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
                              after=staging.on_stream(call.after, stream))
+        if guard:
+            op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
 
         def transfers(ctx) -> None:
-            peers.agree(call)
-            b = call.buffers
-            if call.name == "all_reduce":
-                peers.all_reduce(b["data"], call.reduce_op)
-            elif call.name == "all_gather":
-                peers.all_gather(b["output"], b["input"])
-            elif call.name == "all_to_all":
-                peers.all_to_all(b["output"], b["input"], call.args["send_counts"], call.args["recv_counts"])
-            else:
-                peers.reduce_scatter(b["output"], b["input"], call.reduce_op)
+            if guard:  # chorus's barrier, on the GPUs, compares the ops; NCCL's kernel waits behind it
+                self._launch(stream, lambda run: self._guard(ctx, op_id, run, call.fingerprint))
+            else:  # (a capture agrees now, once: its replays run only NCCL's kernel)
+                peers.agree(call)
+            self._hand(peers, call)
 
         run_in_order(sync, self.name, "nccl", staging.on_stream(transfers, stream))
         if not call.async_op:
             return None
         return self._work(stream, call.name, call.result, call.buffers)
+
+    @staticmethod
+    def _hand(peers, call: Call) -> None:
+        """Queue ``call``'s op on NCCL (``peers``), after the current stream's work."""
+        b = call.buffers
+        if call.name == "all_reduce":
+            peers.all_reduce(b["data"], call.reduce_op)
+        elif call.name == "all_gather":
+            peers.all_gather(b["output"], b["input"])
+        elif call.name == "all_to_all":
+            peers.all_to_all(b["output"], b["input"], call.args["send_counts"], call.args["recv_counts"])
+        else:
+            peers.reduce_scatter(b["output"], b["input"], call.reduce_op)
+
+    def _guard(self, ctx, op_id: int, run, fprint: int) -> None:
+        """One barrier of the group's workspace on stream ``run``, carrying ``fprint``: a
+        rank whose op differs (by NCCL or by chorus's kernels) is found there, the group
+        breaks (STATUS; NcclPeers.watch aborts the communicator, so NCCL's kernel behind
+        the barrier stops waiting), and the op and every later one raise
+        CollectiveMismatchError naming both calls."""
+        with self._lock:
+            self.lanes.begin(op_id, ctx, run.cuda_stream, "", "", fprint)
+            self.lanes.barrier()
 
     # -- point-to-point ------------------------------------------------------------------------------
     def p2p(self, kind: str, tensor, peer: int, tag: int, async_op: bool):
@@ -405,7 +444,9 @@ class CudaComponent(Component):
                 for w in works:
                     w.wait()
                 return None
-            return _All(works, [t for _, t, _, _ in ops])
+            from chorus.cuda.work import AllWorks
+
+            return AllWorks(works, [t for _, t, _, _ in ops])
         import torch
 
         kinds = {kind for kind, *_ in ops}
@@ -450,6 +491,8 @@ class CudaComponent(Component):
             return
         self.broken = failures.error(self.pg, self.names, what, words)
         words[L.ABORT] = 1  # the rest of the queue fails fast
+        if self._nccl is not None:
+            self._nccl.abort_soon()  # (NCCL's kernels queued behind a failed barrier)
         raise self.broken
 
     def _on_failure(self, group: int, why: str) -> None:
@@ -547,29 +590,3 @@ class _Raw:
 
 def _first(call: Call):
     return next((t for t in call.buffers.values() if hasattr(t, "is_cuda")), None)
-
-
-class _All(Work):
-    """Several Works as one (an async staged p2p_batch)."""
-
-    def __init__(self, works: list, result: list):
-        super().__init__(result)
-        self.works = works
-
-    def _wait(self, deadline: float | None) -> None:
-        for w in self.works:
-            w.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-
-    def _poll(self) -> bool:
-        return all(w.is_completed() for w in self.works)
-
-    def _watch(self) -> None:
-        left = [len(self.works)]
-
-        def one(_) -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                self.is_completed()
-
-        for w in self.works:
-            w.get_future().add_done_callback(one)

@@ -17,7 +17,10 @@ What chorus adds to NCCL:
   other members' before anything is queued (chorus's CPU path on ``agree_on``: the max of
   the fingerprint and of its complement through the group's shared-memory lane where it
   has one, then, if they differ, an all_gather naming who called what); NCCL handed
-  mismatched ops would hang or corrupt memory.
+  mismatched ops would hang or corrupt memory.  Inside a host, chorus.cuda.component
+  compares them on the GPUs instead (a barrier of its workspace in front of NCCL's
+  kernel, CHORUS_CUDA_NCCL_AGREE), and ``watch`` aborts the communicator when that
+  barrier found ranks doing different ops.
 * **failures in seconds:** a lost member fails the group as everywhere in chorus, and the
   communicator is aborted at once (from a thread of its own: a failure listener must not
   block), so no NCCL kernel waits for a dead peer; NCCL's own watchdog would wait minutes.
@@ -50,6 +53,8 @@ NCCL_OPS = {"SUM": "SUM", "AVG": "SUM", "PREMUL_SUM": "SUM", "PRODUCT": "PRODUCT
 #: how long closing waits for an abort already running on a listener's thread (NCCL's
 #: abort of a communicator whose kernel waits for a killed peer took over 30 s on 4 H200s)
 ABORT_WAIT_S = 5.0
+#: how often watch() looks at its word (torch's NCCL watchdog looks every 100 ms)
+WATCH_S = 0.05
 #: the dtypes NCCL reduces as chorus does.  torch hands bool and float8 to NCCL as uint8,
 #: whose sums are not chorus's; int16, uint16, uint32, uint64 and complex it cannot hand
 #: NCCL at all.  Ops that only move data (all_gather, all_to_all, broadcast) take any
@@ -130,6 +135,7 @@ class NcclPeers:
         self.broken: BaseException | None = None
         self.aborting: threading.Thread | None = None  # the failure listener's abort, while it runs
         self.reduce_options: dict = {}  # reduce op -> torch's AllreduceOptions for it
+        self.watching: threading.Event | None = None  # set to stop watch()'s thread
         pg.transport.add_failure_listener(self._on_failure)
 
     def agree(self, call) -> None:
@@ -239,18 +245,44 @@ class NcclPeers:
         still aborting on another thread ends in std::terminate (SIGABRT), after the
         PeerLostError every op raised."""
         self.pg.transport.remove_failure_listener(self._on_failure)
+        if self.watching is not None:
+            self.watching.set()
         self.abort()
         aborting = self.aborting
         if aborting is not None:
             aborting.join(ABORT_WAIT_S)
         self.store = None
 
-    def _on_failure(self, group: int, why: str) -> None:
-        dead = self.pg.transport.dead
-        if self.nccl is not None and self.aborting is None and (
-                group in (self.pg.id, self.agree_on.id) or (group == -1 and any(m in dead for m in self.pg.members))):
+    def abort_soon(self) -> None:
+        """Abort the communicator from a thread of its own (NCCL's abort can take seconds
+        and the callers must not block), once."""
+        if self.nccl is not None and self.aborting is None:
             self.aborting = threading.Thread(target=self.abort, name="chorus-nccl-abort", daemon=True)
             self.aborting.start()
+
+    def watch(self, words, index: int) -> None:
+        """Abort the communicator once ``words[index]`` (a word of host memory that a
+        kernel in front of NCCL's writes when it finds the ranks' ops differ) is non-zero,
+        looking every WATCH_S seconds from a daemon thread, until close(): NCCL's kernel
+        queued after such a kernel would otherwise wait forever for peers that called
+        another op, and so would whoever synchronizes with it."""
+        if self.watching is not None:
+            return
+        self.watching = threading.Event()
+        stop = self.watching
+
+        def look() -> None:
+            while not stop.wait(WATCH_S):
+                if words[index]:
+                    self.abort_soon()
+                    return
+
+        threading.Thread(target=look, name="chorus-nccl-watch", daemon=True).start()
+
+    def _on_failure(self, group: int, why: str) -> None:
+        dead = self.pg.transport.dead
+        if group in (self.pg.id, self.agree_on.id) or (group == -1 and any(m in dead for m in self.pg.members)):
+            self.abort_soon()
 
     def check(self) -> None:
         """Raise what broke these peers (a mismatch), or the group's failure."""

@@ -100,3 +100,29 @@ class CudaWork(Work):
             self._done()
 
         threading.Thread(target=run, daemon=True, name="chorus-cuda-future").start()
+
+
+class AllWorks(Work):
+    """Several Works as one (an async staged p2p_batch): done when each is."""
+
+    def __init__(self, works: list, result: list):
+        super().__init__(result)
+        self.works = works
+
+    def _wait(self, deadline: float | None) -> None:
+        for w in self.works:
+            w.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _poll(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+    def _watch(self) -> None:
+        left = [len(self.works)]
+
+        def one(_) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self.is_completed()
+
+        for w in self.works:
+            w.get_future().add_done_callback(one)

@@ -67,7 +67,7 @@ def kill(rank: int, world: int, out: str) -> dict:
 
 
 def mismatch(rank: int, world: int, out: str) -> dict:
-    n = 1 << 20
+    n = max(1 << 20, (4 << 20) // world)  # the all_gather's output: 16 MiB or more (NCCL's)
     x = torch.full((n,), float(rank), device="cuda")
     dist.all_reduce(x)  # attaches the CUDA component; a right op first
     torch.cuda.synchronize()

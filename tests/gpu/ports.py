@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
+import random
 import socket
+
+
+def _ephemeral() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port(pair: bool = False) -> int:
     """A free port; with ``pair``, one whose successor is free too (chorus's store on the
-    port, NCCL's on the next)."""
-    while True:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if not pair:
-                return port
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
+    port, NCCL's on the next).  Drawn below the kernel's ephemeral range: a port from
+    inside it can be taken, between this check and the job's listen, as the local end of
+    one of the job's own outgoing connections (EADDRINUSE on the listen)."""
+    low, _ = _ephemeral()
+    top = low - 2 if low > 12000 else 30000
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(10000, top)
+        if _free(port) and (not pair or _free(port + 1)):
             return port
+    raise RuntimeError("no free loopback port below the ephemeral range")

@@ -107,8 +107,8 @@ part ddp 90 python -c "import sys; from chorus.cli import main; sys.exit(main())
     --features 4096 --hidden 8192 --batch 32 --steps 30 --json "$LOGS/ddp.json"
 bench all_gather 35 --collective all_gather -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
 bench reduce_scatter 35 --collective reduce_scatter -b 1K -e 256M -f 4 -n 200 -w 20 --scale-iters
-bench broadcast 20 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
-bench all_to_all 20 --collective all_to_all -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
+bench broadcast 30 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
+bench all_to_all 40 --collective all_to_all -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
 bench graph 40 --collective all_reduce -b 4 -e 4M -f 4 -n 200 -w 20 --graph --baseline nccl
 
 python - "$LOGS" <<'PY'
