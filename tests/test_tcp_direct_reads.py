@@ -10,30 +10,44 @@ import time
 import pytest
 
 from chorus import config
-from chorus.errors import PeerLostError
+from chorus.errors import CollectiveMismatchError, CommTimeoutError, PeerLostError
 from chorus.store import HashStore
+from chorus.transport import tcp_receive
+from chorus.transport.base import Transport
 from chorus.transport.tcp import TcpTransport
 from chorus.wire.frames import Kind
 
 TOKEN = b"direct-reads-test-token"
 
 
-@pytest.fixture
-def pair():
-    """Two real TcpTransports (ranks 0 and 1) in this process, sockets only."""
+def _transports(world: int):
+    """``world`` real TcpTransports (ranks 0, 1, ...) in this process, sockets only; closed
+    after the test."""
     store = HashStore()
     ranks: dict[int, TcpTransport] = {}
     with config.override(CHORUS_SHM_P2P=False):
         threads = [threading.Thread(target=lambda r=r: ranks.__setitem__(
-            r, TcpTransport(r, 2, store, token=TOKEN, timeout=10.0))) for r in range(2)]
+            r, TcpTransport(r, world, store, token=TOKEN, timeout=10.0))) for r in range(world)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(15)
-    assert len(ranks) == 2
-    yield ranks[0], ranks[1]
+    assert len(ranks) == world
+    yield tuple(ranks[r] for r in range(world))
     for t in ranks.values():
         t.close()
+
+
+@pytest.fixture
+def pair():
+    """Ranks 0 and 1."""
+    yield from _transports(2)
+
+
+@pytest.fixture
+def trio():
+    """Ranks 0, 1 and 2."""
+    yield from _transports(3)
 
 
 def _send(t: TcpTransport, peer: int, data: bytes, tag: int):
@@ -165,3 +179,146 @@ def test_a_peer_lost_while_nobody_waits_is_noticed(pair):
     assert 1 in t0.dead and time.monotonic() - start < 2.0
     with pytest.raises(PeerLostError):
         _wait(t0, [_recv(t0, 1, 4, tag=6, waited=True)], 5.0)
+
+
+def _on_hold(monkeypatch, t: TcpTransport, before=None, after=None) -> list[int]:
+    """Run ``before()`` and ``after()`` around the matcher's ``hold`` on ``t``: recv_now
+    holds its receive once it has taken the read role and found nothing posted or stashed
+    ahead of it, so ``after`` runs while this thread reads the peer's connection and no
+    other thread may.  Returns a list that counts the holds."""
+    matcher, held = t._matcher, []
+    hold = matcher.hold
+
+    def hooked(handle):
+        if before is not None:
+            before()
+        hold(handle)
+        held.append(1)
+        if after is not None:
+            after()
+
+    monkeypatch.setattr(matcher, "hold", hooked)
+    return held
+
+
+def test_recv_now_takes_its_own_frame_and_stashes_the_others(pair, monkeypatch):
+    """``recv_now`` reads for a receive it does not post: a frame of another key that
+    comes first is stashed for its own receive, the frame of its key fills it, and the
+    matcher never holds the receive as posted."""
+    t0, t1 = pair
+    # both frames are written while rank 0 holds the read role, reading for tag 7
+    held = _on_hold(monkeypatch, t0, after=lambda: _wait(t1, [_send(t1, 0, b"other", tag=8),
+                                                             _send(t1, 0, b"mine!", tag=7)]))
+    view = memoryview(bytearray(5))
+    assert t0.recv_now(1, view, int(Kind.DATA), 0, 7, 0, None, None, time.monotonic() + 10.0) is None
+    assert held == [1] and bytes(view) == b"mine!"
+    assert t0._matcher.find_posted(lambda h: True) is None
+    other = _recv(t0, 1, 5, tag=8, waited=True)
+    _wait(t0, [other])
+    assert bytes(other.view) == b"other"
+
+
+def test_a_receive_recv_now_holds_fails_at_once_when_its_group_breaks(pair, monkeypatch):
+    """A failure recorded while ``recv_now`` reads for its (unposted) receive fails it at
+    once, as it fails posted ones, rather than after the thread's reading time (made 30 s
+    here, so that the two cannot be confused under load)."""
+    t0, _ = pair
+    monkeypatch.setattr(tcp_receive, "DIRECT_S", 30.0)
+    held = threading.Event()
+    breaker = threading.Thread(target=lambda: held.wait(10) and t0.group_mismatch(0, 1, 3, 0x1234, 1))
+    breaker.start()
+    _on_hold(monkeypatch, t0, after=held.set)
+    start = time.monotonic()
+    h = t0.recv_now(1, memoryview(bytearray(4)), int(Kind.COLL), 0, 5, 0, (3, 0x99), None,
+                    time.monotonic() + 60.0)
+    took = time.monotonic() - start
+    breaker.join(10)
+    assert held.is_set()
+    assert h is not None and isinstance(h.error, CollectiveMismatchError)
+    assert took < 10.0, took
+
+
+def test_a_peer_lost_while_recv_now_reads_fails_its_receive(pair, monkeypatch):
+    """The peer's connection ends while ``recv_now`` reads for its receive: PeerLostError
+    at once, not a wait until the reading time or the deadline."""
+    t0, t1 = pair
+    monkeypatch.setattr(tcp_receive, "DIRECT_S", 30.0)
+    _on_hold(monkeypatch, t0, after=lambda: t1._conns[0].sock.shutdown(socket.SHUT_RDWR))
+    start = time.monotonic()
+    h = t0.recv_now(1, memoryview(bytearray(4)), int(Kind.COLL), 0, 5, 0, (3, 0x99), None,
+                    time.monotonic() + 60.0)
+    assert h is not None and isinstance(h.error, PeerLostError), h and h.error
+    assert time.monotonic() - start < 10.0
+    with pytest.raises(PeerLostError):
+        _wait(t0, [h])
+
+
+def test_recv_now_times_out_and_leaves_nothing_posted(pair):
+    """A silent peer: ``recv_now`` reads until the op's deadline at most, hands back its
+    receive, and the wait raises CommTimeoutError and withdraws it (a late frame is
+    stashed, never written into a buffer nobody owns)."""
+    t0, _ = pair
+    deadline = time.monotonic() + 0.3
+    h = t0.recv_now(1, memoryview(bytearray(4)), int(Kind.COLL), 0, 5, 0, (3, 0x99), None, deadline)
+    assert h is not None and not h.done()
+    with pytest.raises(CommTimeoutError, match=r"no answer from ranks \[1\]"):
+        t0.wait_all([h], deadline, lambda: "test")
+    assert t0._matcher.find_posted(lambda h: True) is None
+
+
+def test_recv_now_checks_frames_stashed_before_it_held_its_receive(trio, monkeypatch):
+    """Another call's frame from a third rank, stashed after ``recv_now`` looked for
+    stashes and before it held its receive, is checked against it once held (as ``irecv``
+    checks the stash once its receive is posted): the receive fails with
+    CollectiveMismatchError even though its own frame arrives intact."""
+    t0, t1, t2 = trio
+    stashed = threading.Event()
+    stash = t0.stashed
+
+    def noting(source, header):
+        stash(source, header)
+        stashed.set()
+
+    monkeypatch.setattr(t0, "stashed", noting)
+
+    def rank_2_calls_something_else():
+        # op 3 of group 0 with another fingerprint, read and stashed by rank 0's reader thread
+        _wait(t2, [t2.isend(0, memoryview(b"xxxx"), kind=int(Kind.COLL), group=0, tag=5, seq=3,
+                            fingerprint=0x77, sync=True)])
+        assert stashed.wait(10)
+
+    def rank_1_sends_its_part():
+        _wait(t1, [t1.isend(0, memoryview(b"yyyy"), kind=int(Kind.COLL), group=0, tag=5, seq=3,
+                            fingerprint=0x99, sync=True)])
+
+    held = _on_hold(monkeypatch, t0, before=rank_2_calls_something_else, after=rank_1_sends_its_part)
+    h = t0.recv_now(1, memoryview(bytearray(4)), int(Kind.COLL), 0, 5, 0, (3, 0x99), None,
+                    time.monotonic() + 10.0)
+    assert held == [1]
+    assert h is not None and isinstance(h.error, CollectiveMismatchError), h and h.error
+    assert 0 in t0.mismatched
+
+
+def test_a_send_now_never_overtakes_a_queued_send(pair):
+    """A large asynchronous send goes to the sender thread's queue; a small ``send_now``
+    of the same key right after it leaves after it (the receives, posted in order, match
+    the frames in order: overtaking would put the small frame into the large receive)."""
+    t0, t1 = pair
+    big = bytes(range(256)) * 4096  # 1 MiB: above INLINE_MAX, queued
+    for i in range(5):
+        first = _recv(t1, 0, len(big), tag=9)
+        second = _recv(t1, 0, 4, tag=9)
+        queued = t0.isend(1, memoryview(big), kind=int(Kind.DATA), group=0, tag=9)
+        small = t0.send_now(1, memoryview(i.to_bytes(4, "little")), int(Kind.DATA), 0, 9, 0, 0, 0)
+        _wait(t0, [queued] + ([small] if small is not None else []))
+        _wait(t1, [first, second])
+        assert bytes(first.view) == big and int.from_bytes(second.view, "little") == i
+
+
+def test_reads_now_is_what_recv_now_reads_itself(pair):
+    """The lane posts a lone receive before its sends unless the transport reads it at
+    once (``reads_now``): small ones over TCP, none over the base transport."""
+    t0, _ = pair
+    assert t0.reads_now(1, tcp_receive.DIRECT_MAX) and not t0.reads_now(1, tcp_receive.DIRECT_MAX + 1)
+    assert not t0.reads_now(0, 4)  # no connection to itself
+    assert Transport.reads_now(t0, 1, 4) is False

@@ -9,25 +9,30 @@ temporaries) costs several times what its messages cost.  A plan is the schedule
 schedules component would run for the call (``ScheduleComponent.default`` and
 ``.schedule``: the same algorithm, so the same bits on every rank), compiled once into
 what each step posts: the receives (peer, tag, a view of the plan's buffers, the
-reduction that completes it), the sends and the local copies.  A call copies the array
+reduction that completes it), the sends and the local copies, and whether its one
+receive is read after the sends (``Transport.reads_now``).  A call copies the array
 into the plan's buffer, runs the steps and copies the result back.
 
 The lane keeps the general path's guarantees because it moves the same frames through
-the same primitives: ``Transport.isend``/``irecv``/``wait_all`` with the op's sequence
-number and fingerprint, so a peer that called something else raises
-CollectiveMismatchError (settled as ``run_in_order`` settles it, to name every rank's
-call), a lost peer PeerLostError, a silent one CommTimeoutError at the group's timeout,
-and a rank on the lane and a rank on the general path work together.  It takes the
-group's next sequence number and tells the transport when the op finished, so lane and
-general calls interleave.  It steps aside (returns False) whenever the general path is
-needed: a recorder listener attached, async ops queued, another thread inside one of the
-group's collectives (the general path raises ConcurrentCallError), a call the plan does
-not cover (PREMUL_SUM, a non-contiguous array, more than ``CHORUS_TCP_LANE_BYTES``).
-Ops are noted in the group's flight recorder as the shared-memory lanes note theirs.
+the same primitives: ``Transport.send_now``/``recv_now`` (``irecv`` where a step
+receives several messages, or one the transport would not read at once) and
+``wait_all``, with the op's sequence number and fingerprint, so a peer that called
+something else raises CollectiveMismatchError (settled as ``run_in_order`` settles it,
+to name every rank's call), a lost peer PeerLostError, a silent one CommTimeoutError at
+the group's timeout, and a rank on the lane and a rank on the general path work
+together.  It takes the group's next sequence number and tells the transport when the op
+finished, so lane and general calls interleave.  It steps aside (returns False) whenever
+the general path is needed: a recorder listener attached, async ops queued, another
+thread inside one of the group's collectives (the general path raises
+ConcurrentCallError), a call the plan does not cover (PREMUL_SUM, a non-contiguous
+array, more than ``CHORUS_TCP_LANE_BYTES``).  Ops are noted in the group's flight
+recorder as the shared-memory lanes note theirs.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -37,7 +42,7 @@ from chorus.buffers import as_buffer
 from chorus.components.base import settled
 from chorus.components.lane import PLANS, ReduceLane
 from chorus.debug import flight
-from chorus.engine import combine_first
+from chorus.engine import OpContext, combine_first
 from chorus.errors import InvalidArgumentError, InvalidTensorError
 from chorus.reductions import check_op, combiner
 from chorus.schedules.base import Copy, Recv, Send
@@ -51,9 +56,10 @@ COLL = int(Kind.COLL)
 class Plan:
     """One all_reduce of one (dtype, shape, op) on one group, compiled: ``data`` (the plan's
     copy of the array, flat), ``steps`` (per step: the receives as (peer, tag, view,
-    finish), the sends as (peer, tag, view), the copies as callables; peers are global
-    ranks), the wire dtype code, the fingerprint, whether the result is divided by W (AVG),
-    and the dtype name that division takes.  ``component`` and ``algorithm`` name it in
+    finish), the sends as (peer, tag, view), the copies as callables, and whether its one
+    receive is read by ``recv_now`` after the sends; peers are global ranks), the wire
+    dtype code, the fingerprint, whether the result is divided by W (AVG), and the dtype
+    name that division takes.  ``component`` and ``algorithm`` name it in
     the flight recorder."""
 
     __slots__ = ("data", "steps", "code", "fingerprint", "average", "dtype", "algorithm")
@@ -70,10 +76,13 @@ class Plan:
         self.algorithm = algorithm
 
 
-def compile_schedule(schedule, members: tuple[int, ...], data: np.ndarray, combine) -> tuple:
+def compile_schedule(schedule, members: tuple[int, ...], data: np.ndarray, combine,
+                     reads_now: Callable[[int, int], bool]) -> tuple:
     """The steps of ``schedule`` (one rank's all_reduce, its ``data`` region in ``data``)
     as Plan.steps, on buffers made here: its scratch, and the temporaries its reducing
-    receives land in before ``combine(dst, temp)`` folds them in (as chorus.engine does)."""
+    receives land in before ``combine(dst, temp)`` folds them in (as chorus.engine does).
+    ``reads_now(peer, nbytes)``: whether the transport reads a step's one receive in the
+    calling thread after its sends (``Transport.reads_now``)."""
     widest = max((sum(op.dst.count for op in step if isinstance(op, Recv) and op.reduce) for step in schedule),
                  default=0)
     buffers = {"data": data, "scratch": np.empty(schedule.scratch, data.dtype)}
@@ -103,7 +112,8 @@ def compile_schedule(schedule, members: tuple[int, ...], data: np.ndarray, combi
             elif isinstance(op, Copy):
                 dst, src = region(op.dst), region(op.src)
                 copies.append(partial(combine, dst, src) if op.reduce else partial(np.copyto, dst, src))
-        steps.append((tuple(recvs), tuple(sends), tuple(copies)))
+        lone = len(recvs) == 1 and reads_now(recvs[0][0], len(recvs[0][2]))
+        steps.append((tuple(recvs), tuple(sends), tuple(copies), lone))
     return tuple(steps)
 
 
@@ -126,26 +136,40 @@ class TcpLane(ReduceLane):
         """Run ``plan`` as op ``seq`` of the group on ``arr`` (the caller's array)."""
         pg = self.pg
         flat = arr.reshape(-1)
-        ctx = pg.context("all_reduce", seq, plan.fingerprint)
+        t, group, code, fp = pg.transport, pg.id, plan.code, plan.fingerprint
+        deadline = time.monotonic() + pg.timeout
+        ctx = None  # the op's OpContext, made only where a wait or an error names the op
         try:
-            t, group, code, fp = pg.transport, pg.id, plan.code, plan.fingerprint
             data = plan.data
-            np.copyto(data, flat)
+            data[...] = flat
             expect = (seq, fp)
-            for recvs, sends, copies in plan.steps:
-                handles = [t.irecv(peer, view, kind=COLL, group=group, tag=tag, dtype=code, expect=expect,
-                                   finish=finish, waited=True) for peer, tag, view, finish in recvs]
+            for recvs, sends, copies, lone in plan.steps:
+                # A step of one small receive sends first and then reads for it, posting
+                # nothing it need not (Transport.send_now/recv_now).  Other steps post their
+                # receives first: several are read side by side by the reader threads, and a
+                # large one lands as it comes (two ranks that both sent first more than their
+                # sockets hold would each stall a write slice, SEND_SLICE_S).
+                handles = [] if lone else [
+                    t.irecv(peer, view, kind=COLL, group=group, tag=tag, dtype=code, expect=expect,
+                            finish=finish, waited=True) for peer, tag, view, finish in recvs]
                 for peer, tag, view in sends:
-                    handles.append(t.isend(peer, view, kind=COLL, group=group, tag=tag, seq=seq, dtype=code,
-                                           fingerprint=fp, sync=True))
+                    h = t.send_now(peer, view, COLL, group, tag, seq, code, fp)
+                    if h is not None:
+                        handles.append(h)
                 for copy in copies:
                     copy()
+                if lone:
+                    peer, tag, view, finish = recvs[0]
+                    h = t.recv_now(peer, view, COLL, group, tag, code, expect, finish, deadline)
+                    if h is not None:
+                        handles.insert(0, h)
                 if handles:
-                    t.wait_all(handles, ctx.deadline, ctx.describe, label=ctx.label)
+                    ctx = ctx or OpContext("all_reduce", group, seq, fp, pg.members, deadline)
+                    t.wait_all(handles, deadline, ctx.describe, label=ctx.label)
             t.finished(group, seq, fp)
-            np.copyto(flat, data)
+            flat[...] = data
         except BaseException as exc:
-            error = settled(pg, exc, ctx)
+            error = settled(pg, exc, ctx or OpContext("all_reduce", group, seq, fp, pg.members, deadline))
             if error is exc:
                 raise
             raise error from None
@@ -170,7 +194,7 @@ class TcpLane(ReduceLane):
         count = buf.numel
         schedule = self.schedules.schedule(pg, "all_reduce", algorithm, {"count": count}, -1, arr.itemsize)
         data = np.empty(count, arr.dtype)
-        steps = compile_schedule(schedule, pg.members, data, combiner(op, buf.dtype))
+        steps = compile_schedule(schedule, pg.members, data, combiner(op, buf.dtype), pg.transport.reads_now)
         plan = Plan(data, steps, DTYPE_CODES[buf.dtype], fingerprint("all_reduce", buf.dtype, count, -1, op.name),
                     op.name == "AVG", buf.dtype, algorithm)
         self.plans[key] = plan

@@ -170,6 +170,11 @@ class Transport:
         if error is not None:
             handle.complete(error=error)
             return handle
+        return self._post_recv(handle, waited)
+
+    def _post_recv(self, handle: Handle, waited: bool) -> Handle:
+        """Post ``handle`` (a receive that passed ``failure``) with the matcher; returns it."""
+        peer, group, expect = handle.peer, handle.group, handle.expect
         arrival = self._matcher.post(handle)
         if arrival is not None:
             self._fill_from_stash(handle, arrival)
@@ -190,6 +195,29 @@ class Transport:
             handle.complete(error=self._lost_error(peer, "left the job (destroy_process_group) "
                                                          "without sending this message", group))
         return handle
+
+    def send_now(self, peer: int, view: memoryview, kind: int, group: int, tag: int, seq: int, dtype: int,
+                 fingerprint: int) -> Handle | None:
+        """A send the caller waits for at once (``isend`` with ``sync``): None once it is
+        on its way, else its handle (pending, or failed) for :meth:`wait_all`.  Base: the
+        handle always."""
+        return self.isend(peer, view, kind=kind, group=group, tag=tag, seq=seq, dtype=dtype,
+                          fingerprint=fingerprint, sync=True)
+
+    def recv_now(self, peer: int, view: memoryview, kind: int, group: int, tag: int, dtype: int,
+                 expect: tuple[int, int] | None, finish: Callable[[], None] | None,
+                 deadline: float | None) -> Handle | None:
+        """A receive from ``peer`` the caller waits for at once (``irecv`` with ``waited``):
+        None once it completed without error, else its handle (pending, or failed) for
+        :meth:`wait_all`.  Base: the handle always."""
+        return self.irecv(peer, view, kind=kind, group=group, tag=tag, dtype=dtype, expect=expect,
+                          finish=finish, waited=True)
+
+    def reads_now(self, peer: int, nbytes: int) -> bool:
+        """Whether :meth:`recv_now` reads a receive of ``nbytes`` from ``peer`` in the calling
+        thread, so that it may follow the caller's sends; else post it before them, where
+        its message can land while they are written.  Base: False."""
+        return False
 
     def wait_all(self, handles: list[Handle], deadline: float | None, what: Callable[[], str],
                  give_up: bool = True, label: Callable[[], str] | None = None) -> None:

@@ -43,6 +43,10 @@ class Matcher:
         self._posted: dict[Key, deque[Handle]] = {}
         self._unexpected: dict[Key, deque[Arrival]] = {}
         self._claimed: set[Arrival] = set()  # claimed while their payload is still being read
+        # Receives that a reading thread fills itself, from the next frame of their key on
+        # their peer's connection (TcpReceiving.recv_now): not matched here, but failed by
+        # fail_where and seen by find_posted like posted ones.
+        self._held: set[Handle] = set()
         self._graced = 0  # readers waiting (``claim``'s grace) for a receive to be posted
 
     # -- receiver side: a receive is posted ---------------------------------------------
@@ -69,6 +73,19 @@ class Matcher:
             if self._graced:  # Condition.notify_all costs microseconds even with no waiter
                 self._posted_cv.notify_all()
             return None
+
+    def hold(self, handle: Handle) -> None:
+        """Hold ``handle``, a receive that the thread reading its peer's connection fills."""
+        with self._lock:
+            self._held.add(handle)
+
+    def unhold(self, handle: Handle) -> bool:
+        """Stop holding ``handle``: True, or False if a failure sweep took it already."""
+        with self._lock:
+            if handle in self._held:
+                self._held.remove(handle)
+                return True
+            return False
 
     # -- reader side: a frame header arrived ---------------------------------------------
     def claim(self, peer: int, header: Header, wait: float = 0.0) -> Handle | Arrival:
@@ -114,6 +131,9 @@ class Matcher:
                     self._posted[key] = keep
                 else:
                     del self._posted[key]
+            for h in [h for h in self._held if pred(h)]:
+                self._held.remove(h)
+                failed.append(h)
             for arrival in list(self._claimed):
                 if arrival.claimant is not None and pred(arrival.claimant):
                     failed.append(arrival.claimant)
@@ -123,12 +143,15 @@ class Matcher:
             h.complete(error=error_for(h))
 
     def find_posted(self, pred: Callable[[Handle], bool]) -> Handle | None:
-        """Some posted receive for which ``pred`` holds (for consistency checks)."""
+        """Some posted (or held) receive for which ``pred`` holds (for consistency checks)."""
         with self._lock:
             for queue in self._posted.values():
                 for h in queue:
                     if pred(h):
                         return h
+            for h in self._held:
+                if pred(h):
+                    return h
         return None
 
     def find_unexpected(self, pred: Callable[[Arrival], bool]) -> Arrival | None:

@@ -16,12 +16,14 @@ straight into its posted receive, or is stashed until one is posted; a frame tha
 stashed or skipped may claim at most ``max_message_bytes()`` (else the peer is cut off).
 
 Sending: a caller that will wait at once (``sync``), or any small message, is written by
-the calling thread — no thread hand-off.  Large asynchronous sends go to a per-peer
-sender thread so the caller can post its receives meanwhile.  Sends to one peer leave
-in the order they were posted.  Writes go in bounded slices (``tcp_writer``): a caller
-whose peer takes nothing for a slice hands the rest of its frame to the sender thread
-and goes back to wait with its op's deadline; the sender thread stops as soon as the
-peer is lost.
+the calling thread — no thread hand-off; one whose caller waits for nothing else
+(``send_now``) makes no handle unless it must be handed over or fails.  Large
+asynchronous sends go to a per-peer sender thread so the caller can post its receives
+meanwhile.  Sends to one peer leave in the order they were posted (a frame is written
+by its caller only while none is queued).  Writes go in bounded slices (``tcp_writer``):
+a caller whose peer takes nothing for a slice hands the rest of its frame to the sender
+thread and goes back to wait with its op's deadline; the sender thread stops as soon as
+the peer is lost.
 
 Same host: two ranks that share a host (and /dev/shm) also share a pair of byte rings,
 set up right after the HELLO (``shm_link``).  Payloads of 256 KiB and more then go
@@ -63,7 +65,7 @@ from chorus.transport.tcp_accept import Doorway
 from chorus.transport.tcp_reader import BELL, BufferedReader
 from chorus.transport.tcp_receive import ReadRole, TcpReceiving
 from chorus.transport.tcp_writer import SEND_SLICE_S, bound_sends, send_some
-from chorus.wire.frames import MAX_PAYLOAD, Kind, LostReason
+from chorus.wire.frames import MAX_PAYLOAD, Kind, LostReason, pack_fields
 
 log = logging.getLogger("chorus")
 
@@ -109,7 +111,7 @@ def local_address_towards(remote: str | None) -> str:
 
 class _Connection:
     __slots__ = ("peer", "sock", "gone", "cv", "queue", "sender", "last_sent", "last_heard", "reading",
-                 "seen", "bye", "ended", "broken", "reader", "role", "ring_out", "ring_in", "ring_min")
+                 "seen", "bye", "ended", "broken", "reader", "role", "ring_out", "ring_in", "ring_min", "own")
 
     def __init__(self, peer: int, sock: socket.socket, gone: Callable[[], str | None]):
         self.peer = peer
@@ -132,6 +134,9 @@ class _Connection:
         self.ring_out: RingWriter | None = None
         self.ring_in: RingReader | None = None
         self.ring_min = MAX_PAYLOAD + 1
+        # A receive from the peer that the thread holding ``role`` reads for without posting
+        # it with the matcher (TcpReceiving.recv_now): the next frame of its key is its own.
+        self.own: Handle | None = None
 
 
 class TcpTransport(TcpReceiving, Transport):
@@ -220,22 +225,44 @@ class TcpTransport(TcpReceiving, Transport):
         conn = self._conns.get(peer)
         if conn is None:
             raise ValueError(f"rank {self.rank} has no connection to rank {peer}")
+        if self._send_inline(conn, header, view, sync, handle) is None:
+            handle.complete()
+
+    def send_now(self, peer: int, view: memoryview, kind: int, group: int, tag: int, seq: int, dtype: int,
+                 fingerprint: int) -> Handle | None:
+        """``Transport.send_now``: a frame written whole by this thread needs no handle."""
+        conn = self._conns.get(peer)
+        if conn is None or self.failure(group, peer, expect=(seq, fingerprint) if fingerprint else None):
+            return self.isend(peer, view, kind=kind, group=group, tag=tag, seq=seq, dtype=dtype,
+                              fingerprint=fingerprint, sync=True)
+        return self._send_inline(conn, pack_fields(kind, group, tag, seq, len(view), dtype, fingerprint), view,
+                                 True, None, (kind, group, tag, dtype))
+
+    def _send_inline(self, conn: _Connection, header: bytes, view: memoryview, sync: bool, handle: Handle | None,
+                     key: tuple[int, int, int, int] | None = None) -> Handle | None:
+        """Write a frame in this thread when nothing is queued ahead of it (and it is
+        ``sync`` or small): None once all of it is out.  Otherwise its handle (``handle``,
+        or one made here from ``key``, (kind, group, tag, dtype)), queued for the sender
+        thread with the frame or what is left of it, or failed."""
         with conn.cv:
             if conn.queue or not (sync or len(view) <= INLINE_MAX):
+                handle = handle or Handle(conn.peer, key[0], key[1], key[2], view, key[3])
                 self._enqueue(conn, (header, view, 0, handle))
-                return
+                return handle
             try:
                 rest = self._write(conn, header, view, 0, patient=False)
             except OSError as exc:
-                handle.complete(error=self._lost_error(peer, f"died (send failed: {exc})", handle.group))
-                self._lose(peer, f"died (send failed: {exc})")
-                return
+                handle = handle or Handle(conn.peer, key[0], key[1], key[2], view, key[3])
+                handle.complete(error=self._lost_error(conn.peer, f"died (send failed: {exc})", handle.group))
+                self._lose(conn.peer, f"died (send failed: {exc})")
+                return handle
             if rest is not None:
                 # The peer took nothing for a whole slice: the sender thread writes the rest, so
                 # this caller goes back to wait with its op's deadline.
+                handle = handle or Handle(conn.peer, key[0], key[1], key[2], view, key[3])
                 self._enqueue(conn, (*rest, handle))
-                return
-        handle.complete()
+                return handle
+        return None
 
     def _enqueue(self, conn: _Connection, item: tuple[bytes, memoryview, int, Handle | None]) -> None:
         """Queue a frame for the peer's sender thread.  Caller holds ``conn.cv``."""

@@ -20,6 +20,11 @@ One thread at a time reads a connection: whoever holds its :class:`ReadRole`'s l
   GIL cost more than its copy (W=2, 256 KiB all_reduce: about 700 -> 420 us).  A
   payload once begun is read to its end, whoever reads it: a peer that stalls in the
   middle of one is cut off by the heartbeat check (a payload that stops counts as silence).
+* A rank thread that sends and then waits for one small receive (``recv_now``: the TCP
+  lane's steps) reads for it as above without posting it with the matcher: holding the
+  role, with nothing posted or stashed that could come first, the next frame of its key
+  on that connection is its own (``conn.own``).  The matcher only holds it
+  (``Matcher.hold``), so failure sweeps and mismatch checks see it as a posted one.
 * The connection's reader thread reads whenever no rank thread does: it waits for the
   socket to be readable holding nothing, takes the role, handles every frame there and
   lets go.  When it finds a rank thread reading (the role taken, or the bytes it woke for
@@ -157,8 +162,77 @@ class TcpReceiving:
                 or not role.lock.acquire(blocking=False)):
             role.need()
             return
+        try:
+            self._read_for(conn, handle, deadline)
+        finally:
+            role.last_caller = time.monotonic()
+            role.lock.release()
+            if not handle.done() or self._matcher.awaits(conn.peer) or self.sends.pending:
+                role.need()
+
+    def recv_now(self, peer: int, view: memoryview, kind: int, group: int, tag: int, dtype: int,
+                 expect: tuple[int, int] | None, finish, deadline: float | None) -> Handle | None:
+        """``Transport.recv_now``: when this thread can take ``peer``'s read role at once and
+        no receive is posted or message stashed that could come first, the receive is not
+        posted with the matcher, only held there (``Matcher.hold``: failure sweeps and
+        mismatch checks still see it): this thread reads the connection, and the next frame
+        of this receive's key (``conn.own``) goes straight into it, as the matcher would have
+        put it (frames of other keys are handled as usual).  Otherwise, or if it is not
+        complete after DIRECT_S, it is posted the usual way."""
+        if not self.reads_now(peer, len(view)):
+            return self.irecv(peer, view, kind=kind, group=group, tag=tag, dtype=dtype, expect=expect,
+                              finish=finish, waited=True)
+        conn = self._conns[peer]
+        handle = Handle(peer, kind, group, tag, view, dtype, expect, finish)
+        handle.receive = True
+        error = self.failure(group, peer, receiving=True, expect=expect)
+        if error is not None:
+            handle.complete(error=error)
+            return handle
+        role = conn.role
+        if not role.lock.acquire(blocking=False):
+            return self._post_recv(handle, True)
+        matcher = self._matcher
+        # Checked holding the role: no frame of this connection is stashed meanwhile.
+        if matcher.stashes() or matcher.awaits(peer) or peer in self.left:
+            role.lock.release()  # the wait reads, or wakes the reader thread, if it must
+            return self._post_recv(handle, True)
+        matcher.hold(handle)
+        try:
+            # Check again now that it is held, as Transport.irecv does once a receive is posted:
+            # a failure recorded, or another call's frame stashed (from another peer), since
+            # the checks above found nothing to fail and no receive to compare it with.
+            if expect is not None and matcher.stashes():
+                self._check_stash_against(handle)
+            if self.failure(group, peer, receiving=True, expect=expect) is None:
+                conn.own = handle
+                self._read_for(conn, handle, deadline)
+        except BaseException:
+            matcher.unhold(handle)  # interrupted (KeyboardInterrupt): nobody reads for it any more
+            raise
+        finally:
+            conn.own = None
+            role.last_caller = time.monotonic()
+            role.lock.release()
+            if not handle.done() or matcher.awaits(peer) or self.sends.pending:
+                role.need()
+        if handle.done():
+            return handle if handle.error is not None else None
+        if not matcher.unhold(handle):  # a failure sweep took it meanwhile: it completes at once
+            return handle
+        return self._post_recv(handle, True)
+
+    def reads_now(self, peer: int, nbytes: int) -> bool:
+        """``Transport.reads_now``: a receive small enough to be read here whose payload
+        comes over the socket (not through a ring)."""
+        conn = self._conns.get(peer)
+        return conn is not None and nbytes <= DIRECT_MAX and nbytes < conn.ring_min
+
+    def _read_for(self, conn, handle: Handle, deadline: float | None) -> None:
+        """(Holding ``conn.role``) read ``conn`` until ``handle`` is complete, or for
+        DIRECT_S at most (see the module docstring)."""
         reader = conn.reader
-        now = role.last_caller = time.monotonic()
+        now = conn.role.last_caller = time.monotonic()
         until = now + DIRECT_S if deadline is None else min(deadline, now + DIRECT_S)
         inside = False  # in the middle of a frame: if interrupted, the stream is lost
         try:
@@ -186,11 +260,6 @@ class TcpReceiving:
                 self._read_failed(conn, exc)
             if not isinstance(exc, Exception):
                 raise
-        finally:
-            role.last_caller = time.monotonic()
-            role.lock.release()
-            if not handle.done() or self._matcher.awaits(conn.peer) or self.sends.pending:
-                role.need()
 
     def _attend(self, peer: int | None) -> None:
         """A receive from ``peer`` (None: any) was posted that nobody is about to wait for:
@@ -264,7 +333,13 @@ class TcpReceiving:
         ``max_message_bytes()``, else nothing is allocated and the peer is disconnected."""
         wait = grace if h.nbytes >= POST_GRACE_MIN else 0.0
         source = conn.ring_in if h.nbytes >= conn.ring_min else reader  # where the payload is
-        match = self._matcher.claim(conn.peer, h, wait)
+        own = conn.own
+        if (own is not None and own.kind == h.kind and own.group == h.group and own.tag == h.tag
+                and self._matcher.unhold(own)):
+            match = own  # the receive the reading thread holds back from the matcher
+            conn.own = None
+        else:
+            match = self._matcher.claim(conn.peer, h, wait)
         conn.reading = True
         try:
             if isinstance(match, Handle):
