@@ -127,3 +127,60 @@ def test_a_member_that_called_another_op_fails_every_member_before_nccl():
     got = _agree_on_threads([11, 12, 11])
     assert all(isinstance(e, CollectiveMismatchError) for e in got), got
     assert "rank(s) [1]" in str(got[0]) and "rank(s) [0, 2]" in str(got[1]), got
+
+
+def test_the_watcher_aborts_the_communicator_once_its_word_is_set_and_stops_at_close():
+    """NcclPeers.watch: a word of host memory that a barrier in front of NCCL's kernel
+    sets when the ranks' ops differ aborts the communicator (NCCL's kernel queued behind
+    would wait forever); close() stops the watcher before the caller unmaps the word."""
+    import threading
+
+    import numpy as np
+
+    from chorus.api.state import current
+    from chorus.components import select
+    from chorus.components.hierarchy import hidden_subgroup
+    from chorus.cuda import nccl
+    from chorus.testing import run_threads
+
+    def body(rank, world):
+        pg = current().default_group
+        sub = hidden_subgroup(pg, component.NCCL_INDEX, tuple(range(world)), "g0/nccl")
+        select.attach(sub, settings=False)
+        peers = nccl.NcclPeers(pg, tuple(range(world)), sub, "cuda/0/nccl/address")
+        aborted = threading.Event()
+        peers.nccl = SimpleNamespace(abort=aborted.set)  # as made at the first op
+        words = np.zeros(8, dtype=np.int64)
+        peers.watch(words, 1)
+        peers.watch(words, 1)  # once per communicator
+        assert not aborted.wait(3 * nccl.WATCH_S)  # (the word is clear: nothing happens)
+        words[1] = 4  # a barrier found another op
+        assert aborted.wait(30), "the watcher did not abort the communicator"
+        watcher = peers.watcher
+        peers.close()
+        assert not watcher.is_alive()
+        return True
+
+    assert run_threads(body, 2) == [True, True]
+
+
+def test_close_stops_a_watcher_that_never_fired():
+    import numpy as np
+
+    from chorus.api.state import current
+    from chorus.components import select
+    from chorus.components.hierarchy import hidden_subgroup
+    from chorus.cuda import nccl
+    from chorus.testing import run_threads
+
+    def body(rank, world):
+        pg = current().default_group
+        sub = hidden_subgroup(pg, component.NCCL_INDEX, tuple(range(world)), "g0/nccl")
+        select.attach(sub, settings=False)
+        peers = nccl.NcclPeers(pg, tuple(range(world)), sub, "cuda/0/nccl/address")
+        peers.watch(np.zeros(8, dtype=np.int64), 1)
+        watcher = peers.watcher
+        peers.close()
+        return watcher.is_alive()
+
+    assert run_threads(body, 2) == [False, False]

@@ -136,6 +136,7 @@ class NcclPeers:
         self.aborting: threading.Thread | None = None  # the failure listener's abort, while it runs
         self.reduce_options: dict = {}  # reduce op -> torch's AllreduceOptions for it
         self.watching: threading.Event | None = None  # set to stop watch()'s thread
+        self.watcher: threading.Thread | None = None
         pg.transport.add_failure_listener(self._on_failure)
 
     def agree(self, call) -> None:
@@ -247,6 +248,8 @@ class NcclPeers:
         self.pg.transport.remove_failure_listener(self._on_failure)
         if self.watching is not None:
             self.watching.set()
+            # (it reads the workspace's control page, which the caller unmaps next)
+            self.watcher.join(ABORT_WAIT_S)
         self.abort()
         aborting = self.aborting
         if aborting is not None:
@@ -277,7 +280,8 @@ class NcclPeers:
                     self.abort_soon()
                     return
 
-        threading.Thread(target=look, name="chorus-nccl-watch", daemon=True).start()
+        self.watcher = threading.Thread(target=look, name="chorus-nccl-watch", daemon=True)
+        self.watcher.start()
 
     def _on_failure(self, group: int, why: str) -> None:
         dead = self.pg.transport.dead
