@@ -104,3 +104,18 @@ def test_mismatch_names_both_calls_and_tells_the_transport():
     with pytest.raises(CollectiveMismatchError):  # broken from now on, told once
         comp.check("broadcast")
     assert len(comp.pg.transport.mismatches) == 1
+
+
+def test_a_failed_barrier_aborts_the_groups_nccl_communicator():
+    """A barrier in front of a handed-off op found another op: the check that raises also
+    has the NCCL communicator aborted (its kernel, queued behind the barrier, would wait
+    for peers that called something else)."""
+    comp = component()
+    aborts = []
+    comp._nccl = SimpleNamespace(broken=None, abort_soon=lambda: aborts.append(1))
+    op = comp.names.add("all_gather (op #4 of group g3)", 4, 12)
+    w = comp.ws.words
+    w[L.FAIL_OP], w[L.FAIL_PEERS], w[L.FAIL_FP], w[L.STATUS] = op, 0b10, 13, L.MISMATCH
+    with pytest.raises(CollectiveMismatchError):
+        comp.check("all_gather")
+    assert aborts == [1]
