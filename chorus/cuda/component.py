@@ -357,8 +357,9 @@ class CudaComponent(Component):
 
     def _start_nccl(self, call: Call):
         """The call on the group's NCCL communicator (chorus.cuda.nccl), in issue order
-        with the group's other ops: fingerprints agreed first, then NCCL's kernel ordered
-        after the current stream, which waits for it."""
+        with the group's other ops: the ops compared first (a barrier on the GPUs, _guard,
+        or on the CPUs: CHORUS_CUDA_NCCL_AGREE; a capture always on the CPUs), then NCCL's
+        kernel ordered after the current stream, which waits for it."""
         import torch
 
         self.check(call.name)
