@@ -184,3 +184,113 @@ def test_close_stops_a_watcher_that_never_fired():
         return watcher.is_alive()
 
     assert run_threads(body, 2) == [False, False]
+
+
+class _Stream:
+    def __init__(self, raw: int = 123):
+        self.cuda_stream = raw
+        self.device = SimpleNamespace(index=0)
+
+    def wait_stream(self, other) -> None:
+        pass
+
+
+def _handing_off(monkeypatch, log, barrier_finds=None):
+    """A CudaComponent of a 1-rank group whose GPU side is faked (streams, events, the
+    workspace's lanes and control page, the NCCL members), logging what it does, in
+    order; ``barrier_finds``: control-page words a barrier writes (a failure it found)."""
+    import numpy as np
+
+    from chorus.cuda import layout as L
+
+    stream = _Stream()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)  # (a CPU build lacks them)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: stream.cuda_stream, raising=False)
+    monkeypatch.setattr(component.capture, "capturing", lambda: False)
+    words = np.zeros(L.CONTROL_WORDS, np.int64)
+
+    class Event:
+        def record(self, s) -> None:
+            log.append("record")
+
+        def synchronize(self) -> None:  # the barrier ran
+            log.append("synchronize")
+            for index, value in (barrier_finds or {}).items():
+                words[index] = value
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    peers = SimpleNamespace(run=lambda call: log.append(f"nccl {call.name}"),
+                            watch=lambda w, i: log.append("watch"), agree=lambda call: log.append("agree"),
+                            broken=None, abort_soon=lambda: log.append("abort"))
+    lanes = SimpleNamespace(begin=lambda *a: None, barrier=lambda: log.append("barrier"))
+
+    def make_peers():
+        log.append("make communicator")
+        return peers
+
+    def build(pg):
+        comp = CudaComponent(pg, None)
+        comp.ws = SimpleNamespace(words=words, stream=None, device="cuda:0")
+        comp.lanes, comp._nccl_guard, comp._device_index = lanes, True, 0
+        comp._make_peers = make_peers
+        return comp
+
+    return build
+
+
+def _call(pg, name="all_reduce"):
+    import numpy as np
+
+    from chorus.call import make
+
+    return make(pg, name, dtype="float32", count=4, buffers={"data": np.zeros(4, np.float32)}, async_op=False,
+                algorithm="nccl", nbytes=16, args={"count": 4}, reduce_op="SUM" if name == "all_reduce" else "")
+
+
+def test_the_first_hand_off_waits_for_its_barrier_before_making_the_communicator(monkeypatch):
+    """Making the NCCL communicator waits for every rank; a rank whose op took chorus's
+    kernels would never come, so the group's first hand-off waits on the CPU for the
+    barrier in front of it.  Later hand-offs queue the barrier and NCCL's op, and nothing
+    waits (inline when the group is idle)."""
+    from chorus.api.state import current
+    from chorus.testing import run_threads
+
+    log: list[str] = []
+    build = _handing_off(monkeypatch, log)
+
+    def body(rank, world):
+        comp = build(current().default_group)
+        comp.start(_call(comp.pg), "nccl")
+        first = list(log)
+        log.clear()
+        comp.start(_call(comp.pg), "nccl")
+        return first, list(log)
+
+    [(first, later)] = run_threads(body, 1)
+    assert first == ["barrier", "record", "synchronize", "make communicator", "watch", "nccl all_reduce"], first
+    assert later == ["watch", "barrier", "nccl all_reduce"], later
+
+
+def test_a_first_hand_off_whose_barrier_finds_another_op_raises_and_makes_no_communicator(monkeypatch):
+    from chorus.api.state import current
+    from chorus.cuda import layout as L
+    from chorus.errors import CollectiveMismatchError
+    from chorus.testing import run_threads
+    from chorus.wire.fingerprint import fingerprint
+
+    log: list[str] = []
+    theirs = fingerprint("all_reduce", "float32", 1 << 20, -1, "SUM")
+    build = _handing_off(monkeypatch, log, {L.FAIL_OP: 1, L.FAIL_PEERS: 0b1, L.FAIL_FP: theirs - (1 << 64) * (theirs >> 63),
+                                            L.STATUS: L.MISMATCH})
+
+    def body(rank, world):
+        comp = build(current().default_group)
+        with pytest.raises(CollectiveMismatchError) as err:
+            comp.start(_call(comp.pg, "all_gather"), "nccl")
+        return str(err.value)
+
+    [text] = run_threads(body, 1)
+    assert "make communicator" not in log and not any(e.startswith("nccl") for e in log), log
+    assert "all_gather" in text and "all_reduce" in text, text

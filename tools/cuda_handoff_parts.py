@@ -9,7 +9,7 @@ the barrier; chorus's own kernels; and 16 MiB both ways.  Reads the component's 
 state (its NcclPeers, lanes and guard switch): a diagnostic, not an API.  Each rank writes
 OUT/p3-rankR.txt.
 
-usage: python3 tools/cuda_handoff_parts.py OUT
+usage: python3 tools/cuda_handoff_parts.py OUT [PORT]
 """
 
 from __future__ import annotations
@@ -88,4 +88,5 @@ def body(rank: int, world: int, port: int, out: str) -> None:
 
 if __name__ == "__main__":
     os.makedirs(sys.argv[1], exist_ok=True)
-    mp.spawn(body, args=(torch.cuda.device_count(), 29855, sys.argv[1]), nprocs=torch.cuda.device_count())
+    port = int(sys.argv[2]) if len(sys.argv) > 2 else 29855
+    mp.spawn(body, args=(torch.cuda.device_count(), port, sys.argv[1]), nprocs=torch.cuda.device_count())

@@ -219,11 +219,10 @@ def _time(torch, chorus, run, iters: int, warmup: int) -> tuple[float, float]:
     import numpy as np
 
     est = np.array([cpu_est], np.float64)
-    chorus.all_reduce(est, op=chorus.ReduceOp.MAX)
-    cpu_est = float(est[0])
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    sleep_s = min(SLEEP_CAP_S, cpu_est * iters * 1.5 + 200e-6)
-    with _no_gc():
+    with _no_gc():  # (its collection before the line-up, which it would otherwise skew)
+        chorus.all_reduce(est, op=chorus.ReduceOp.MAX)
+        sleep_s = min(SLEEP_CAP_S, float(est[0]) * iters * 1.5 + 200e-6)
         torch.cuda._sleep(int(sleep_s * CLOCK_HZ))
         start.record()
         t0 = time.perf_counter()
@@ -261,9 +260,9 @@ def _time_graphed(torch, chorus, run, iters: int, warmup: int) -> tuple[float, f
     graph = _captured(torch, run, iters, warmup)
     graph.replay()
     torch.cuda.synchronize()
-    chorus.all_reduce(np.zeros(1), op=chorus.ReduceOp.MAX)  # line the ranks up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with _no_gc():
+        chorus.all_reduce(np.zeros(1), op=chorus.ReduceOp.MAX)  # line the ranks up
         start.record()
         t0 = time.perf_counter()
         graph.replay()

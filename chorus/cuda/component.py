@@ -363,14 +363,9 @@ class CudaComponent(Component):
         import torch
 
         self.check(call.name)
-        if self._nccl is None:
-            sub = hidden_subgroup(self.pg, NCCL_INDEX, tuple(range(self.pg.size())), f"{self.pg.name}/nccl")
-            select.attach(sub, settings=False)
-            self._nccl = NcclPeers(self.pg, tuple(range(self.pg.size())), sub, f"cuda/{self.pg.id}/nccl/address")
         peers = self._nccl
         guard = self._nccl_guard and not capture.capturing()
-        if guard:
-            peers.watch(self.ws.words, L.STATUS)
+        if guard and peers is not None:
             torch_c = torch._C
             if (not self.pg.queue and recorder.current is None and self.ws.stream is None
                     and torch_c._cuda_getDevice() == self._device_index
@@ -378,10 +373,11 @@ class CudaComponent(Component):
                 # the common case, inline, as start()'s: the group idle, the stream of its last op
                 # current (a hundred microseconds of closures and hooks less per call)
                 op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
+                peers.watch(self.ws.words, L.STATUS)  # (once: a capture may have made the communicator)
                 if call.before is not None:
                     call.before()
                 self._guard(None, op_id, _Raw(self._last_raw), call.fingerprint)
-                self._hand(peers, call)
+                peers.run(call)
                 if call.after is not None:
                     call.after()
                 if not call.async_op:
@@ -392,33 +388,39 @@ class CudaComponent(Component):
             self._follow(stream)
         sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
                              after=staging.on_stream(call.after, stream))
-        if guard:
-            op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
+        op_id = self.names.add(None, call.seq, call.fingerprint, call.name) if guard else 0
 
         def transfers(ctx) -> None:
+            nonlocal peers
             if guard:  # chorus's barrier, on the GPUs, compares the ops; NCCL's kernel waits behind it
                 self._launch(stream, lambda run: self._guard(ctx, op_id, run, call.fingerprint))
+                if peers is None:
+                    # The group's first hand-off: making the communicator below waits for every
+                    # rank (a handshake, the store, NCCL's init), and a rank whose op took chorus's
+                    # kernels would never come.  So the CPU waits for the barrier first (once per
+                    # group): every rank is at this op, or the check raises what the barrier found.
+                    reached = torch.cuda.Event()
+                    reached.record(stream)
+                    reached.synchronize()
+                    self.check(call.name)
+            if peers is None:
+                peers = self._nccl = self._make_peers()
+            if guard:
+                peers.watch(self.ws.words, L.STATUS)
             else:  # (a capture agrees now, once: its replays run only NCCL's kernel)
                 peers.agree(call)
-            self._hand(peers, call)
+            peers.run(call)
 
         run_in_order(sync, self.name, "nccl", staging.on_stream(transfers, stream))
         if not call.async_op:
             return None
         return self._work(stream, call.name, call.result, call.buffers)
 
-    @staticmethod
-    def _hand(peers, call: Call) -> None:
-        """Queue ``call``'s op on NCCL (``peers``), after the current stream's work."""
-        b = call.buffers
-        if call.name == "all_reduce":
-            peers.all_reduce(b["data"], call.reduce_op)
-        elif call.name == "all_gather":
-            peers.all_gather(b["output"], b["input"])
-        elif call.name == "all_to_all":
-            peers.all_to_all(b["output"], b["input"], call.args["send_counts"], call.args["recv_counts"])
-        else:
-            peers.reduce_scatter(b["output"], b["input"], call.reduce_op)
+    def _make_peers(self) -> NcclPeers:
+        """The group's NCCL communicator's members (collective: every rank at the same op)."""
+        sub = hidden_subgroup(self.pg, NCCL_INDEX, tuple(range(self.pg.size())), f"{self.pg.name}/nccl")
+        select.attach(sub, settings=False)
+        return NcclPeers(self.pg, tuple(range(self.pg.size())), sub, f"cuda/{self.pg.id}/nccl/address")
 
     def _guard(self, ctx, op_id: int, run, fprint: int) -> None:
         """One barrier of the group's workspace on stream ``run``, carrying ``fprint``: a

@@ -43,7 +43,7 @@ import numpy as np
 from chorus import config
 from chorus.call import make
 from chorus.components import select
-from chorus.errors import CollectiveMismatchError
+from chorus.errors import AbortedError, CollectiveMismatchError
 from chorus.reductions import ReduceOp
 from chorus.wire.fingerprint import describe
 
@@ -137,6 +137,8 @@ class NcclPeers:
         self.reduce_options: dict = {}  # reduce op -> torch's AllreduceOptions for it
         self.watching: threading.Event | None = None  # set to stop watch()'s thread
         self.watcher: threading.Thread | None = None
+        self.aborted = False  # once set, the communicator is never made (again)
+        self.lock = threading.Lock()  # abort_soon and watch come from several threads
         pg.transport.add_failure_listener(self._on_failure)
 
     def agree(self, call) -> None:
@@ -174,18 +176,41 @@ class NcclPeers:
         raise self.broken
 
     def group(self):
-        """The ProcessGroupNCCL (made at the first call: collective over the members)."""
+        """The ProcessGroupNCCL (made at the first call: collective over the members);
+        after an abort, the error that caused it (never a new communicator: the other
+        members would not make one with it)."""
         if self.nccl is None:
             import torch.distributed as dist
 
             from chorus.api.state import current
 
-            chorus_store = current().store
-            me = self.pg.members[self.pg.rank()]
-            self.store = torch_store(self.key, chorus_store, self.index == 0, serving_host(chorus_store, me),
-                                     self.pg.timeout)
-            self.nccl = dist.ProcessGroupNCCL(self.store, self.index, len(self.ranks))
+            if not self.aborted:
+                chorus_store = current().store
+                me = self.pg.members[self.pg.rank()]
+                self.store = torch_store(self.key, chorus_store, self.index == 0,
+                                         serving_host(chorus_store, me), self.pg.timeout)
+                made = dist.ProcessGroupNCCL(self.store, self.index, len(self.ranks))
+                with self.lock:  # (an abort meanwhile: this one, with no communicator yet, is dropped)
+                    if not self.aborted:
+                        self.nccl = made
+            if self.nccl is None:
+                self.check()
+                raise AbortedError(f"group {self.pg.name}: its NCCL communicator was aborted after a failure; "
+                                   "make a new group (or re-initialize) to go on")
         return self.nccl
+
+    def run(self, call) -> None:
+        """Queue chorus Call ``call``'s op (all_reduce, all_gather, all_to_all or
+        reduce_scatter) on the communicator, after the current stream's work."""
+        b = call.buffers
+        if call.name == "all_reduce":
+            self.all_reduce(b["data"], call.reduce_op)
+        elif call.name == "all_gather":
+            self.all_gather(b["output"], b["input"])
+        elif call.name == "all_to_all":
+            self.all_to_all(b["output"], b["input"], call.args["send_counts"], call.args["recv_counts"])
+        else:
+            self.reduce_scatter(b["output"], b["input"], call.reduce_op)
 
     def all_reduce(self, tensor, reduce_op: str) -> None:
         """``tensor`` = NCCL's all_reduce of it over the members (enqueued; the current
@@ -234,7 +259,8 @@ class NcclPeers:
 
     def abort(self) -> None:
         """Abort the communicator (NCCL's kernels stop waiting); idempotent."""
-        nccl, self.nccl = self.nccl, None
+        with self.lock:
+            nccl, self.nccl = self.nccl, None
         if nccl is not None:
             stop = getattr(nccl, "abort", None) or getattr(nccl, "shutdown", None)
             if stop is not None:
@@ -246,10 +272,13 @@ class NcclPeers:
         still aborting on another thread ends in std::terminate (SIGABRT), after the
         PeerLostError every op raised."""
         self.pg.transport.remove_failure_listener(self._on_failure)
-        if self.watching is not None:
-            self.watching.set()
-            # (it reads the workspace's control page, which the caller unmaps next)
-            self.watcher.join(ABORT_WAIT_S)
+        with self.lock:
+            self.aborted = True
+            watching, watcher = self.watching, self.watcher
+        if watching is not None:
+            watching.set()
+            if watcher is not None:  # (it reads the workspace's control page, which the caller unmaps next)
+                watcher.join(ABORT_WAIT_S)
         self.abort()
         aborting = self.aborting
         if aborting is not None:
@@ -258,10 +287,14 @@ class NcclPeers:
 
     def abort_soon(self) -> None:
         """Abort the communicator from a thread of its own (NCCL's abort can take seconds
-        and the callers must not block), once."""
-        if self.nccl is not None and self.aborting is None:
-            self.aborting = threading.Thread(target=self.abort, name="chorus-nccl-abort", daemon=True)
-            self.aborting.start()
+        and the callers must not block), once; one not made yet never will be."""
+        with self.lock:
+            if self.aborted:
+                return
+            self.aborted = True
+            if self.nccl is not None:
+                self.aborting = threading.Thread(target=self.abort, name="chorus-nccl-abort", daemon=True)
+                self.aborting.start()
 
     def watch(self, words, index: int) -> None:
         """Abort the communicator once ``words[index]`` (a word of host memory that a
@@ -269,10 +302,10 @@ class NcclPeers:
         looking every WATCH_S seconds from a daemon thread, until close(): NCCL's kernel
         queued after such a kernel would otherwise wait forever for peers that called
         another op, and so would whoever synchronizes with it."""
-        if self.watching is not None:
-            return
-        self.watching = threading.Event()
-        stop = self.watching
+        with self.lock:
+            if self.watching is not None:
+                return
+            self.watching = stop = threading.Event()
 
         def look() -> None:
             while not stop.wait(WATCH_S):
@@ -280,8 +313,9 @@ class NcclPeers:
                     self.abort_soon()
                     return
 
-        self.watcher = threading.Thread(target=look, name="chorus-nccl-watch", daemon=True)
-        self.watcher.start()
+        with self.lock:
+            self.watcher = threading.Thread(target=look, name="chorus-nccl-watch", daemon=True)
+            self.watcher.start()
 
     def _on_failure(self, group: int, why: str) -> None:
         dead = self.pg.transport.dead

@@ -11,7 +11,8 @@ with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE set: ``import chorus as dist``,
               PeerLostError (the time it caught it goes into the report)
     mismatch  rank 1 calls all_gather_into_tensor where the others call all_reduce (CUDA
               tensors, async_op=True, ``work.synchronize()``): CollectiveMismatchError
-              there, at the next CUDA call, and at the next CPU call of the group
+              at the call or there, at the next CUDA call, and at the next CPU call of
+              the group
 
 Each rank writes what it saw to OUTDIR/rankR.json (and OUTDIR/progressR while looping),
 then leaves (destroy_process_group) and exits by itself.  ``faulthandler`` dumps every
@@ -67,18 +68,19 @@ def kill(rank: int, world: int, out: str) -> dict:
 
 
 def mismatch(rank: int, world: int, out: str) -> dict:
-    n = max(1 << 20, (4 << 20) // world)  # the all_gather's output: 16 MiB or more (NCCL's)
-    x = torch.full((n,), float(rank), device="cuda")
+    x = torch.full((1 << 20,), float(rank), device="cuda")  # 4 MiB: all_reduce on chorus's kernels
     dist.all_reduce(x)  # attaches the CUDA component; a right op first
     torch.cuda.synchronize()
     assert bool((x == sum(range(world))).all())
+    n = max(1 << 20, (4 << 20) // world)  # the all_gather's output: 16 MiB or more, NCCL's
     seen = {}
     start = time.time()
-    if rank == 1:
-        work = dist.all_gather_into_tensor(torch.empty(world * n, device="cuda"), x, async_op=True)
-    else:
-        work = dist.all_reduce(x, async_op=True)
-    try:
+    try:  # (the group's first hand-off waits for its barrier, so rank 1 may raise at the call)
+        if rank == 1:  # the group's first op handed to NCCL, against the others' kernels
+            work = dist.all_gather_into_tensor(torch.empty(world * n, device="cuda"),
+                                               torch.ones(n, device="cuda"), async_op=True)
+        else:
+            work = dist.all_reduce(x, async_op=True)
         work.synchronize()
         seen["work"] = dict(error=None)
     except Exception as exc:  # noqa: BLE001 - reported

@@ -26,14 +26,14 @@ def _free(port: int) -> bool:
 
 def free_port(pair: bool = False) -> int:
     """A free port; with ``pair``, one whose successor is free too (chorus's store on the
-    port, NCCL's on the next).  Drawn below the kernel's ephemeral range: a port from
+    port, NCCL's on the next).  Drawn outside the kernel's ephemeral range: a port from
     inside it can be taken, between this check and the job's listen, as the local end of
     one of the job's own outgoing connections (EADDRINUSE on the listen)."""
-    low, _ = _ephemeral()
-    top = low - 2 if low > 12000 else 30000
+    low, high = _ephemeral()
+    span = (10000, low - 2) if low > 12000 else (high + 1, 65534)  # below the range, else above it
     rng = random.Random()
     for _ in range(1000):
-        port = rng.randrange(10000, top)
+        port = rng.randrange(*span)
         if _free(port) and (not pair or _free(port + 1)):
             return port
-    raise RuntimeError("no free loopback port below the ephemeral range")
+    raise RuntimeError("no free loopback port outside the ephemeral range")

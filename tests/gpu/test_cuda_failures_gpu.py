@@ -8,9 +8,9 @@ one process per GPU (tests/gpu/failure_workers.py, started with subprocess):
 * rank 1 all-gathers where the others all-reduce: CollectiveMismatchError on every rank,
   naming both calls, within seconds (the group's timeout is 60 s), at the op's
   ``Work.synchronize()``, at the next CUDA call and at the next CPU call of the group.
-  Sized so that the all_gather goes to NCCL: on 4 GPUs the all_reduce stays on chorus's
-  kernels (one rank on each path), on 2 both go to NCCL (two different NCCL ops); either
-  way the barrier in front of NCCL's kernel finds the difference.
+  Sized so that the all_gather is the group's first op handed to NCCL while the
+  all_reduce stays on chorus's kernels: the barrier in front of NCCL's kernel meets the
+  kernels' barrier, and the communicator is never made.
 """
 
 from __future__ import annotations
