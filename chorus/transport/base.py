@@ -162,15 +162,18 @@ class Transport:
         it wakes (so e.g. a reduction overlaps with this thread's other work).
         ``waited``: the caller waits for it at once through :meth:`wait_all` (which lets
         the transport read for it in that thread); else the transport makes sure it
-        completes without a waiter (see :meth:`progress`).
-        """
+        completes without a waiter (see :meth:`progress`)."""
+        handle = self._receive(peer, view, kind, group, tag, dtype, expect, finish)
+        return handle if handle.done() else self._post_recv(handle, waited)
+
+    def _receive(self, peer, view, kind, group, tag, dtype, expect, finish) -> Handle:
+        """A receive's Handle (irecv's arguments), failed at once if its group or peer has."""
         handle = Handle(peer, kind, group, tag, view, dtype, expect, finish)
         handle.receive = True
         error = self.failure(group, peer, receiving=True, expect=expect)
         if error is not None:
             handle.complete(error=error)
-            return handle
-        return self._post_recv(handle, waited)
+        return handle
 
     def _post_recv(self, handle: Handle, waited: bool) -> Handle:
         """Post ``handle`` (a receive that passed ``failure``) with the matcher; returns it."""

@@ -183,11 +183,8 @@ class TcpReceiving:
             return self.irecv(peer, view, kind=kind, group=group, tag=tag, dtype=dtype, expect=expect,
                               finish=finish, waited=True)
         conn = self._conns[peer]
-        handle = Handle(peer, kind, group, tag, view, dtype, expect, finish)
-        handle.receive = True
-        error = self.failure(group, peer, receiving=True, expect=expect)
-        if error is not None:
-            handle.complete(error=error)
+        handle = self._receive(peer, view, kind, group, tag, dtype, expect, finish)
+        if handle.done():
             return handle
         role = conn.role
         if not role.lock.acquire(blocking=False):
