@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chorus import config
+from chorus.debug import flight
 from chorus.engine import Combine, OpContext, Workspace, run_schedule
 from chorus.errors import ConcurrentCallError, InvalidArgumentError
 from chorus.schedules.base import Schedule
@@ -146,6 +147,23 @@ class ProcessGroup:
             self.entry.pop()
         except IndexError:
             return False
+        return True
+
+    def lane_op(self, ring, log: list, run: Callable[..., None], *args) -> bool:
+        """``run(seq, *args)`` as this group's next op through a latency lane: the entry
+        token and sequence number taken as the general path takes them, the op noted in
+        the lane's ``log`` of flight recorder ``ring`` (None: no recorder).  False, with
+        nothing run, while another thread holds the token."""
+        if not self.enter_lane():
+            return False
+        try:
+            seq = self.take_seq()
+            if ring is None:
+                run(seq, *args)
+            else:
+                flight.run_lane(ring, log, seq, self.members[ring.group_rank], run, seq, *args)
+        finally:
+            self.leave()
         return True
 
     def leave(self) -> None:

@@ -16,7 +16,7 @@ window's, chorus.components.shm, and the TCP one, chorus.components.tcp_lane) sh
 * AVG's division after the sum; torch tensors through a cached numpy view.
 
 A subclass gives ``_reduce_plan(arr, op)`` (a plan with an ``average`` flag, or False),
-``_reduce_run(plan, seq, arr)`` (run the op as op ``seq`` of the group, raising chorus's
+``_reduce_run(seq, plan, arr)`` (run the op as op ``seq`` of the group, raising chorus's
 error) and ``_lane_open()`` (False once the lane's resources are gone).
 """
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 
 from chorus import recorder
-from chorus.debug import flight
 from chorus.reductions import ReduceOp, divide
 
 #: plans kept per group before the cache starts over
@@ -77,18 +76,8 @@ class ReduceLane:
         pg = self.pg
         if pg.queue or recorder.current is not None or not arr.flags.carray:
             return False
-        if not pg.enter_lane():
+        if not pg.lane_op(self.flight, self.reduce_log, self._reduce_run, plan, arr):
             return False
-        try:
-            seq = pg.take_seq()
-            ring = self.flight
-            if ring is None:
-                self._reduce_run(plan, seq, arr)
-            else:
-                flight.run_lane(ring, self.reduce_log, seq, pg.members[ring.group_rank], self._reduce_run, plan, seq,
-                                arr)
-        finally:
-            pg.leave()
         if plan.average:
             divide(arr, arr.dtype.name, pg.size())
         return True

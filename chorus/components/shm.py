@@ -77,7 +77,7 @@ class ShmComponent(ReduceLane, Component):
     def _lane_open(self) -> bool:
         return not self.shm.closed
 
-    def _reduce_run(self, plan, seq: int, arr: np.ndarray) -> None:
+    def _reduce_run(self, seq: int, plan, arr: np.ndarray) -> None:
         self.shm.all_reduce_planned(self.pg, seq, plan, arr)
 
     def _reduce_plan(self, arr: np.ndarray, op):
@@ -123,19 +123,10 @@ class ShmComponent(ReduceLane, Component):
         pg = self.pg
         if pg.queue or recorder.current is not None:
             return False
-        if not pg.enter_lane():
-            return False
-        try:
-            seq = pg.take_seq()
-            ring = self.flight
-            if ring is None:
-                self.shm.all_to_all_fast(pg, seq, plan, inp, out)
-            else:
-                flight.run_lane(ring, self.exchange_log, seq, pg.members[ring.group_rank], self.shm.all_to_all_fast, pg,
-                                seq, plan, inp, out)
-        finally:
-            pg.leave()
-        return True
+        return pg.lane_op(self.flight, self.exchange_log, self._exchange_run, plan, inp, out)
+
+    def _exchange_run(self, seq: int, plan, inp: np.ndarray, out: np.ndarray) -> None:
+        self.shm.all_to_all_fast(self.pg, seq, plan, inp, out)
 
     def _exchange_plan(self, inp: np.ndarray):
         """The cached Exchange for ``inp``'s dtype and shape, or False."""

@@ -132,7 +132,7 @@ class TcpLane(ReduceLane):
         """No all_to_all lane over TCP: the general path runs it."""
         return False
 
-    def _reduce_run(self, plan: Plan, seq: int, arr: np.ndarray) -> None:
+    def _reduce_run(self, seq: int, plan: Plan, arr: np.ndarray) -> None:
         """Run ``plan`` as op ``seq`` of the group on ``arr`` (the caller's array)."""
         pg = self.pg
         flat = arr.reshape(-1)

@@ -302,6 +302,8 @@ class NcclPeers:
         looking every WATCH_S seconds from a daemon thread, until close(): NCCL's kernel
         queued after such a kernel would otherwise wait forever for peers that called
         another op, and so would whoever synchronizes with it."""
+        if self.watching is not None:  # (every handed-off call asks: no lock once it runs)
+            return
         with self.lock:
             if self.watching is not None:
                 return
