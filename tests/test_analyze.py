@@ -142,7 +142,7 @@ def test_chorusrun_prints_the_analysis_when_the_job_fails(tmp_path, job):
     """))
     dumps = tmp_path / "fr"
     env = dict(os.environ, CHORUS_FLIGHT_RECORDER_DIR=str(dumps), PYTHONPATH=REPO)
-    run = subprocess.run([sys.executable, "-m", "chorus.run", "--nproc-per-node", "2", str(script)],
+    run = subprocess.run([sys.executable, "-m", "chorus.run", "--nproc-per-node", "2", "--master-port", "0", str(script)],
                          capture_output=True, text=True, env=env, timeout=60)
     assert run.returncode != 0
     assert f"chorusrun: the flight recorders in {dumps} say:" in run.stderr

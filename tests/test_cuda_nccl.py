@@ -9,8 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from chorus.components.hierarchy import HIDDEN  # noqa: E402
-from chorus.cuda import component  # noqa: E402
-from chorus.cuda.component import CudaComponent, nccl_handoff  # noqa: E402
+from chorus.cuda import component, nccl  # noqa: E402
+from chorus.cuda.component import CudaComponent  # noqa: E402
+from chorus.cuda.nccl import nccl_handoff  # noqa: E402
 
 
 @pytest.mark.parametrize("setting, group_id, has_nccl, want", [
@@ -22,7 +23,7 @@ from chorus.cuda.component import CudaComponent, nccl_handoff  # noqa: E402
 ])
 def test_which_groups_hand_off(setting, group_id, has_nccl, want, monkeypatch):
     monkeypatch.setenv("CHORUS_CUDA_NCCL_FROM_BYTES", setting)
-    monkeypatch.setattr(component, "nccl_available", lambda: has_nccl)
+    monkeypatch.setattr(nccl, "nccl_available", lambda: has_nccl)
     assert nccl_handoff(SimpleNamespace(id=group_id)) is want
 
 
@@ -211,20 +212,25 @@ def _handing_off(monkeypatch, log, barrier_finds=None):
     monkeypatch.setattr(component.capture, "capturing", lambda: False)
     words = np.zeros(L.CONTROL_WORDS, np.int64)
 
-    class Event:
-        def record(self, s) -> None:
-            log.append("record")
+    class Beside:  # chorus.cuda.beside's stream, logged
+        def follow(self, raw: int) -> int:
+            log.append(f"beside follows {raw}")
+            return 7
+
+        def end(self) -> str:
+            log.append("barrier's end")
+            return "barrier's end"
 
         def synchronize(self) -> None:  # the barrier ran
             log.append("synchronize")
             for index, value in (barrier_finds or {}).items():
                 words[index] = value
 
-    monkeypatch.setattr(torch.cuda, "Event", Event)
     peers = SimpleNamespace(run=lambda call: log.append(f"nccl {call.name}"),
                             watch=lambda w, i: log.append("watch"), agree=lambda call: log.append("agree"),
                             broken=None, abort_soon=lambda: log.append("abort"))
-    lanes = SimpleNamespace(begin=lambda *a: None, barrier=lambda: log.append("barrier"))
+    lanes = SimpleNamespace(begin=lambda op, ctx, raw, *a: log.append(f"begin on {raw}"),
+                            barrier=lambda: log.append("barrier"), follow=None)
 
     def make_peers():
         log.append("make communicator")
@@ -233,7 +239,7 @@ def _handing_off(monkeypatch, log, barrier_finds=None):
     def build(pg):
         comp = CudaComponent(pg, None)
         comp.ws = SimpleNamespace(words=words, stream=None, device="cuda:0")
-        comp.lanes, comp._nccl_guard, comp._device_index = lanes, True, 0
+        comp.lanes, comp._nccl_guard, comp._device_index, comp._beside = lanes, True, 0, Beside()
         comp._make_peers = make_peers
         return comp
 
@@ -252,8 +258,9 @@ def _call(pg, name="all_reduce"):
 def test_the_first_hand_off_waits_for_its_barrier_before_making_the_communicator(monkeypatch):
     """Making the NCCL communicator waits for every rank; a rank whose op took chorus's
     kernels would never come, so the group's first hand-off waits on the CPU for the
-    barrier in front of it.  Later hand-offs queue the barrier and NCCL's op, and nothing
-    waits (inline when the group is idle)."""
+    barrier that compares the ops.  Later hand-offs queue the barrier (on the stream
+    beside the caller's, after the caller's work so far) and NCCL's op, and nothing waits
+    (inline when the group is idle); the group's next op follows the barrier."""
     from chorus.api.state import current
     from chorus.testing import run_threads
 
@@ -266,11 +273,13 @@ def test_the_first_hand_off_waits_for_its_barrier_before_making_the_communicator
         first = list(log)
         log.clear()
         comp.start(_call(comp.pg), "nccl")
-        return first, list(log)
+        return first, list(log), comp.lanes.follow
 
-    [(first, later)] = run_threads(body, 1)
-    assert first == ["barrier", "record", "synchronize", "make communicator", "watch", "nccl all_reduce"], first
-    assert later == ["watch", "barrier", "nccl all_reduce"], later
+    [(first, later, follow)] = run_threads(body, 1)
+    barrier = ["beside follows 123", "begin on 7", "barrier", "barrier's end"]
+    assert first == [*barrier, "synchronize", "make communicator", "watch", "nccl all_reduce"], first
+    assert later == ["watch", *barrier, "nccl all_reduce"], later
+    assert follow == "barrier's end"  # the group's next op waits for the barrier
 
 
 def test_a_first_hand_off_whose_barrier_finds_another_op_raises_and_makes_no_communicator(monkeypatch):
@@ -294,3 +303,31 @@ def test_a_first_hand_off_whose_barrier_finds_another_op_raises_and_makes_no_com
     [text] = run_threads(body, 1)
     assert "make communicator" not in log and not any(e.startswith("nccl") for e in log), log
     assert "all_gather" in text and "all_reduce" in text, text
+
+
+def test_the_op_after_a_hand_off_waits_for_its_barrier_once_and_never_in_a_capture(monkeypatch):
+    """Lanes.follow (set by the barrier beside a hand-off) makes the next op's stream wait
+    for that barrier, once; an op being captured leaves it to the next eager op."""
+    import numpy as np
+    from cuda_emulation import FakeKernels, FakeWorkspace, memmove
+
+    from chorus.cuda import layout as L
+    from chorus.cuda import runtime
+    from chorus.cuda.lanes import Lanes
+
+    waits = []
+    monkeypatch.setattr(runtime, "stream_wait_event", lambda stream, event: waits.append((stream, event)))
+    lay = L.Layout.of(1, 1 << 20)
+    host = np.zeros(L.CONTROL_WORDS, np.int64)
+    lanes = Lanes(FakeWorkspace(0, [np.zeros(1 << 20, np.uint8)], host, lay), 10.0, kernels=FakeKernels(host),
+                  memcpy=memmove)
+    lanes.begin(1, None, 11)
+    assert waits == []
+    lanes.follow = "barrier's end"
+    lanes.graph = True
+    lanes.begin(2, None, 12)
+    assert waits == [] and lanes.follow == "barrier's end"
+    lanes.graph = False
+    lanes.begin(3, None, 13)
+    lanes.begin(4, None, 14)
+    assert waits == [(13, "barrier's end")] and lanes.follow is None

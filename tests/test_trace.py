@@ -34,7 +34,7 @@ def _traced_job(tmp_path, transport: str) -> str:
     script.write_text(JOB)
     prefix = str(tmp_path / transport)
     env = dict(os.environ, CHORUS_TRACE=prefix, CHORUS_TRANSPORT=transport, PYTHONPATH=REPO)
-    run = subprocess.run([sys.executable, "-m", "chorus.run", "--nproc-per-node", "2", str(script)],
+    run = subprocess.run([sys.executable, "-m", "chorus.run", "--nproc-per-node", "2", "--master-port", "0", str(script)],
                          capture_output=True, text=True, env=env, timeout=90)
     assert run.returncode == 0, run.stderr
     return prefix

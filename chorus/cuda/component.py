@@ -54,12 +54,13 @@ from chorus import config, recorder
 from chorus.call import Call
 from chorus.components import select
 from chorus.components.base import Component, run_in_order
-from chorus.components.hierarchy import HIDDEN, hidden_subgroup
+from chorus.components.hierarchy import hidden_subgroup
 from chorus.cuda import algorithms as A
 from chorus.cuda import capture, failures, staging
 from chorus.cuda import layout as L
+from chorus.cuda.beside import Beside
 from chorus.cuda.failures import OpNames
-from chorus.cuda.nccl import NcclPeers, nccl_available, nccl_reduces
+from chorus.cuda.nccl import NcclPeers, nccl_handoff, nccl_reduces
 from chorus.engine import OpContext
 from chorus.errors import (
     InvalidArgumentError,
@@ -131,13 +132,6 @@ def attach(pg) -> CudaComponent:
 NCCL_INDEX = (1 << 12) - 1
 
 
-def nccl_handoff(pg) -> bool:
-    """Whether ``pg``'s large all_reduces may go to NCCL: torch has it, the setting is on,
-    and the group is not itself a hidden sub-group (whose ids leave no room for one more
-    level: a host's sub-group under the rails, which already run NCCL between hosts)."""
-    return bool(config.get("CHORUS_CUDA_NCCL_FROM_BYTES")) and not pg.id & HIDDEN and nccl_available()
-
-
 class CudaComponent(Component):
     """Group ``pg``'s CUDA component over workspace ``ws`` (None: staging, ``why``)."""
 
@@ -162,6 +156,7 @@ class CudaComponent(Component):
         self._nccl_exchange = handoff and config.get("CHORUS_CUDA_NCCL_ALL_TO_ALL")
         self._nccl = None
         self._nccl_guard = config.get("CHORUS_CUDA_NCCL_AGREE") == "gpu" and ws is not None
+        self._beside = None  # the stream of that agreement's barriers (made at the first)
         self._device_index = -1
         self._torch = None
         if ws is not None:
@@ -329,6 +324,8 @@ class CudaComponent(Component):
     def close(self) -> None:
         if self._nccl is not None:
             self._nccl.close()
+        if self._beside is not None:
+            self._beside.close()
         if self.ws is not None:
             self.pg.transport.remove_failure_listener(self._on_failure)
             self.ws.close()
@@ -376,7 +373,7 @@ class CudaComponent(Component):
                 peers.watch(self.ws.words, L.STATUS)  # (once: a capture may have made the communicator)
                 if call.before is not None:
                     call.before()
-                self._guard(None, op_id, _Raw(self._last_raw), call.fingerprint)
+                self._guard(None, op_id, self._last_raw, call.fingerprint)
                 peers.run(call)
                 if call.after is not None:
                     call.after()
@@ -392,16 +389,14 @@ class CudaComponent(Component):
 
         def transfers(ctx) -> None:
             nonlocal peers
-            if guard:  # chorus's barrier, on the GPUs, compares the ops; NCCL's kernel waits behind it
-                self._launch(stream, lambda run: self._guard(ctx, op_id, run, call.fingerprint))
+            if guard:  # chorus's barrier, on the GPUs, compares the ops (beside NCCL's kernel)
+                self._launch(stream, lambda run: self._guard(ctx, op_id, run.cuda_stream, call.fingerprint))
                 if peers is None:
                     # The group's first hand-off: making the communicator below waits for every
                     # rank (a handshake, the store, NCCL's init), and a rank whose op took chorus's
                     # kernels would never come.  So the CPU waits for the barrier first (once per
                     # group): every rank is at this op, or the check raises what the barrier found.
-                    reached = torch.cuda.Event()
-                    reached.record(stream)
-                    reached.synchronize()
+                    self._beside.synchronize()
                     self.check(call.name)
             if peers is None:
                 peers = self._nccl = self._make_peers()
@@ -422,15 +417,18 @@ class CudaComponent(Component):
         select.attach(sub, settings=False)
         return NcclPeers(self.pg, tuple(range(self.pg.size())), sub, f"cuda/{self.pg.id}/nccl/address")
 
-    def _guard(self, ctx, op_id: int, run, fprint: int) -> None:
-        """One barrier of the group's workspace on stream ``run``, carrying ``fprint``: a
-        rank whose op differs (by NCCL or by chorus's kernels) is found there, the group
-        breaks (STATUS; NcclPeers.watch aborts the communicator, so NCCL's kernel behind
-        the barrier stops waiting), and the op and every later one raise
-        CollectiveMismatchError naming both calls."""
+    def _guard(self, ctx, op_id: int, raw: int, fprint: int) -> None:
+        """One barrier of the group's workspace carrying ``fprint``, beside the hand-off
+        queued next on stream ``raw`` (chorus.cuda.beside): a rank whose op differs (by
+        NCCL or by chorus's kernels) is found there, the group breaks (STATUS;
+        NcclPeers.watch aborts the communicator, so NCCL's kernel stops waiting), and the
+        op and every later one raise CollectiveMismatchError naming both calls."""
         with self._lock:
-            self.lanes.begin(op_id, ctx, run.cuda_stream, "", "", fprint)
+            if self._beside is None:
+                self._beside = Beside(self.ws.device)
+            self.lanes.begin(op_id, ctx, self._beside.follow(raw), "", "", fprint)
             self.lanes.barrier()
+            self.lanes.follow = self._beside.end()
 
     # -- point-to-point ------------------------------------------------------------------------------
     def p2p(self, kind: str, tensor, peer: int, tag: int, async_op: bool):

@@ -68,10 +68,18 @@ class Lanes:
         self.dtype = ""
         self.reduce_op = ""
         self.fprint = 0
+        # an event the next op's stream waits for first: the barrier beside an NCCL
+        # hand-off (chorus.cuda.beside), so that barriers run in epoch order
+        self.follow = None
 
     def begin(self, op_id: int, ctx, stream: int, dtype: str = "", reduce_op: str = "", fprint: int = 0) -> None:
         """Enqueue the next op's work on ``stream`` (a raw cudaStream_t); its barriers carry
-        ``fprint`` (the Call's fingerprint, compared with every peer's: chorus.cuda.kernels)."""
+        ``fprint`` (the Call's fingerprint, compared with every peer's: chorus.cuda.kernels),
+        after ``follow`` if set (not in a capture: a graph may not wait for work outside it;
+        torch's capture begins after a synchronize)."""
+        if self.follow is not None and not self.graph:
+            runtime.stream_wait_event(stream, self.follow)
+            self.follow = None
         self.op_id, self.ctx, self.stream, self.dtype, self.reduce_op = op_id, ctx, stream, dtype, reduce_op
         self.fprint = fprint
 

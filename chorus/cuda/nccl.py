@@ -43,6 +43,7 @@ import numpy as np
 from chorus import config
 from chorus.call import make
 from chorus.components import select
+from chorus.components.hierarchy import HIDDEN
 from chorus.errors import AbortedError, CollectiveMismatchError
 from chorus.reductions import ReduceOp
 from chorus.wire.fingerprint import describe
@@ -114,6 +115,13 @@ def serving_host(chorus_store, rank: int) -> str:
         address = chorus_store.get(f"tcp/addr/{rank}")
         return (address.decode() if isinstance(address, bytes) else address).rsplit(":", 1)[0]
     return config.get("CHORUS_SOCKET_HOST") or "127.0.0.1"
+
+
+def nccl_handoff(pg) -> bool:
+    """Whether ``pg``'s large all_reduces may go to NCCL: torch has it, the setting is on,
+    and the group is not itself a hidden sub-group (whose ids leave no room for one more
+    level: a host's sub-group under the rails, which already run NCCL between hosts)."""
+    return bool(config.get("CHORUS_CUDA_NCCL_FROM_BYTES")) and not pg.id & HIDDEN and nccl_available()
 
 
 class NcclPeers:

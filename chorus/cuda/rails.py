@@ -4,7 +4,10 @@ chorus's CUDA component inside each host, one communicator per rail between host
     hosts a, a, b, b (group ranks 0..3); a rank's index is its place on its host
 
     local   host a: [0, 1]   host b: [2, 3]   chorus.cuda over NVLink (the hierarchy's
-                                               host sub-group, chorus.components.hierarchy)
+                                               host sub-group, chorus.components.hierarchy);
+                                               from CHORUS_CUDA_NCCL_GATHER_FROM_BYTES, the
+                                               all_reduce's phases on a host NCCL
+                                               communicator (NCCL rails only)
     rails   rail 0: [0, 2]   rail 1: [1, 3]   NCCL: torch's ProcessGroupNCCL on the rail's
                                                ranks; or a chorus sub-group whose CUDA
                                                tensors are staged through pinned host
@@ -38,7 +41,9 @@ order by chorus's kernels, then by NCCL on its rail, and copied).  With rounding
 differ from a flat NCCL all_reduce's, whose order is another.
 
 Before anything is queued on a rail, its members compare the op's fingerprint over
-chorus's own TCP path (one small all_gather on the rail's chorus sub-group): ranks that
+chorus's own TCP path (one small all_gather on the rail's chorus sub-group), and so do
+the host's members with the host communicator (a rank on NCCL there would never meet the
+others' barriers): ranks that
 called different collectives raise CollectiveMismatchError naming both calls, instead of
 handing NCCL mismatched ops.  A lost rank fails the group as everywhere in chorus (the
 sub-groups share the parent's failure scope); the rails' NCCL communicators are aborted
@@ -133,6 +138,13 @@ class RailsComponent(Component):
         # the rail's NCCL communicator (made at its first op), fingerprints agreed on the rail
         self.peers = NcclPeers(pg, self.rail_ranks, self.rail, f"chorus/rails/{pg.id}/{self.index}/address",
                                (pg, self.local, self.rail))
+        # the host's phases of large all_reduces on NCCL too (chorus's hidden host sub-group
+        # never hands off itself: chorus.cuda.nccl.nccl_handoff), from the size where a
+        # flat group hands its all_gathers and reduce_scatters to NCCL
+        self.host_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if kind == "nccl" else 0
+        self.host_peers = NcclPeers(pg, hierarchy.by_host[hierarchy.host], self.local,
+                                    f"chorus/rails/{pg.id}/host{hierarchy.host}/address",
+                                    (pg, self.local, self.rail)) if self.host_from else None
         from chorus.cuda.component import CudaComponent
 
         self.staged = CudaComponent(pg, None, why)  # what runs every call the rails do not
@@ -154,13 +166,15 @@ class RailsComponent(Component):
             return self.staged.start(call, algorithm)
         import torch
 
-        self.peers.check()
+        self.check(call.name)
         stream = torch.cuda.current_stream()
         sync = call._replace(async_op=False, before=staging.on_stream(call.before, stream),
                              after=staging.on_stream(call.after, stream))
 
         def transfers(ctx) -> None:
             self.peers.agree(call)
+            if self.host_peers is not None:  # (a rank on NCCL in the host would not meet a barrier)
+                self.host_peers.agree(call)
             if call.name == "all_reduce":
                 self._all_reduce(call)
             else:
@@ -172,7 +186,8 @@ class RailsComponent(Component):
             return None
         from chorus.cuda.work import CudaWork
 
-        return CudaWork(stream.record_event(), self.peers.check, call.result, tuple(call.buffers.values()))
+        return CudaWork(stream.record_event(), lambda: self.check(call.name), call.result,
+                        tuple(call.buffers.values()))
 
     def all_reduce_now(self, tensor, op) -> bool:
         """The API's latency lane: never here (the general path runs the rails)."""
@@ -188,12 +203,16 @@ class RailsComponent(Component):
     def check(self, what: str) -> None:
         """Raise the group's error, if it has one."""
         self.peers.check()
+        if self.host_peers is not None:
+            self.host_peers.check()
 
     def close(self) -> None:
         """Abort the rails' NCCL communicators; release the rail sub-group's components
         and the host sub-group's CUDA one (its workspace; the hierarchy releases the
         host sub-group's others)."""
         self.peers.close()
+        if self.host_peers is not None:
+            self.host_peers.close()
         for component in (*self.rail.components, *self.rail.device_components.values(),
                           *self.local.device_components.values()):
             component.close()
@@ -211,15 +230,22 @@ class RailsComponent(Component):
         if buf is not data:
             buf[:n].copy_(data)  # (the padding's values are reduced among themselves and dropped)
         mine = torch.empty(piece, dtype=data.dtype, device=data.device)
-        select.start(call.on(self.local, "reduce_scatter", {"input": buf, "output": mine},
-                             {"counts": (piece,) * local}, reduce=True, count=piece))
+        host = self.host_peers if self.host_from and buf.numel() * buf.element_size() >= self.host_from else None
+        if host is not None:  # (every input to the choice is the same on every rank of the call)
+            host.reduce_scatter(mine, buf, call.reduce_op)
+        else:
+            select.start(call.on(self.local, "reduce_scatter", {"input": buf, "output": mine},
+                                 {"counts": (piece,) * local}, reduce=True, count=piece))
         if self.kind == "nccl":
             self.peers.all_reduce(mine, call.reduce_op)
         else:
             select.start(call.on(self.rail, "all_reduce", {"data": mine}, {"count": piece}, reduce=True,
                                  count=piece))
-        select.start(call.on(self.local, "all_gather", {"input": mine, "output": buf}, {"count": piece},
-                             count=piece))
+        if host is not None:
+            host.all_gather(buf, mine)
+        else:
+            select.start(call.on(self.local, "all_gather", {"input": mine, "output": buf}, {"count": piece},
+                                 count=piece))
         if buf is not data:
             data.copy_(buf[:n])
 

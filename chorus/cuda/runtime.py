@@ -137,3 +137,29 @@ class DeviceArray:
     def __init__(self, ptr: int, nbytes: int):
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
                                          "version": 3, "strides": None}
+
+
+# -- events: a point on one stream that another stream (or the host) waits for ---------------
+def event_create():
+    """A cudaEvent_t without timing (the cheapest to record and to wait for)."""
+    rt = cudart()
+    return _check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreateWithFlags")
+
+
+def event_destroy(event) -> None:
+    _check(cudart().cudaEventDestroy(event), "cudaEventDestroy")
+
+
+def event_record(event, stream: int) -> None:
+    """``event`` marks the work queued on ``stream`` so far."""
+    _check(cudart().cudaEventRecord(event, stream), "cudaEventRecord")
+
+
+def stream_wait_event(stream: int, event) -> None:
+    """Work queued on ``stream`` from now on runs after ``event``'s work."""
+    _check(cudart().cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent")
+
+
+def event_synchronize(event) -> None:
+    """The host waits until ``event``'s work completed."""
+    _check(cudart().cudaEventSynchronize(event), "cudaEventSynchronize")

@@ -38,6 +38,8 @@ def run(rank: int, world: int, port: int, steps: int, seed: int, out: str) -> No
         prog.step(i)
     torch.cuda.synchronize()
     facts["wrong"] = prog.wrong
+    host = getattr(comp, "host_peers", None)
+    facts["host_nccl"] = host is not None and host.nccl is not None  # a host phase ran on NCCL
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(facts, f)
     dist.destroy_process_group()

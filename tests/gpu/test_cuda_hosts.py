@@ -39,17 +39,21 @@ def test_two_hosts_stage_and_match_nccl(tmp_path, monkeypatch):
         assert r["wrong"] == [], (rank, r["wrong"])
 
 
-@pytest.mark.parametrize("kind", ["nccl", "tcp"])
-def test_two_hosts_rails_match_nccl(kind, tmp_path, monkeypatch):
-    """all_reduce and broadcast through chorus inside each simulated host and the rails
-    between them (NCCL, or chorus's TCP path staged); the rest staged; the same random
-    program, bit for bit against a flat NCCL group."""
+@pytest.mark.parametrize("kind, host_nccl_from", [("nccl", None), ("nccl", "4096"), ("tcp", None)])
+def test_two_hosts_rails_match_nccl(kind, host_nccl_from, tmp_path, monkeypatch):
+    """all_reduce and broadcast through chorus inside each simulated host (its kernels;
+    or, from ``host_nccl_from`` bytes, a host NCCL communicator) and the rails between
+    them (NCCL, or chorus's TCP path staged); the rest staged; the same random program,
+    bit for bit against a flat NCCL group."""
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
     monkeypatch.setenv("CHORUS_CUDA_RAILS", kind)
+    if host_nccl_from is not None:
+        monkeypatch.setenv("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES", host_nccl_from)
     mp.spawn(hosts_workers.run, args=(4, free_port(pair=True), STEPS, 4321, str(tmp_path)), nprocs=4)
     for rank in range(4):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert (r["component"], r["rails"]) == ("RailsComponent", kind), (rank, r)
+        assert r["host_nccl"] == (host_nccl_from is not None), (rank, r)
         assert r["first_sum_right"], rank
         assert r["wrong"] == [], (rank, r["wrong"])
