@@ -35,7 +35,10 @@ class Beside:
         self.stream = torch.cuda.Stream(device)  # (kept: the raw handle lives as long as it does)
         self.raw = self.stream.cuda_stream
         self.queued = runtime.event_create()
-        self.done = runtime.event_create()
+        # torch's event, for synchronize(): cuda-bindings' cudaEventSynchronize keeps the GIL
+        # while it blocks, and the transport's threads must go on meanwhile
+        self.ended = torch.cuda.Event()
+        self.done = 0  # its cudaEvent_t, once recorded
 
     def follow(self, raw: int) -> int:
         """This stream's handle, its next work after what stream ``raw`` has queued so far."""
@@ -45,13 +48,13 @@ class Beside:
 
     def end(self):
         """The event after the work queued here so far (the barrier)."""
-        runtime.event_record(self.done, self.raw)
+        self.ended.record(self.stream)
+        self.done = self.ended.cuda_event
         return self.done
 
     def synchronize(self) -> None:
         """The host waits for the barrier (a group's first hand-off: see CudaComponent)."""
-        runtime.event_synchronize(self.done)
+        self.ended.synchronize()
 
     def close(self) -> None:
         runtime.event_destroy(self.queued)
-        runtime.event_destroy(self.done)

@@ -305,11 +305,11 @@ class NcclPeers:
                 self.aborting.start()
 
     def watch(self, words, index: int) -> None:
-        """Abort the communicator once ``words[index]`` (a word of host memory that a
-        kernel in front of NCCL's writes when it finds the ranks' ops differ) is non-zero,
-        looking every WATCH_S seconds from a daemon thread, until close(): NCCL's kernel
-        queued after such a kernel would otherwise wait forever for peers that called
-        another op, and so would whoever synchronizes with it."""
+        """Abort the communicator once ``words[index]`` (a word of host memory that the
+        barrier beside NCCL's kernel writes when it finds the ranks' ops differ:
+        chorus.cuda.beside) is non-zero, looking every WATCH_S seconds from a daemon
+        thread, until close(): NCCL's kernel would otherwise wait forever for peers that
+        called another op, and so would whoever synchronizes with it."""
         if self.watching is not None:  # (every handed-off call asks: no lock once it runs)
             return
         with self.lock:

@@ -159,7 +159,3 @@ def stream_wait_event(stream: int, event) -> None:
     """Work queued on ``stream`` from now on runs after ``event``'s work."""
     _check(cudart().cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent")
 
-
-def event_synchronize(event) -> None:
-    """The host waits until ``event``'s work completed."""
-    _check(cudart().cudaEventSynchronize(event), "cudaEventSynchronize")

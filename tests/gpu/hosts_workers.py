@@ -37,6 +37,10 @@ def run(rank: int, world: int, port: int, steps: int, seed: int, out: str) -> No
     for i in range(steps):
         prog.step(i)
     torch.cuda.synchronize()
+    y = torch.full((1 << 16,), float(rank + 1), device="cuda")  # 256 KiB
+    dist.all_reduce(y)
+    torch.cuda.synchronize()
+    facts["second_sum_right"] = bool((y == sum(range(1, world + 1))).all())
     facts["wrong"] = prog.wrong
     host = getattr(comp, "host_peers", None)
     facts["host_nccl"] = host is not None and host.nccl is not None  # a host phase ran on NCCL
