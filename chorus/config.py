@@ -315,8 +315,9 @@ SETTINGS: dict[str, Setting] = _declare(
                     "off: chorus's channels"),
     Setting("CHORUS_CUDA_NCCL_AGREE", "choice", "gpu", choices=("gpu", "cpu"),
             meaning="how a call handed to NCCL inside a host checks that every rank called the same op: "
-                    "gpu: chorus's barrier kernel compares the fingerprints on the GPUs just before NCCL's "
-                    "kernel (no CPU waits for a peer; about 6 us of GPU time per call on 2 H200s; a watcher "
+                    "gpu: chorus's barrier kernel compares the fingerprints on the GPUs, on a stream beside "
+                    "NCCL's kernel, the group's next op after it (no CPU waits for a peer, NCCL's kernel "
+                    "does not wait for it: chorus.cuda.beside; a watcher "
                     "aborts the communicator on a mismatch, and a mismatched op raises at the next call or "
                     "wait, its outputs undefined); cpu: the ranks' CPUs compare them before anything is "
                     "queued (one round trip per call; a rank whose op took chorus's kernels is waited for "

@@ -426,26 +426,26 @@ TABLES = {
     "h200x2-all_gather": GpuAlgorithms("2xh200/all_gather-fused-vs-nccl-bf16-w2.json",
                                        "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_gather "
                                        "--algorithm fused,nccl -b 1K -e 256M -f 4 -n 100 -w 10 --scale-iters"),
-    "h200-all_reduce": Gpu("4xh200/all_reduce-bf16-w4.json",
+    "h200-all_reduce": Gpu("4xh200/speed-run-3/all_reduce.json",
                            "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 1G -f 4 "
                            "-n 200 -w 20 --scale-iters --lane"),
     "h200-all_reduce-own": Gpu("4xh200/all_reduce-own-kernels-bf16-w4.json",
                                "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 1G "
                                "-f 4 -n 200 -w 20 --scale-iters   # before the NCCL hand-off"),
-    "h200-graph": Gpu("4xh200/all_reduce-graphed-bf16-w4.json",
+    "h200-graph": Gpu("4xh200/speed-run-3/graph.json",
                       "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 4M -f 4 "
                       "-n 200 -w 20 --graph --baseline nccl"),
     "h200-nccl-from": GpuAlgorithms("4xh200/calibrate-nccl-bf16-w4.json",
                                     "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 256K "
                                     "-e 64M -f 2 -n 100 -w 10 --scale-iters --baseline none "
                                     "--algorithm one_shot,two_shot_push,nccl"),
-    "h200-all_gather": Gpu("4xh200/all_gather-bf16-w4.json",
+    "h200-all_gather": Gpu("4xh200/speed-run-3/all_gather.json",
                            "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_gather -b 1K -e 256M "
                            "-f 4 -n 200 -w 20 --scale-iters"),
-    "h200-reduce_scatter": Gpu("4xh200/reduce_scatter-bf16-w4.json",
+    "h200-reduce_scatter": Gpu("4xh200/speed-run-3/reduce_scatter.json",
                                "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective reduce_scatter -b 1K "
                                "-e 256M -f 4 -n 200 -w 20 --scale-iters"),
-    "h200-rails": Gpu("4xh200/rails-2x2-bf16-w4.json",
+    "h200-rails": Gpu("4xh200/speed-run-3/rails.json",
                       "NCCL_NVLS_ENABLE=0 CHORUS_HOST_ID=a,a,b,b CHORUS_CUDA_RAILS=nccl chorus bench --device cuda "
                       "--collective all_reduce -b 16M -e 1G -f 4 -n 50 -w 5 --scale-iters"),
     "h200-calibrate": GpuAlgorithms("4xh200/calibrate-bf16-w4.json",

@@ -18,9 +18,9 @@ What chorus adds to NCCL:
   the fingerprint and of its complement through the group's shared-memory lane where it
   has one, then, if they differ, an all_gather naming who called what); NCCL handed
   mismatched ops would hang or corrupt memory.  Inside a host, chorus.cuda.component
-  compares them on the GPUs instead (a barrier of its workspace in front of NCCL's
-  kernel, CHORUS_CUDA_NCCL_AGREE), and ``watch`` aborts the communicator when that
-  barrier found ranks doing different ops.
+  compares them on the GPUs instead (a barrier of its workspace beside NCCL's kernel,
+  chorus.cuda.beside; CHORUS_CUDA_NCCL_AGREE), and ``watch`` aborts the communicator
+  when that barrier found ranks doing different ops.
 * **failures in seconds:** a lost member fails the group as everywhere in chorus, and the
   communicator is aborted at once (from a thread of its own: a failure listener must not
   block), so no NCCL kernel waits for a dead peer; NCCL's own watchdog would wait minutes.
