@@ -201,6 +201,31 @@ def _on_hold(monkeypatch, t: TcpTransport, before=None, after=None) -> list[int]
     return held
 
 
+def _while_reading(monkeypatch, t: TcpTransport, path: str, before=None, after=None) -> list[int]:
+    """Run ``before()`` and ``after()`` once ``t``'s recv_now reads rank 1's connection for a
+    collective's receive, on either of its paths: "taken" (it reads until the frame it
+    knows byte for byte is there: ``_take_now``; the hooks run around its first look at
+    the buffer) or "held" (``_take_now`` off: it holds its receive with the matcher, see
+    _on_hold).  Returns a list that counts the runs."""
+    if path == "held":
+        monkeypatch.setattr(t, "_take_now", lambda *a: False)
+        return _on_hold(monkeypatch, t, before, after)
+    reader, ran = t._conns[1].reader, []
+    take = reader.take
+
+    def hooked(header, dst):
+        if not ran:
+            ran.append(1)
+            if before is not None:
+                before()
+            if after is not None:
+                after()
+        return take(header, dst)
+
+    monkeypatch.setattr(reader, "take", hooked)
+    return ran
+
+
 def test_recv_now_takes_its_own_frame_and_stashes_the_others(pair, monkeypatch):
     """``recv_now`` reads for a receive it does not post: a frame of another key that
     comes first is stashed for its own receive, the frame of its key fills it, and the
@@ -218,7 +243,8 @@ def test_recv_now_takes_its_own_frame_and_stashes_the_others(pair, monkeypatch):
     assert bytes(other.view) == b"other"
 
 
-def test_a_receive_recv_now_holds_fails_at_once_when_its_group_breaks(pair, monkeypatch):
+@pytest.mark.parametrize("path", ["taken", "held"])
+def test_a_receive_recv_now_holds_fails_at_once_when_its_group_breaks(pair, monkeypatch, path):
     """A failure recorded while ``recv_now`` reads for its (unposted) receive fails it at
     once, as it fails posted ones, rather than after the thread's reading time (made 30 s
     here, so that the two cannot be confused under load)."""
@@ -227,28 +253,29 @@ def test_a_receive_recv_now_holds_fails_at_once_when_its_group_breaks(pair, monk
     held = threading.Event()
     breaker = threading.Thread(target=lambda: held.wait(10) and t0.group_mismatch(0, 1, 3, 0x1234, 1))
     breaker.start()
-    _on_hold(monkeypatch, t0, after=held.set)
+    ran = _while_reading(monkeypatch, t0, path, after=held.set)
     start = time.monotonic()
     h = t0.recv_now(1, memoryview(bytearray(4)), int(Kind.COLL), 0, 5, 0, (3, 0x99), None,
                     time.monotonic() + 60.0)
     took = time.monotonic() - start
     breaker.join(10)
-    assert held.is_set()
+    assert held.is_set() and ran == [1]
     assert h is not None and isinstance(h.error, CollectiveMismatchError)
     assert took < 10.0, took
 
 
-def test_a_peer_lost_while_recv_now_reads_fails_its_receive(pair, monkeypatch):
+@pytest.mark.parametrize("path", ["taken", "held"])
+def test_a_peer_lost_while_recv_now_reads_fails_its_receive(pair, monkeypatch, path):
     """The peer's connection ends while ``recv_now`` reads for its receive: PeerLostError
     at once, not a wait until the reading time or the deadline."""
     t0, t1 = pair
     monkeypatch.setattr(tcp_receive, "DIRECT_S", 30.0)
-    _on_hold(monkeypatch, t0, after=lambda: t1._conns[0].sock.shutdown(socket.SHUT_RDWR))
+    ran = _while_reading(monkeypatch, t0, path, after=lambda: t1._conns[0].sock.shutdown(socket.SHUT_RDWR))
     start = time.monotonic()
     h = t0.recv_now(1, memoryview(bytearray(4)), int(Kind.COLL), 0, 5, 0, (3, 0x99), None,
                     time.monotonic() + 60.0)
     assert h is not None and isinstance(h.error, PeerLostError), h and h.error
-    assert time.monotonic() - start < 10.0
+    assert time.monotonic() - start < 10.0 and ran == [1]
     with pytest.raises(PeerLostError):
         _wait(t0, [h])
 
@@ -266,7 +293,8 @@ def test_recv_now_times_out_and_leaves_nothing_posted(pair):
     assert t0._matcher.find_posted(lambda h: True) is None
 
 
-def test_recv_now_checks_frames_stashed_before_it_held_its_receive(trio, monkeypatch):
+@pytest.mark.parametrize("path", ["taken", "held"])
+def test_recv_now_checks_frames_stashed_before_it_held_its_receive(trio, monkeypatch, path):
     """Another call's frame from a third rank, stashed after ``recv_now`` looked for
     stashes and before it held its receive, is checked against it once held (as ``irecv``
     checks the stash once its receive is posted): the receive fails with
@@ -291,7 +319,7 @@ def test_recv_now_checks_frames_stashed_before_it_held_its_receive(trio, monkeyp
         _wait(t1, [t1.isend(0, memoryview(b"yyyy"), kind=int(Kind.COLL), group=0, tag=5, seq=3,
                             fingerprint=0x99, sync=True)])
 
-    held = _on_hold(monkeypatch, t0, before=rank_2_calls_something_else, after=rank_1_sends_its_part)
+    held = _while_reading(monkeypatch, t0, path, before=rank_2_calls_something_else, after=rank_1_sends_its_part)
     h = t0.recv_now(1, memoryview(bytearray(4)), int(Kind.COLL), 0, 5, 0, (3, 0x99), None,
                     time.monotonic() + 10.0)
     assert held == [1]
@@ -322,3 +350,40 @@ def test_reads_now_is_what_recv_now_reads_itself(pair):
     assert t0.reads_now(1, tcp_receive.DIRECT_MAX) and not t0.reads_now(1, tcp_receive.DIRECT_MAX + 1)
     assert not t0.reads_now(0, 4)  # no connection to itself
     assert Transport.reads_now(t0, 1, 4) is False
+
+
+def test_recv_now_takes_a_frame_it_knows_without_posting_or_holding(pair, monkeypatch):
+    """A collective's receive knows every byte of its frame's header (kind, group, tag, the
+    op's seq and fingerprint, size, dtype): recv_now copies the payload out of the
+    connection's buffer with no Handle, no hold and no header parsing, runs ``finish``,
+    and a frame that came right behind it is read for its own receive."""
+    t0, t1 = pair
+    held = _on_hold(monkeypatch, t0)
+    ran = _while_reading(monkeypatch, t0, "taken", after=lambda: _wait(t1, [
+        t1.isend(0, memoryview(b"abcd"), kind=int(Kind.COLL), group=0, tag=5, seq=3, fingerprint=0x99, dtype=2,
+                 sync=True),
+        t1.isend(0, memoryview(b"next"), kind=int(Kind.COLL), group=0, tag=5, seq=4, fingerprint=0x98, dtype=2,
+                 sync=True)]))
+    finished = []
+    view = memoryview(bytearray(4))
+    assert t0.recv_now(1, view, int(Kind.COLL), 0, 5, 2, (3, 0x99), lambda: finished.append(1),
+                       time.monotonic() + 10.0) is None
+    assert bytes(view) == b"abcd" and finished == [1] and ran == [1] and held == []
+    later = memoryview(bytearray(4))
+    h = t0.recv_now(1, later, int(Kind.COLL), 0, 5, 2, (4, 0x98), None, time.monotonic() + 10.0)
+    if h is not None:
+        _wait(t0, [h])
+    assert bytes(later) == b"next"
+
+
+@pytest.mark.parametrize("theirs", [(3, 0x77), (2, 0x99)], ids=["other-fingerprint", "other-seq"])
+def test_a_frame_recv_now_does_not_know_goes_the_usual_way(pair, monkeypatch, theirs):
+    """A frame whose header differs from the one the receive knows (another call) is not
+    taken: the usual path reads it and fails the receive with CollectiveMismatchError."""
+    t0, t1 = pair
+    ran = _while_reading(monkeypatch, t0, "taken", after=lambda: _wait(t1, [
+        t1.isend(0, memoryview(b"abcd"), kind=int(Kind.COLL), group=0, tag=5, seq=theirs[0], fingerprint=theirs[1],
+                 sync=True)]))
+    h = t0.recv_now(1, memoryview(bytearray(4)), int(Kind.COLL), 0, 5, 0, (3, 0x99), None, time.monotonic() + 10.0)
+    assert ran == [1]
+    assert h is not None and isinstance(h.error, CollectiveMismatchError), h and h.error

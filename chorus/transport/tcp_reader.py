@@ -76,6 +76,26 @@ class BufferedReader:
         if self._start == self._end:
             self._start = self._end = 0
 
+    def take(self, header: bytes, dst: memoryview) -> int:
+        """The next frame, if it is exactly ``header`` with a payload of ``len(dst)`` bytes:
+        1 once all of it is buffered (its payload copied into ``dst``, the frame consumed);
+        0 while what is buffered is the start of such a frame (or nothing); -1 if the next
+        frame is another (nothing consumed)."""
+        start, have = self._start, self._end - self._start
+        if have < HEADER_SIZE:
+            return 0 if self._view[start: self._end] == header[:have] else -1
+        if self._view[start: start + HEADER_SIZE] != header:
+            return -1
+        end = start + HEADER_SIZE + len(dst)
+        if end > self._end:
+            return 0
+        dst[:] = self._view[start + HEADER_SIZE: end]
+        if end == self._end:
+            self._start = self._end = 0
+        else:
+            self._start = end
+        return 1
+
     def buffered(self) -> int:
         """Bytes received and not read yet."""
         return self._end - self._start

@@ -25,6 +25,12 @@ One thread at a time reads a connection: whoever holds its :class:`ReadRole`'s l
   role, with nothing posted or stashed that could come first, the next frame of its key
   on that connection is its own (``conn.own``).  The matcher only holds it
   (``Matcher.hold``), so failure sweeps and mismatch checks see it as a posted one.
+  A collective's receive goes one step further first (``_take_now``): it knows every
+  byte of the header its frame will have (the op's seq and fingerprint included), so it
+  reads until the connection's next frame is exactly that one and copies its payload
+  out, with no Handle, no hold and no parsing; it checks for failures between reads and
+  for frames of its op stashed from other peers afterwards, and it leaves any other
+  frame, unconsumed, to the path above.
 * The connection's reader thread reads whenever no rank thread does: it waits for the
   socket to be readable holding nothing, takes the role, handles every frame there and
   lets go.  When it finds a rank thread reading (the role taken, or the bytes it woke for
@@ -63,6 +69,7 @@ from chorus.wire.frames import (
     Kind,
     LostReason,
     failed_text,
+    pack_fields,
     unpack_header,
 )
 
@@ -86,6 +93,26 @@ def _others_pending(handle: Handle, handles: list[Handle]) -> bool:
         if h.receive and not h.done() and h is not handle:
             return True
     return False
+
+
+class _Taken:
+    """A receive already complete (what _read_for reads behind a frame _take_now took)."""
+
+    @staticmethod
+    def done() -> bool:
+        return True
+
+
+_TAKEN = _Taken()
+
+
+class _Expecting:
+    """What _check_stash_against reads of a receive: its group and (seq, fingerprint)."""
+
+    __slots__ = ("group", "expect")
+
+    def __init__(self, group: int, expect: tuple[int, int]):
+        self.group, self.expect = group, expect
 
 
 class ReadRole:
@@ -183,6 +210,15 @@ class TcpReceiving:
             return self.irecv(peer, view, kind=kind, group=group, tag=tag, dtype=dtype, expect=expect,
                               finish=finish, waited=True)
         conn = self._conns[peer]
+        if expect is not None and self._take_now(conn, view, kind, group, tag, dtype, expect, deadline):
+            error = self.failure(group, peer, receiving=True, expect=expect)  # (a mismatch the stash showed)
+            if error is None:
+                if finish is not None:
+                    finish()
+                return None
+            handle = Handle(peer, kind, group, tag, view, dtype)
+            handle.complete(error=error)
+            return handle
         handle = self._receive(peer, view, kind, group, tag, dtype, expect, finish)
         if handle.done():
             return handle
@@ -218,6 +254,52 @@ class TcpReceiving:
         if not matcher.unhold(handle):  # a failure sweep took it meanwhile: it completes at once
             return handle
         return self._post_recv(handle, True)
+
+    def _take_now(self, conn, view: memoryview, kind: int, group: int, tag: int, dtype: int,
+                  expect: tuple[int, int], deadline: float | None) -> bool:
+        """recv_now's first try, for a collective's receive (``expect``: the op's seq and
+        fingerprint, so every byte of the frame's header is known beforehand): holding the
+        read role, with nothing posted or stashed that could come first, read until the
+        next frame of ``conn`` is that header with its payload, then copy the payload into
+        ``view`` (Handle, matcher, frame parsing: none of it).  False, nothing consumed, if
+        another frame comes first (the usual path handles it: a mismatch, a failure notice,
+        a heartbeat), a failure is recorded, the connection fails, or DIRECT_S passes."""
+        role, matcher, peer = conn.role, self._matcher, conn.peer
+        if matcher.stashes() or matcher.awaits(peer) or peer in self.left or not role.lock.acquire(blocking=False):
+            return False
+        reader = conn.reader
+        header = pack_fields(kind, group, tag, expect[0], len(view), dtype, expect[1])
+        took = False
+        try:
+            # (checked holding the role: no frame of this connection is stashed meanwhile)
+            if matcher.stashes() or self.failure(group, peer, receiving=True, expect=expect) is not None:
+                return False
+            now = time.monotonic()
+            until = now + DIRECT_S if deadline is None else min(deadline, now + DIRECT_S)
+            while not conn.broken:
+                got = reader.take(header, view)
+                if got:
+                    took = got > 0
+                    break
+                if reader.fill_nowait():
+                    continue
+                if time.monotonic() >= until or self.failure(group, peer, receiving=True, expect=expect):
+                    break
+                reader.readable(SLICE_S)
+            if took:
+                conn.last_heard = time.monotonic()
+                if reader.frame_buffered() >= 0:  # (frames behind it, which the reader thread's poll would miss)
+                    self._read_for(conn, _TAKEN, deadline)
+                if matcher.stashes():  # another peer's frame of this op or an earlier one, stashed meanwhile
+                    self._check_stash_against(_Expecting(group, expect))
+        except Exception as exc:  # EOF, a reset: the peer is cut off as _read_for does; the usual path reports it
+            self._read_failed(conn, exc)
+        finally:
+            role.last_caller = time.monotonic()
+            role.lock.release()
+            if matcher.awaits(peer) or self.sends.pending:
+                role.need()
+        return took
 
     def reads_now(self, peer: int, nbytes: int) -> bool:
         """``Transport.reads_now``: a receive small enough to be read here whose payload
