@@ -387,3 +387,84 @@ def test_a_frame_recv_now_does_not_know_goes_the_usual_way(pair, monkeypatch, th
     h = t0.recv_now(1, memoryview(bytearray(4)), int(Kind.COLL), 0, 5, 0, (3, 0x99), None, time.monotonic() + 10.0)
     assert ran == [1]
     assert h is not None and isinstance(h.error, CollectiveMismatchError), h and h.error
+
+
+@pytest.mark.parametrize("path", ["taken", "held"])
+def test_a_third_ranks_other_call_fails_a_waiting_recv_now_at_once(trio, monkeypatch, path):
+    """Rank 2's frame of another call (op 3, another fingerprint) is stashed while
+    recv_now waits for rank 1, which sends nothing (its heartbeats held back, so that none
+    ends the wait early): CollectiveMismatchError at once, as ``stashed`` fails a held
+    receive, not after the thread's reading time (30 s here) or the deadline."""
+    t0, t1, t2 = trio
+    monkeypatch.setattr(tcp_receive, "DIRECT_S", 30.0)
+    monkeypatch.setattr(t1, "_beat", lambda *a: None)
+    reading = threading.Event()
+
+    def rank_2_calls_something_else():
+        reading.wait(10)
+        _wait(t2, [t2.isend(0, memoryview(b"xxxx"), kind=int(Kind.COLL), group=0, tag=5, seq=3,
+                            fingerprint=0x77, sync=True)])
+
+    threading.Thread(target=rank_2_calls_something_else, daemon=True).start()
+    ran = _while_reading(monkeypatch, t0, path, after=reading.set)
+    start = time.monotonic()
+    h = t0.recv_now(1, memoryview(bytearray(4)), int(Kind.COLL), 0, 5, 0, (3, 0x99), None,
+                    time.monotonic() + 15.0)
+    took = time.monotonic() - start
+    assert ran == [1]
+    assert h is not None and isinstance(h.error, CollectiveMismatchError), h and h.error
+    assert took < 5.0, took
+
+
+class _WatchedLock:
+    """A connection's role lock that notes, whenever the test's thread lets go of it, whether
+    a whole frame is left in the connection's buffer."""
+
+    def __init__(self, lock, reader, owner):
+        self._lock, self._reader, self._owner, self.left = lock, reader, owner, []
+
+    def acquire(self, blocking=True, timeout=-1):
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self):
+        if threading.current_thread() is self._owner:
+            n = self._reader.frame_buffered()
+            if n >= 0 and tcp_receive.HEADER_SIZE + n <= self._reader.buffered():
+                self.left.append(n)
+        self._lock.release()
+
+    def locked(self):
+        return self._lock.locked()
+
+
+def test_recv_now_lets_go_of_the_role_with_no_whole_frame_buffered(trio, monkeypatch):
+    """The module's rule, "it lets go of the role ... with no complete frame left
+    in the connection's buffer (a frame the reader thread's poll would not see)".
+    _take_now buffers rank 1's frame of another key and falls back; the usual path then
+    fails the receive at once (another call's frame stashed from rank 2) without reading it."""
+    t0, t1, t2 = trio
+    stashed = threading.Event()
+    stash = t0.stashed
+
+    def noting(source, header):
+        stash(source, header)
+        stashed.set()
+
+    monkeypatch.setattr(t0, "stashed", noting)
+    conn = t0._conns[1]
+    watched = _WatchedLock(conn.role.lock, conn.reader, threading.current_thread())
+    monkeypatch.setattr(conn.role, "lock", watched)
+
+    def before():
+        _wait(t2, [t2.isend(0, memoryview(b"xxxx"), kind=int(Kind.COLL), group=0, tag=5, seq=3,
+                            fingerprint=0x77, sync=True)])
+        assert stashed.wait(10)
+        _wait(t1, [_send(t1, 0, b"zz", tag=9)])  # another key: not the frame recv_now knows
+        assert conn.reader.readable(5)
+
+    ran = _while_reading(monkeypatch, t0, "taken", before=before)
+    h = t0.recv_now(1, memoryview(bytearray(4)), int(Kind.COLL), 0, 5, 0, (3, 0x99), None,
+                    time.monotonic() + 10.0)
+    assert ran == [1]
+    assert h is not None and isinstance(h.error, CollectiveMismatchError), h and h.error
+    assert watched.left == [], f"let go of the role with whole frames buffered: {watched.left}"

@@ -269,6 +269,7 @@ class TcpReceiving:
             return False
         reader = conn.reader
         header = pack_fields(kind, group, tag, expect[0], len(view), dtype, expect[1])
+        expecting = _Expecting(group, expect)
         took = False
         try:
             # (checked holding the role: no frame of this connection is stashed meanwhile)
@@ -283,16 +284,22 @@ class TcpReceiving:
                     break
                 if reader.fill_nowait():
                     continue
-                if time.monotonic() >= until or self.failure(group, peer, receiving=True, expect=expect):
+                if time.monotonic() >= until:
+                    break
+                if matcher.stashes():  # stashed() compares new stashes with posted and held receives
+                    self._check_stash_against(expecting)  # only, and this one is neither
+                if self.failure(group, peer, receiving=True, expect=expect):
                     break
                 reader.readable(SLICE_S)
             if took:
                 conn.last_heard = time.monotonic()
-                if reader.frame_buffered() >= 0:  # (frames behind it, which the reader thread's poll would miss)
-                    self._read_for(conn, _TAKEN, deadline)
-                if matcher.stashes():  # another peer's frame of this op or an earlier one, stashed meanwhile
-                    self._check_stash_against(_Expecting(group, expect))
-        except Exception as exc:  # EOF, a reset: the peer is cut off as _read_for does; the usual path reports it
+            # Frames behind it, or the other frame that came first: read those here in full now,
+            # which the reader thread's poll would miss (the usual path may fail at once, unread).
+            if reader.frame_buffered() >= 0:
+                self._read_for(conn, _TAKEN, deadline)
+            if took and matcher.stashes():  # another peer's frame of this op or an earlier one, stashed meanwhile
+                self._check_stash_against(expecting)
+        except OSError as exc:  # EOF, a reset: the peer is cut off as _read_for does; the usual path reports it
             self._read_failed(conn, exc)
         finally:
             role.last_caller = time.monotonic()
