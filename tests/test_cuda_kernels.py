@@ -445,3 +445,37 @@ def test_captured_kernels_count_on_the_device(ops):
                        world, g.hosts[0].data_ptr(), 9, 77, 0, 10**12, "SUM", "float32", 50, graph_slot=g.slot)
     assert g.hosts[0][L.STATUS] == L.TIMEOUT
     assert int(g.ws[0][L.GRAPH_OPS // 8]) == 1 and int(g.ws[0][L.GRAPH_DONE // 8]) == 0
+
+
+def test_a_first_launch_goes_on_the_stream_asked_for(monkeypatch):
+    """Triton launches on torch's current stream; a launch asked for on another stream
+    (the barrier beside an NCCL hand-off) has that stream made current around it, also
+    the first launch of its key, which goes through Triton; on the current stream
+    nothing is switched."""
+    current = [7]
+    launched_on, switched = [], []
+
+    class Switch:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            switched.append(self.stream)
+            current.append(self.stream)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, num_warps: launched_on.append(current[-1])
+
+    monkeypatch.setattr(K, "INTERPRET", False)
+    monkeypatch.setattr(K, "FAST", False)
+    monkeypatch.setattr(K, "_raw_stream", lambda: current[-1])
+    monkeypatch.setattr(torch.cuda, "ExternalStream", lambda raw: raw)
+    monkeypatch.setattr(torch.cuda, "stream", Switch)
+    K.launch(Kernel(), ("k",), 1, (), 1, stream=9)
+    K.launch(Kernel(), ("k",), 1, (), 1, stream=7)
+    K.launch(Kernel(), ("k",), 1, (), 1)
+    assert launched_on == [9, 7, 7] and switched == [9]

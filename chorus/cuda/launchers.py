@@ -269,8 +269,10 @@ def _raw_stream() -> int:
 
 def launch(kernel, key, grid: int, args: tuple, num_warps: int, stream: int | None = None) -> None:
     """``kernel[(grid,)](*args, num_warps=num_warps)`` on ``stream`` (a raw
-    cudaStream_t; None: torch's current stream, which must be that stream anyway for
-    the first launch of a key).  ``args``: every parameter in order, constexprs too."""
+    cudaStream_t; None: torch's current stream).  ``args``: every parameter in order,
+    constexprs too.  The first launch of a key goes through Triton, which launches on
+    torch's current stream: another ``stream`` is made current around it (the barrier
+    beside an NCCL hand-off runs on a stream of its own: chorus.cuda.beside)."""
     entry = _COMPILED.get(key) if FAST else None
     if entry:
         run, function, packed = entry
@@ -282,7 +284,13 @@ def launch(kernel, key, grid: int, args: tuple, num_warps: int, stream: int | No
                         key[0], type(exc).__name__, exc)
             _COMPILED[key] = False
             entry = False
-    compiled = kernel[(grid,)](*args, num_warps=num_warps)
+    if stream is None or INTERPRET or stream == _raw_stream():
+        compiled = kernel[(grid,)](*args, num_warps=num_warps)
+    else:
+        import torch
+
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
+            compiled = kernel[(grid,)](*args, num_warps=num_warps)
     if FAST and entry is None:
         try:
             _COMPILED[key] = (compiled.run, compiled.function, compiled.packed_metadata)
