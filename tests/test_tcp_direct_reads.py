@@ -201,6 +201,18 @@ def _on_hold(monkeypatch, t: TcpTransport, before=None, after=None) -> list[int]
     return held
 
 
+def _noting_stashes(monkeypatch, t: TcpTransport) -> threading.Event:
+    """An event set once ``t`` stashes a frame (no receive was posted for it)."""
+    stashed, stash = threading.Event(), t.stashed
+
+    def noting(source, header):
+        stash(source, header)
+        stashed.set()
+
+    monkeypatch.setattr(t, "stashed", noting)
+    return stashed
+
+
 def _while_reading(monkeypatch, t: TcpTransport, path: str, before=None, after=None) -> list[int]:
     """Run ``before()`` and ``after()`` once ``t``'s recv_now reads rank 1's connection for a
     collective's receive, on either of its paths: "taken" (it reads until the frame it
@@ -300,14 +312,7 @@ def test_recv_now_checks_frames_stashed_before_it_held_its_receive(trio, monkeyp
     checks the stash once its receive is posted): the receive fails with
     CollectiveMismatchError even though its own frame arrives intact."""
     t0, t1, t2 = trio
-    stashed = threading.Event()
-    stash = t0.stashed
-
-    def noting(source, header):
-        stash(source, header)
-        stashed.set()
-
-    monkeypatch.setattr(t0, "stashed", noting)
+    stashed = _noting_stashes(monkeypatch, t0)
 
     def rank_2_calls_something_else():
         # op 3 of group 0 with another fingerprint, read and stashed by rank 0's reader thread
@@ -443,14 +448,7 @@ def test_recv_now_lets_go_of_the_role_with_no_whole_frame_buffered(trio, monkeyp
     _take_now buffers rank 1's frame of another key and falls back; the usual path then
     fails the receive at once (another call's frame stashed from rank 2) without reading it."""
     t0, t1, t2 = trio
-    stashed = threading.Event()
-    stash = t0.stashed
-
-    def noting(source, header):
-        stash(source, header)
-        stashed.set()
-
-    monkeypatch.setattr(t0, "stashed", noting)
+    stashed = _noting_stashes(monkeypatch, t0)
     conn = t0._conns[1]
     watched = _WatchedLock(conn.role.lock, conn.reader, threading.current_thread())
     monkeypatch.setattr(conn.role, "lock", watched)
