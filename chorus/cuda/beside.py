@@ -27,7 +27,7 @@ from chorus.cuda import runtime
 class Beside:
     """The stream beside the caller's on device ``device`` (a torch.device), and two
     events: the caller's work before the hand-off (``queued``), the barrier's end
-    (``done``)."""
+    (``ended``)."""
 
     def __init__(self, device):
         import torch
@@ -38,7 +38,6 @@ class Beside:
         # torch's event, for synchronize(): cuda-bindings' cudaEventSynchronize keeps the GIL
         # while it blocks, and the transport's threads must go on meanwhile
         self.ended = torch.cuda.Event()
-        self.done = 0  # its cudaEvent_t, once recorded
 
     def follow(self, raw: int) -> int:
         """This stream's handle, its next work after what stream ``raw`` has queued so far."""
@@ -46,11 +45,10 @@ class Beside:
         runtime.stream_wait_event(self.raw, self.queued)
         return self.raw
 
-    def end(self):
-        """The event after the work queued here so far (the barrier)."""
+    def end(self) -> int:
+        """The event after the work queued here so far (the barrier), as a raw cudaEvent_t."""
         self.ended.record(self.stream)
-        self.done = self.ended.cuda_event
-        return self.done
+        return self.ended.cuda_event
 
     def synchronize(self) -> None:
         """The host waits for the barrier (a group's first hand-off: see CudaComponent)."""

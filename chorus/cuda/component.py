@@ -206,16 +206,13 @@ class CudaComponent(Component):
         import torch
 
         self.check(call.name)
-        if (not call.async_op and call.name != "barrier" and not self.pg.queue and recorder.current is None
-                and self.ws.stream is None and torch._C._cuda_getDevice() == self._device_index
-                and torch._C._cuda_getCurrentRawStream(self._device_index) == self._last_raw):
+        if not call.async_op and call.name != "barrier" and self._inline():
             # the common case, inline: what run_in_order and _launch would do, without their
             # per-call closures (the group is idle, the caller's stream is current)
             op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
             if call.before is not None:
                 call.before()
-            raw = torch._C._cuda_getCurrentRawStream(self._device_index)
-            self._enqueue(call, None, op_id, _Raw(raw), algorithm)
+            self._enqueue(call, None, op_id, _Raw(self._last_raw), algorithm)  # (the current stream)
             if call.after is not None:
                 call.after()
             return None
@@ -362,24 +359,19 @@ class CudaComponent(Component):
         self.check(call.name)
         peers = self._nccl
         guard = self._nccl_guard and not capture.capturing()
-        if guard and peers is not None:
-            torch_c = torch._C
-            if (not self.pg.queue and recorder.current is None and self.ws.stream is None
-                    and torch_c._cuda_getDevice() == self._device_index
-                    and torch_c._cuda_getCurrentRawStream(self._device_index) == self._last_raw):
-                # the common case, inline, as start()'s: the group idle, the stream of its last op
-                # current (a hundred microseconds of closures and hooks less per call)
-                op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
-                peers.watch(self.ws.words, L.STATUS)  # (once: a capture may have made the communicator)
-                if call.before is not None:
-                    call.before()
-                self._guard(None, op_id, self._last_raw, call.fingerprint)
-                peers.run(call)
-                if call.after is not None:
-                    call.after()
-                if not call.async_op:
-                    return None
-                return self._work(self._last_stream, call.name, call.result, call.buffers)
+        if guard and peers is not None and self._inline():
+            # the common case, inline, as start()'s (a hundred microseconds of closures and hooks less)
+            op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
+            peers.watch(self.ws.words, L.STATUS)  # (once: a capture may have made the communicator)
+            if call.before is not None:
+                call.before()
+            self._guard(None, op_id, self._last_raw, call.fingerprint)
+            peers.run(call)
+            if call.after is not None:
+                call.after()
+            if not call.async_op:
+                return None
+            return self._work(self._last_stream, call.name, call.result, call.buffers)
         stream = torch.cuda.current_stream(self.ws.device)
         if not capture.capturing():  # (a capture may not wait for work outside it)
             self._follow(stream)
@@ -505,6 +497,15 @@ class CudaComponent(Component):
             ws.words[L.ABORT] = 1
 
     # -- helpers -------------------------------------------------------------------------------------
+    def _inline(self) -> bool:
+        """Whether an op may be enqueued inline, without run_in_order's per-call closures:
+        the group idle (nothing queued, no recorder listener), no workspace stream of its
+        own, and the device and stream of the group's last op current."""
+        torch_c = self._torch._C
+        return (not self.pg.queue and recorder.current is None and self.ws.stream is None
+                and torch_c._cuda_getDevice() == self._device_index
+                and torch_c._cuda_getCurrentRawStream(self._device_index) == self._last_raw)
+
     def _launch(self, stream, enqueue) -> None:
         """``enqueue(run)`` puts an op's work on stream ``run``: ``stream`` (the caller's),
         or the workspace's own stream joined to it both ways (members that are threads of

@@ -230,7 +230,8 @@ class RailsComponent(Component):
         if buf is not data:
             buf[:n].copy_(data)  # (the padding's values are reduced among themselves and dropped)
         mine = torch.empty(piece, dtype=data.dtype, device=data.device)
-        host = self.host_peers if self.host_from and buf.numel() * buf.element_size() >= self.host_from else None
+        large = self.host_peers is not None and buf.numel() * buf.element_size() >= self.host_from
+        host = self.host_peers if large else None
         if host is not None:  # (every input to the choice is the same on every rank of the call)
             host.reduce_scatter(mine, buf, call.reduce_op)
         else:

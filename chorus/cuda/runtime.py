@@ -158,4 +158,3 @@ def event_record(event, stream: int) -> None:
 def stream_wait_event(stream: int, event) -> None:
     """Work queued on ``stream`` from now on runs after ``event``'s work."""
     _check(cudart().cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent")
-

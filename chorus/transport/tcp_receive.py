@@ -269,7 +269,6 @@ class TcpReceiving:
             return False
         reader = conn.reader
         header = pack_fields(kind, group, tag, expect[0], len(view), dtype, expect[1])
-        expecting = _Expecting(group, expect)
         took = False
         try:
             # (checked holding the role: no frame of this connection is stashed meanwhile)
@@ -287,7 +286,7 @@ class TcpReceiving:
                 if time.monotonic() >= until:
                     break
                 if matcher.stashes():  # stashed() compares new stashes with posted and held receives
-                    self._check_stash_against(expecting)  # only, and this one is neither
+                    self._check_stash_against(_Expecting(group, expect))  # only, and this one is neither
                 if self.failure(group, peer, receiving=True, expect=expect):
                     break
                 reader.readable(SLICE_S)
@@ -298,7 +297,7 @@ class TcpReceiving:
             if reader.frame_buffered() >= 0:
                 self._read_for(conn, _TAKEN, deadline)
             if took and matcher.stashes():  # another peer's frame of this op or an earlier one, stashed meanwhile
-                self._check_stash_against(expecting)
+                self._check_stash_against(_Expecting(group, expect))
         except OSError as exc:  # EOF, a reset: the peer is cut off as _read_for does; the usual path reports it
             self._read_failed(conn, exc)
         finally:
