@@ -262,6 +262,10 @@ SETTINGS: dict[str, Setting] = _declare(
             meaning="a synchronous all_reduce of up to this many bytes per rank, on a group whose "
                     "collectives run over TCP (no shared-memory window), runs from a plan cached per "
                     "dtype, shape and op (same algorithm and bits as the general path); 0: never"),
+    Setting("CHORUS_TCP_SPIN_US", "float", minimum=0, unit="microseconds",
+            meaning="how long a rank waiting for a small TCP message polls its socket before it "
+                    "sleeps in poll(); unset: 200 where every rank of the host has a core of its "
+                    "own (LOCAL_WORLD_SIZE, else the job's size, against this process's CPUs), else 0"),
     Setting("CHORUS_TRANSPORT", "choice", "auto", choices=("auto", "shm", "tcp"),
             meaning="auto: shared memory among ranks of one host, TCP between hosts (hierarchy); "
                     "shm: require shared memory (error where impossible); tcp: sockets only"),

@@ -466,3 +466,73 @@ def test_recv_now_lets_go_of_the_role_with_no_whole_frame_buffered(trio, monkeyp
     assert ran == [1]
     assert h is not None and isinstance(h.error, CollectiveMismatchError), h and h.error
     assert watched.left == [], f"let go of the role with whole frames buffered: {watched.left}"
+
+
+def _exchange(t: TcpTransport, peer: int, out: bytes, nbytes: int, seq: int = 3, fingerprint: int = 0x99,
+              finish=None):
+    """``t.exchange_now`` of a collective's step (tag 5, dtype 2) with ``peer``: (what is
+    left to wait for, the receive's view)."""
+    into = memoryview(bytearray(nbytes))
+    left = t.exchange_now(peer, memoryview(out), into, int(Kind.COLL), 0, 5, 5, seq, 2, fingerprint, finish,
+                          time.monotonic() + 10.0)
+    return left, into
+
+
+def test_exchange_now_swaps_with_one_peer_without_posting_or_holding(pair, monkeypatch):
+    """Both ranks of a step exchange at once: each writes its frame whole and takes the
+    peer's by its known header (no receive posted or held), then runs ``finish``."""
+    t0, t1 = pair
+    held = _on_hold(monkeypatch, t0) + _on_hold(monkeypatch, t1)
+    done: dict[int, tuple] = {}
+    finished = []
+    other = threading.Thread(target=lambda: done.__setitem__(1, _exchange(t1, 0, b"from1", 5)))
+    other.start()
+    done[0] = _exchange(t0, 1, b"from0", 5, finish=lambda: finished.append(0))
+    other.join(10)
+    for left, _ in done.values():
+        _wait(t0, left)  # (rank 1's could be left to wait only if its send was queued)
+    assert bytes(done[0][1]) == b"from1" and bytes(done[1][1]) == b"from0"
+    assert finished == [0] and held == []
+
+
+def test_an_exchange_answered_by_another_call_fails_with_mismatch(pair, monkeypatch):
+    """The peer's frame is of another call (op 2): it is not taken; the usual path reads it
+    and the receive fails with CollectiveMismatchError."""
+    t0, t1 = pair
+    ran = _while_reading(monkeypatch, t0, "taken", after=lambda: _wait(t1, [
+        t1.isend(0, memoryview(b"abcd"), kind=int(Kind.COLL), group=0, tag=5, seq=2, fingerprint=0x99, dtype=2,
+                 sync=True)]))
+    left, _ = _exchange(t0, 1, b"mine", 4)
+    assert ran == [1]
+    assert left and isinstance(left[0].error, CollectiveMismatchError), left and left[0].error
+
+
+def test_an_exchange_never_overtakes_a_queued_send(pair):
+    """A large asynchronous send to the peer is queued for the sender thread: the
+    exchange's frame goes behind it (the usual way), and the receive completes as well."""
+    t0, t1 = pair
+    big = bytes(range(256)) * 4096  # 1 MiB: above INLINE_MAX, queued
+    first = t1.irecv(0, memoryview(bytearray(len(big))), kind=int(Kind.COLL), group=0, tag=5, dtype=2)
+    queued = t0.isend(1, memoryview(big), kind=int(Kind.COLL), group=0, tag=5, seq=3, fingerprint=0x99, dtype=2)
+    reply = threading.Thread(target=lambda: _wait(t1, [t1.isend(
+        0, memoryview(b"back"), kind=int(Kind.COLL), group=0, tag=5, seq=3, fingerprint=0x99, dtype=2, sync=True)]))
+    reply.start()
+    left, into = _exchange(t0, 1, b"tiny", 4)
+    second = t1.irecv(0, memoryview(bytearray(4)), kind=int(Kind.COLL), group=0, tag=5, dtype=2)
+    _wait(t0, [queued, *left])
+    _wait(t1, [first, second])
+    reply.join(10)
+    assert bytes(first.view) == big and bytes(second.view) == b"tiny" and bytes(into) == b"back"
+
+
+@pytest.mark.parametrize(("setting", "local", "expected"), [
+    (7.0, None, 7e-6),  # as set, wherever the ranks run
+    (None, "1", "SPIN_US"),  # one rank here: it has a core of its own
+    (None, "100000", 0.0),  # ranks outnumber the CPUs: a poller would take a waited-for rank's CPU
+])
+def test_how_long_a_waiting_rank_polls_its_socket(monkeypatch, setting, expected, local):
+    from chorus.transport.tcp import SPIN_US, spin_seconds
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local) if local else monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    expected = SPIN_US * 1e-6 if expected == "SPIN_US" else expected
+    with config.override(CHORUS_TCP_SPIN_US=setting):
+        assert spin_seconds(world_size=2) == pytest.approx(expected)

@@ -14,7 +14,8 @@ receive is read after the sends (``Transport.reads_now``).  A call copies the ar
 into the plan's buffer, runs the steps and copies the result back.
 
 The lane keeps the general path's guarantees because it moves the same frames through
-the same primitives: ``Transport.send_now``/``recv_now`` (``irecv`` where a step
+the same primitives: ``Transport.exchange_now`` (a step that swaps with one peer),
+``send_now``/``recv_now`` (``irecv`` where a step
 receives several messages, or one the transport would not read at once) and
 ``wait_all``, with the op's sequence number and fingerprint, so a peer that called
 something else raises CollectiveMismatchError (settled as ``run_in_order`` settles it,
@@ -56,8 +57,10 @@ COLL = int(Kind.COLL)
 class Plan:
     """One all_reduce of one (dtype, shape, op) on one group, compiled: ``data`` (the plan's
     copy of the array, flat), ``steps`` (per step: the receives as (peer, tag, view,
-    finish), the sends as (peer, tag, view), the copies as callables, and whether its one
-    receive is read by ``recv_now`` after the sends; peers are global ranks), the wire
+    finish), the sends as (peer, tag, view), the copies as callables, whether its one
+    receive is read by ``recv_now`` after the sends, and, for an exchange with one peer,
+    (peer, send tag, send view, receive tag, receive view, finish); peers are global
+    ranks), the wire
     dtype code, the fingerprint, whether the result is divided by W (AVG), and the dtype
     name that division takes.  ``component`` and ``algorithm`` name it in
     the flight recorder."""
@@ -113,7 +116,11 @@ def compile_schedule(schedule, members: tuple[int, ...], data: np.ndarray, combi
                 dst, src = region(op.dst), region(op.src)
                 copies.append(partial(combine, dst, src) if op.reduce else partial(np.copyto, dst, src))
         lone = len(recvs) == 1 and reads_now(recvs[0][0], len(recvs[0][2]))
-        steps.append((tuple(recvs), tuple(sends), tuple(copies), lone))
+        # A lone receive from the peer of the step's one send, with no local copy to order
+        # against either, is an exchange (Transport.exchange_now).
+        pair = (sends[0][0], sends[0][1], sends[0][2], recvs[0][1], recvs[0][2], recvs[0][3]) if (
+            lone and len(sends) == 1 and not copies and sends[0][0] == recvs[0][0]) else None
+        steps.append((tuple(recvs), tuple(sends), tuple(copies), lone, pair))
     return tuple(steps)
 
 
@@ -143,7 +150,15 @@ class TcpLane(ReduceLane):
             data = plan.data
             data[...] = flat
             expect = (seq, fp)
-            for recvs, sends, copies, lone in plan.steps:
+            for recvs, sends, copies, lone, pair in plan.steps:
+                if pair is not None:
+                    peer, send_tag, out, recv_tag, into, finish = pair
+                    handles = t.exchange_now(peer, out, into, COLL, group, send_tag, recv_tag, seq, code, fp, finish,
+                                             deadline)
+                    if handles:
+                        ctx = ctx or OpContext("all_reduce", group, seq, fp, pg.members, deadline)
+                        t.wait_all(handles, deadline, ctx.describe, label=ctx.label)
+                    continue
                 # A step of one small receive sends first and then reads for it, posting
                 # nothing it need not (Transport.send_now/recv_now).  Other steps post their
                 # receives first: several are read side by side by the reader threads, and a

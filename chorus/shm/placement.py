@@ -41,10 +41,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import struct
 
 from chorus import config
+from chorus.host.cpus import affinity, quota, ranks_here, usable
 from chorus.shm.sync import Backoff
 
 log = logging.getLogger("chorus")
@@ -56,32 +56,6 @@ _TAIL = struct.Struct("<QB")  # quota in whole CPUs (0: none); 1 if this rank ma
 INFO_BYTES = MASK_BYTES + _TAIL.size
 #: Threads per rank at most, by default.
 MAX_THREADS = 4
-
-
-def affinity() -> set[int]:
-    """The CPUs this thread may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return set(os.sched_getaffinity(0))
-    return set(range(os.cpu_count() or 1))
-
-
-def quota() -> int | None:
-    """The cgroup v2 CPU quota in whole CPUs (at least 1), or None when there is none."""
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            limit, period = f.read().split()
-        if limit != "max":
-            return max(1, int(limit) // int(period))
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def usable() -> int:
-    """CPUs this process may use on its own: its affinity, at most its quota."""
-    q = quota()
-    n = len(affinity())
-    return n if q is None else min(n, q)
 
 
 def info() -> bytes:
@@ -140,9 +114,7 @@ def threads(transport, world: int) -> int:
     """Threads per rank for large copies: the CPUs shared among this host's ranks, counted
     by the launcher's LOCAL_WORLD_SIZE (a hint only: it decides no correctness, just how
     many helpers), else by the whole job."""
-    local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
-    here = int(local) if local.isdigit() and int(local) > 0 else transport.world_size
-    return threads_for(max(world, here), usable(), transport.name == "loopback")
+    return threads_for(max(world, ranks_here(transport.world_size)), usable(), transport.name == "loopback")
 
 
 def threads_for(ranks_here: int, cpus: int, thread_ranks: bool) -> int:

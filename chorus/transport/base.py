@@ -19,7 +19,6 @@ for deadlocks (chorus.transport.rendezvous_sends).
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -28,12 +27,10 @@ from chorus.errors import AbortedError, BufferMismatchError, CollectiveMismatchE
 from chorus.transport.handles import Handle, wait_all
 from chorus.transport.matching import Arrival, Matcher
 from chorus.transport.rendezvous_sends import (
-    PROBE_AFTER_S,
-    PROBE_EVERY_S,
     RendezvousSends,
     SendHandle,
 )
-from chorus.transport.waiting import WaitReport
+from chorus.transport.waiting import WaitReport, wait_long
 from chorus.wire.dtypes import dtype_name
 from chorus.wire.fingerprint import describe, describe_calls
 from chorus.wire.frames import Header, Kind, LostReason, pack_failed, pack_fields
@@ -216,6 +213,16 @@ class Transport:
         return self.irecv(peer, view, kind=kind, group=group, tag=tag, dtype=dtype, expect=expect,
                           finish=finish, waited=True)
 
+    def exchange_now(self, peer: int, out: memoryview, into: memoryview, kind: int, group: int, send_tag: int,
+                     recv_tag: int, seq: int, dtype: int, fingerprint: int, finish: Callable[[], None] | None,
+                     deadline: float | None) -> list[Handle]:
+        """Op ``seq``'s step that sends ``out`` to ``peer`` and receives ``into`` (small) from
+        it: what is left to wait for, receive first ([] once both are done and ``finish``
+        ran).  Base: :meth:`send_now`, then :meth:`recv_now`."""
+        sent = self.send_now(peer, out, kind, group, send_tag, seq, dtype, fingerprint)
+        handle = self.recv_now(peer, into, kind, group, recv_tag, dtype, (seq, fingerprint), finish, deadline)
+        return [h for h in (handle, sent) if h is not None]
+
     def reads_now(self, peer: int, nbytes: int) -> bool:
         """Whether :meth:`recv_now` reads a receive of ``nbytes`` from ``peer`` in the calling
         thread, so that it may follow the caller's sends; else post it before them, where
@@ -257,41 +264,9 @@ class Transport:
 
     def wait_long(self, handle: Handle, handles: list[Handle], deadline: float | None,
                   label: Callable[[], str]) -> None:
-        """Wait for ``handle`` (one of ``handles``, not done) in slices: every interval of the
-        group's WaitReport, log the ranks ``handles`` still wait for; while a rendezvous send
-        among them waits for its receive, search for a deadlock now and then.  Returns once
-        ``handle`` is done or at ``deadline``; the caller's own wait then ends at once."""
-        report = self.wait_reports.get(handle.group)
-        interval = report.interval if report is not None else 0.0
-        sends = self.sends.waiting_in(handles) if self.sends.pending else None
-        if not interval and not sends:
-            return
-        start = time.monotonic()
-        next_line = start + interval if interval else math.inf
-        next_search = start + PROBE_AFTER_S if sends else math.inf
-        end = math.inf if deadline is None else deadline
-        if sends:
-            self.sends.block(sends, 1)
-        try:
-            while True:
-                until = min(next_line, next_search, end)
-                if handle.wait(None if until == math.inf else until):
-                    return
-                now = time.monotonic()
-                if now >= end:
-                    return
-                if now >= next_search:
-                    self.sends.search(sends)
-                    next_search = now + PROBE_EVERY_S
-                if now >= next_line:
-                    missing = sorted({h.peer for h in handles if not h.done() and h.peer is not None})
-                    any_source = any(h.peer is None and not h.done() for h in handles)
-                    if missing or any_source:
-                        report.line(missing, label(), now - start, any_source)
-                    next_line = now + interval
-        finally:
-            if sends:
-                self.sends.block(sends, -1)
+        """Wait for ``handle`` (one of ``handles``, not done) in slices
+        (:func:`chorus.transport.waiting.wait_long`, with the group's WaitReport)."""
+        wait_long(handle, handles, deadline, label, self.wait_reports.get(handle.group), self.sends)
 
     # -- for subclasses ------------------------------------------------------------------------
     def _send_frame(self, peer: int, header: bytes, view: memoryview, handle: Handle, sync: bool) -> None:

@@ -211,14 +211,8 @@ class TcpReceiving:
                               finish=finish, waited=True)
         conn = self._conns[peer]
         if expect is not None and self._take_now(conn, view, kind, group, tag, dtype, expect, deadline):
-            error = self.failure(group, peer, receiving=True, expect=expect)  # (a mismatch the stash showed)
-            if error is None:
-                if finish is not None:
-                    finish()
-                return None
-            handle = Handle(peer, kind, group, tag, view, dtype)
-            handle.complete(error=error)
-            return handle
+            failed = self._taken(peer, view, kind, group, tag, dtype, expect, finish)  # (a mismatch the stash showed)
+            return failed[0] if failed else None
         handle = self._receive(peer, view, kind, group, tag, dtype, expect, finish)
         if handle.done():
             return handle
@@ -255,20 +249,69 @@ class TcpReceiving:
             return handle
         return self._post_recv(handle, True)
 
+    def exchange_now(self, peer: int, out: memoryview, into: memoryview, kind: int, group: int, send_tag: int,
+                     recv_tag: int, seq: int, dtype: int, fingerprint: int, finish, deadline: float | None) -> list:
+        """``Transport.exchange_now``: a collective's step that sends ``out`` to ``peer`` and
+        receives ``into`` from it, both small, taking the read role once: the frame goes out
+        whole from this thread, then ``_take_held`` reads for the reply.  Where either part
+        cannot go this way, the part left goes the usual way (``send_now``/``recv_now``)."""
+        conn = self._conns.get(peer)
+        matcher = self._matcher
+        if (conn is None or conn.queue or max(len(out), len(into)) > min(DIRECT_MAX, conn.ring_min - 1)
+                or matcher.stashes() or matcher.awaits(peer) or peer in self.left
+                or self.failure(group, peer, expect=(seq, fingerprint)) is not None
+                or not conn.role.lock.acquire(blocking=False)):
+            return super().exchange_now(peer, out, into, kind, group, send_tag, recv_tag, seq, dtype, fingerprint,
+                                        finish, deadline)
+        expect = (seq, fingerprint)
+        try:
+            sent = self._send_inline(conn, pack_fields(kind, group, send_tag, seq, len(out), dtype, fingerprint), out,
+                                     True, None, (kind, group, send_tag, dtype))
+        except BaseException:
+            conn.role.lock.release()
+            raise
+        if sent is None and self._take_held(conn, into, pack_fields(kind, group, recv_tag, seq, len(into), dtype,
+                                                                    fingerprint), group, expect, deadline):
+            return self._taken(peer, into, kind, group, recv_tag, dtype, expect, finish)
+        if sent is not None:
+            conn.role.lock.release()
+        handle = self.recv_now(peer, into, kind, group, recv_tag, dtype, expect, finish, deadline)
+        return [h for h in (handle, sent) if h is not None]
+
+    def _taken(self, peer: int, view: memoryview, kind: int, group: int, tag: int, dtype: int,
+               expect: tuple[int, int], finish) -> list:
+        """After ``_take_held`` took a receive's frame: run ``finish``; or, if the stash showed
+        a mismatch meanwhile, the receive's handle failed with it."""
+        error = self.failure(group, peer, receiving=True, expect=expect)
+        if error is None:
+            if finish is not None:
+                finish()
+            return []
+        handle = Handle(peer, kind, group, tag, view, dtype)
+        handle.complete(error=error)
+        return [handle]
+
     def _take_now(self, conn, view: memoryview, kind: int, group: int, tag: int, dtype: int,
                   expect: tuple[int, int], deadline: float | None) -> bool:
         """recv_now's first try, for a collective's receive (``expect``: the op's seq and
         fingerprint, so every byte of the frame's header is known beforehand): holding the
-        read role, with nothing posted or stashed that could come first, read until the
-        next frame of ``conn`` is that header with its payload, then copy the payload into
-        ``view`` (Handle, matcher, frame parsing: none of it).  False, nothing consumed, if
-        another frame comes first (the usual path handles it: a mismatch, a failure notice,
-        a heartbeat), a failure is recorded, the connection fails, or DIRECT_S passes."""
+        read role, with nothing posted or stashed that could come first, ``_take_held``."""
         role, matcher, peer = conn.role, self._matcher, conn.peer
         if matcher.stashes() or matcher.awaits(peer) or peer in self.left or not role.lock.acquire(blocking=False):
             return False
+        return self._take_held(conn, view, pack_fields(kind, group, tag, expect[0], len(view), dtype, expect[1]),
+                               group, expect, deadline)
+
+    def _take_held(self, conn, view: memoryview, header: bytes, group: int, expect: tuple[int, int],
+                   deadline: float | None) -> bool:
+        """(Holding ``conn.role``, which this releases) read until the next frame of ``conn``
+        is ``header`` with its payload, then copy the payload into ``view`` (Handle, matcher,
+        frame parsing: none of it).  False, nothing consumed, if another frame comes first
+        (the usual path handles it: a mismatch, a failure notice, a heartbeat), a failure is
+        recorded, the connection fails, or DIRECT_S passes.  For its first ``spin_s`` it
+        polls the socket without sleeping."""
+        role, matcher, peer = conn.role, self._matcher, conn.peer
         reader = conn.reader
-        header = pack_fields(kind, group, tag, expect[0], len(view), dtype, expect[1])
         took = False
         try:
             # (checked holding the role: no frame of this connection is stashed meanwhile)
@@ -276,6 +319,7 @@ class TcpReceiving:
                 return False
             now = time.monotonic()
             until = now + DIRECT_S if deadline is None else min(deadline, now + DIRECT_S)
+            spin_until = now + self.spin_s
             while not conn.broken:
                 got = reader.take(header, view)
                 if got:
@@ -283,8 +327,11 @@ class TcpReceiving:
                     break
                 if reader.fill_nowait():
                     continue
-                if time.monotonic() >= until:
+                now = time.monotonic()
+                if now >= until:
                     break
+                if now < spin_until:
+                    continue
                 if matcher.stashes():  # stashed() compares new stashes with posted and held receives
                     self._check_stash_against(_Expecting(group, expect))  # only, and this one is neither
                 if self.failure(group, peer, receiving=True, expect=expect):

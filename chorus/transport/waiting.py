@@ -15,8 +15,12 @@ logger.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from collections.abc import Callable
+
+from chorus.transport.rendezvous_sends import PROBE_AFTER_S, PROBE_EVERY_S, RendezvousSends
 
 log = logging.getLogger("chorus")
 
@@ -51,3 +55,42 @@ class WaitReport:
         log.warning("chorus rank %d: still waiting for %s in %s on group %s (%s s)",
                     self.rank, who, op, self.group, shown)
         return True
+
+
+def wait_long(handle, handles: list, deadline: float | None, label: Callable[[], str],
+              report: WaitReport | None, sends: RendezvousSends) -> None:
+    """Wait for ``handle`` (one of ``handles``, not done) in slices: every interval of the
+    group's ``report``, log the ranks ``handles`` still wait for; while a rendezvous send
+    among them waits for its receive, search for a deadlock now and then (``sends``).
+    Returns once ``handle`` is done or at ``deadline``; the caller's own wait then ends at
+    once."""
+    interval = report.interval if report is not None else 0.0
+    waiting = sends.waiting_in(handles) if sends.pending else None
+    if not interval and not waiting:
+        return
+    start = time.monotonic()
+    next_line = start + interval if interval else math.inf
+    next_search = start + PROBE_AFTER_S if waiting else math.inf
+    end = math.inf if deadline is None else deadline
+    if waiting:
+        sends.block(waiting, 1)
+    try:
+        while True:
+            until = min(next_line, next_search, end)
+            if handle.wait(None if until == math.inf else until):
+                return
+            now = time.monotonic()
+            if now >= end:
+                return
+            if now >= next_search:
+                sends.search(waiting)
+                next_search = now + PROBE_EVERY_S
+            if now >= next_line:
+                missing = sorted({h.peer for h in handles if not h.done() and h.peer is not None})
+                any_source = any(h.peer is None and not h.done() for h in handles)
+                if missing or any_source:
+                    report.line(missing, label(), now - start, any_source)
+                next_line = now + interval
+    finally:
+        if waiting:
+            sends.block(waiting, -1)

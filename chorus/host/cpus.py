@@ -1,0 +1,40 @@
+"""The CPUs this process may use, and how many of the job's ranks share them: what
+decides whether a waiting rank may poll (a poller takes the CPU from the rank it waits
+for where ranks outnumber cores) and how many threads a rank splits its copies among."""
+
+from __future__ import annotations
+
+import os
+
+
+def affinity() -> set[int]:
+    """The CPUs this thread may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def quota() -> int | None:
+    """The cgroup v2 CPU quota in whole CPUs (at least 1), or None when there is none."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            limit, period = f.read().split()
+        if limit != "max":
+            return max(1, int(limit) // int(period))
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def usable() -> int:
+    """CPUs this process may use on its own: its affinity, at most its quota."""
+    q = quota()
+    n = len(affinity())
+    return n if q is None else min(n, q)
+
+
+def ranks_here(job_world: int) -> int:
+    """The job's ranks on this host as the launcher counts them (LOCAL_WORLD_SIZE: a hint
+    only, it decides no correctness), else all ``job_world`` of them."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    return int(local) if local.isdigit() and int(local) > 0 else job_world
