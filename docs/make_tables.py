@@ -420,6 +420,7 @@ TABLES = {
     "w8-32-openmpi": Nccl(f"{HOST32}/parity-2/shm-w8.json"),
     "w8-32-openmpi-runs": Runs([f"{HOST32}/shm-w8-openmpi-3runs/shm-w8-mpi-{i}.json" for i in (1, 2, 3)]),
     "w8-32-tcp": Nccl(f"{HOST32}/parity-2/tcp-w8.json"),
+    "w8-16-tcp-exchange": Runs([f"{XEON}/tcp-exchange/all_reduce-tcp-w8-openmpi-{i}.json" for i in (1, 2)]),
     "h200x2-all_to_all": Gpu("2xh200/all_to_all-bf16-w2.json",
                              "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_to_all -b 1K -e 64M "
                              "-f 8 -n 100 -w 10 --scale-iters"),
