@@ -348,3 +348,66 @@ def test_a_killed_rank_makes_survivors_on_both_hosts_raise_peer_lost_within_5s(t
             when, message = (workdir / f"rank{rank}").read_text().split("\n", 1)
             assert float(when) - killed_at < 5.0, (victim, rank, message)
             assert f"rank {victim}" in message and "hierarchical" in message, (victim, rank, message)
+
+
+def _lane_runs(monkeypatch):
+    """Count, per group name, the runs of the hierarchy's lane and of the TCP lanes."""
+    from chorus.components.hierarchy_lane import HierarchyLane
+    from chorus.components.tcp_lane import TcpLane
+
+    runs = collections.Counter()
+    for cls in (HierarchyLane, TcpLane):
+        original = cls._reduce_run
+
+        def counted(self, seq, plan, arr, original=original):
+            runs[self.pg.name.split("/")[-1]] += 1
+            return original(self, seq, plan, arr)
+
+        monkeypatch.setattr(cls, "_reduce_run", counted)
+    return runs
+
+
+@pytest.mark.parametrize("aside", ["none", "rank 0", "rank 1's column"])
+def test_a_small_all_reduce_runs_in_each_host_then_in_each_column(monkeypatch, aside):
+    """Hosts of equal size: a small all_reduce is an all_reduce in each host, then one in
+    each column (rank i of every host), on the lane of the group and of its phases; a rank
+    on the general path, or a phase whose lane steps aside, works with the others and
+    every rank gets the same bits."""
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["2+2"])
+    runs = _lane_runs(monkeypatch)
+
+    def body(rank, w):
+        pg = dist.group.WORLD
+        assert pg.hierarchy.column is not None and pg.lane is not None
+        if aside == "rank 0" and rank == 0:
+            pg.lane = None  # the general path: Calls for the group and its phases
+        if aside == "rank 1's column" and rank == 1:
+            monkeypatch.setattr(pg.hierarchy.column.lane, "all_reduce_now", lambda *a: False)
+        out = []
+        for salt in range(3):
+            x = (np.arange(5, dtype=np.float64) + 1) * (rank + 1) / 3 + salt  # inexact sums: order shows
+            dist.all_reduce(x)
+            out.append(x)
+        return out
+
+    results = run_threads(body, 4)
+    for rank in range(1, 4):
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(results[0], results[rank], strict=True)), rank
+    expected = [sum((np.arange(5, dtype=np.float64) + 1) * (r + 1) / 3 + salt for r in range(4)) for salt in range(3)]
+    np.testing.assert_allclose(results[0], expected)
+    assert runs["WORLD"] == 3 * (4 - (aside == "rank 0")), runs  # 3 calls per rank on the group's lane
+    assert runs["column0"] == 3 * (2 - (aside == "rank 0")), runs  # ranks 0 and 2
+    assert runs["column1"] == 3 * (2 - (aside == "rank 1's column")), runs  # ranks 1 and 3
+
+
+def test_hosts_of_different_sizes_have_no_columns_and_no_group_lane(monkeypatch):
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["3+2"])
+
+    def body(rank, w):
+        pg = dist.group.WORLD
+        x = np.full(3, float(rank))
+        dist.all_reduce(x)
+        return pg.hierarchy.column, pg.lane, x
+
+    for column, lane, x in run_threads(body, 5):
+        assert column is None and lane is None and list(x) == [10.0] * 3

@@ -11,14 +11,18 @@ flat TCP algorithm.  ``algorithm="hierarchical"``
 asks for it explicitly.  gather, scatter and all_to_all stay flat.  A group without shared
 memory (``CHORUS_TRANSPORT=tcp``, no usable ``/dev/shm`` on some member) has no hierarchy.
 
-Two hidden sub-groups per such group, made by each member when the group is created, with
-ids derived from the parent's (``HIDDEN | parent id << 12 | index``), so user-visible
-group numbering is unchanged and non-members, who never learn the hosts, create nothing::
+Hidden sub-groups, made by each member when the group is created, with ids derived from
+the parent's (``HIDDEN | parent id << 12 | index``), so user-visible group numbering is
+unchanged and non-members, who never learn the hosts, create nothing::
 
     hosts a, a, b, b, b (group ranks 0..4); a host's leader is its lowest group rank
 
     local     host a: [0, 1]   host b: [2, 3, 4]   each with its own shared-memory window
     leaders   [0, 2]                                TCP; only the leaders hold it
+
+    hosts a, a, b, b: hosts of one size also have columns, the ranks at one place on
+    every host (a small all_reduce's second phase), TCP, each with a latency lane
+    column    [0, 2]   [1, 3]
 
 Every algorithm below is three phases — inside each host, among the leaders, inside each
 host again — made of Calls on the sub-groups (``Call.on``), run by the sub-groups' own
@@ -55,6 +59,7 @@ from chorus import recorder
 from chorus.call import Call
 from chorus.components.base import Component, run_in_order
 from chorus.components.schedules import ScheduleComponent, forced_algorithms
+from chorus.components.tcp_lane import TcpLane
 from chorus.errors import CollectiveMismatchError, PeerLostError
 from chorus.process_group import ProcessGroup
 from chorus.selection import HIERARCHICAL
@@ -62,7 +67,11 @@ from chorus.work import Work
 
 log = logging.getLogger("chorus")
 
-HIDDEN = 1 << 31  # the hidden sub-groups' ids: HIDDEN | parent id << 12 | (0: leaders, 1 + h: host h)
+#: a small all_reduce runs in two phases, in each host then in each column (see all_reduce):
+#: one TCP message per step for every rank instead of three phases' latency; each column
+#: carries the whole message between hosts, so larger ones take the leaders' path
+COLUMN_BYTES = 64 * 1024
+HIDDEN = 1 << 31  # sub-group ids: HIDDEN | parent id << 12 | (0: leaders, 1 + h: host h, then rails, columns)
 _INDEX_BITS = 12
 
 
@@ -89,7 +98,23 @@ def build(pg: ProcessGroup, hosts: tuple[int | None, ...], attach: Callable) -> 
     if by_host[host][0] == pg.rank():
         leaders = hidden_subgroup(pg, 0, tuple(ranks[0] for ranks in by_host), f"{pg.name}/leaders")
         leaders.components = (ScheduleComponent(),)  # one rank per host: TCP only
-    return Hierarchy(pg, hosts, by_host, local, leaders)
+    return Hierarchy(pg, hosts, by_host, local, leaders, column(pg, by_host, host))
+
+
+def column(pg: ProcessGroup, by_host: tuple[tuple[int, ...], ...], host: int) -> ProcessGroup | None:
+    """This rank's column: the ranks at its place on every host (rank i of each host), with
+    a TCP lane, where every host has as many ranks; else None.  Ids after the rails'
+    (chorus.cuda.rails: 1 + hosts + place), so that the two never share a group id."""
+    widest = len(by_host[0])
+    if any(len(ranks) != widest for ranks in by_host) or 1 + len(by_host) + 2 * widest >= (1 << _INDEX_BITS) - 1:
+        return None
+    place = by_host[host].index(pg.rank())
+    sub = hidden_subgroup(pg, 1 + len(by_host) + widest + place, tuple(ranks[place] for ranks in by_host),
+                          f"{pg.name}/column{place}")
+    schedules = ScheduleComponent()
+    sub.components = (schedules,)  # one rank per host: TCP only
+    sub.lane = TcpLane(sub, schedules)
+    return sub
 
 
 def hidden_subgroup(pg: ProcessGroup, index: int, ranks: tuple[int, ...], name: str) -> ProcessGroup:
@@ -109,13 +134,14 @@ class Hierarchy(Component):
     name = "hierarchical"
 
     def __init__(self, pg: ProcessGroup, hosts: tuple[int, ...], by_host: tuple[tuple[int, ...], ...],
-                 local: ProcessGroup, leaders: ProcessGroup | None):
+                 local: ProcessGroup, leaders: ProcessGroup | None, column: ProcessGroup | None = None):
         self.pg = pg
         self.hosts = hosts  # group rank -> host
         self.by_host = by_host  # host -> its group ranks, leader first
         self.host = hosts[pg.rank()]
         self.local = local  # this rank's host
         self.leaders = leaders  # None unless this rank leads its host
+        self.column = column  # the ranks at this rank's place on every host (None: hosts differ in size)
         self.widest = max(len(ranks) for ranks in by_host)
         order = tuple(r for ranks in by_host for r in ranks)
         self.order = None if order == tuple(range(len(hosts))) else order  # host order, if not 0..W-1
@@ -147,21 +173,25 @@ class Hierarchy(Component):
     def _phases(self, ctx, algorithm: Callable[[Phases], None], c: Phases) -> None:
         try:
             algorithm(c)
-        except CollectiveMismatchError:
-            self._break(ctx)
-            # the user's calls, not the phases': this rank's goes to every member of the group
-            t = self.pg.transport
-            t.group_mismatch(self.pg.id, t.rank, ctx.seq, ctx.fingerprint, t.rank)
-            raise t.mismatch_error(self.pg.id, (ctx.seq, ctx.fingerprint)) from None
-        except PeerLostError as exc:
-            raise PeerLostError(f"{ctx.describe()} (hierarchical), in {exc}", exc.lost_rank,
-                                exc.reporter) from None
+        except (CollectiveMismatchError, PeerLostError) as exc:
+            raise self.failed(exc, ctx) from None
+
+    def failed(self, exc: CollectiveMismatchError | PeerLostError, ctx) -> Exception:
+        """What op ``ctx`` of the group raises when a phase raised ``exc``: the group's
+        mismatch (the user's calls, not the phases': this rank's goes to every member of
+        the group, its sub-groups marked broken), or the peer lost, named with the op."""
+        if isinstance(exc, PeerLostError):
+            return PeerLostError(f"{ctx.describe()} (hierarchical), in {exc}", exc.lost_rank, exc.reporter)
+        self._break(ctx)
+        t = self.pg.transport
+        t.group_mismatch(self.pg.id, t.rank, ctx.seq, ctx.fingerprint, t.rank)
+        return t.mismatch_error(self.pg.id, (ctx.seq, ctx.fingerprint))
 
     def _break(self, ctx) -> None:
         """Mark this rank's sub-groups broken on every member, so that ranks waiting in
         another phase of this op raise instead of waiting for the timeout."""
         t = self.pg.transport
-        for sub in (self.local, self.leaders):
+        for sub in (self.local, self.leaders, self.column):
             if sub is not None:
                 t.group_mismatch(sub.id, t.rank, 0, ctx.fingerprint, t.rank)
 
@@ -202,9 +232,22 @@ def all_reduce(c: Phases) -> None:
         1 reduce in host     x0+x1             x2+x3+x4                      shared memory
         2 all_reduce         S                 S                             TCP, leaders
         3 broadcast in host  S        S        S           S        S        shared memory
+
+    Up to COLUMN_BYTES, where every host has as many ranks, two phases instead: an
+    all_reduce in each host (every rank gets its host's sum), then one among the ranks at
+    the same place on every host (its column); every column sums the same host sums in
+    the same order, so every rank gets the same bits::
+
+        hosts a, a, b, b     rank 0 (a)   1 (a)    2 (b)    3 (b)
+        1 all_reduce in host     x0+x1    x0+x1    x2+x3    x2+x3     shared memory
+        2 all_reduce, column     S        S        S        S         TCP: (0, 2), (1, 3)
     """
     data = c.buffers["data"]
     n = {"count": data.size}
+    if c.h.column is not None and data.nbytes <= COLUMN_BYTES:
+        c.phase(c.local, "all_reduce", {"data": data}, n, reduce=True)
+        c.phase(c.h.column, "all_reduce", {"data": data}, n, reduce=True)
+        return
     c.phase(c.local, "reduce", {"data": data}, n, root=0, reduce=True)
     if c.leader:
         c.phase(c.leaders, "all_reduce", {"data": data}, n, reduce=True)

@@ -25,7 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from chorus import recorder
-from chorus.reductions import ReduceOp, divide
+from chorus.buffers import Buffer, as_buffer
+from chorus.errors import InvalidArgumentError, InvalidTensorError
+from chorus.reductions import ReduceOp, check_op, divide
 
 #: plans kept per group before the cache starts over
 PLANS = 256
@@ -48,6 +50,21 @@ class ReduceLane:
 
     def _lane_open(self) -> bool:
         return True
+
+    def _plan_start(self, arr: np.ndarray, op) -> Buffer | None:
+        """Begin ``_reduce_plan`` for ``arr`` and ``op``: the cache makes room and notes that
+        there is no plan yet (a call the lane cannot take is not looked at again); the
+        array as a Buffer, or None where the general path must take the call (it raises
+        the argument's error)."""
+        if len(self.plans) >= PLANS:
+            self.plans.clear()
+        self.plans[(arr.dtype, arr.shape, op.name)] = False
+        try:
+            buf = as_buffer(arr, op="all_reduce")
+            check_op(op, buf.dtype, "all_reduce")
+        except (InvalidArgumentError, InvalidTensorError):
+            return None
+        return buf
 
     def forget_plans(self) -> None:
         """Drop the cached plans (made again at the next call)."""

@@ -87,7 +87,10 @@ def attach(pg, *, settings: bool = True) -> None:
         pg.components = (schedules,)
         pg.lane = TcpLane(pg, schedules)
     else:
+        from chorus.components.hierarchy_lane import HierarchyLane
+
         pg.components = (pg.hierarchy, ScheduleComponent())
+        pg.lane = HierarchyLane(pg, pg.hierarchy) if pg.hierarchy.column is not None else None
 
 
 def detach(pg) -> None:

@@ -30,7 +30,7 @@ from chorus.components.base import Component, run_in_order
 from chorus.components.lane import PLANS, ReduceLane
 from chorus.debug import flight
 from chorus.errors import InvalidArgumentError, InvalidTensorError
-from chorus.reductions import check_op, row_reducer, rows_into
+from chorus.reductions import row_reducer, rows_into
 from chorus.selection import without_hierarchy
 from chorus.wire.fingerprint import fingerprint
 from chorus.work import Work
@@ -82,22 +82,14 @@ class ShmComponent(ReduceLane, Component):
 
     def _reduce_plan(self, arr: np.ndarray, op):
         """The cached chorus.shm.group.Planned for ``arr``'s dtype and shape and ``op``, or False."""
-        if len(self.plans) >= PLANS:
-            self.plans.clear()
-        key = (arr.dtype, arr.shape, op.name)
-        self.plans[key] = False
-        if "all_reduce" in self.tcp_only or op.name == "PREMUL_SUM":
+        buf = self._plan_start(arr, op)
+        if buf is None or "all_reduce" in self.tcp_only or op.name == "PREMUL_SUM":
             return False
-        try:
-            buf = as_buffer(arr, op="all_reduce")
-            check_op(op, buf.dtype, "all_reduce")
-        except (InvalidArgumentError, InvalidTensorError):
-            return False  # the general path raises it
         plan = self.shm.all_reduce_plan(arr.dtype, arr.shape, functools.partial(rows_into, op.name, buf.dtype),
                                       fingerprint("all_reduce", buf.dtype, buf.numel, -1, op.name),
                                       op.name == "AVG")
-        self.plans[key] = plan or False
-        return self.plans[key]
+        plan = self.plans[(arr.dtype, arr.shape, op.name)] = plan or False
+        return plan
 
     def all_to_all_now(self, out: np.ndarray, inp: np.ndarray) -> bool:
         """all_to_all_single of ``inp`` into ``out`` (numpy arrays, equal blocks) now, from a

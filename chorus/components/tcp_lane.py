@@ -39,13 +39,12 @@ from functools import partial
 import numpy as np
 
 from chorus import config
-from chorus.buffers import as_buffer
 from chorus.components.base import settled
-from chorus.components.lane import PLANS, ReduceLane
+from chorus.components.lane import ReduceLane
 from chorus.debug import flight
 from chorus.engine import OpContext, combine_first
-from chorus.errors import InvalidArgumentError, InvalidTensorError
-from chorus.reductions import check_op, combiner
+from chorus.errors import InvalidArgumentError
+from chorus.reductions import combiner
 from chorus.schedules.base import Copy, Recv, Send
 from chorus.wire.dtypes import DTYPE_CODES
 from chorus.wire.fingerprint import fingerprint
@@ -191,26 +190,19 @@ class TcpLane(ReduceLane):
 
     def _reduce_plan(self, arr: np.ndarray, op):
         """The cached Plan for ``arr``'s dtype and shape and ``op``, or False."""
-        if len(self.plans) >= PLANS:
-            self.plans.clear()
-        key = (arr.dtype, arr.shape, op.name)
-        self.plans[key] = False
-        if op.name == "PREMUL_SUM" or arr.nbytes > self.limit:
+        buf = self._plan_start(arr, op)
+        if buf is None or op.name == "PREMUL_SUM" or arr.nbytes > self.limit or buf.copied or buf.dtype == "bfloat16":
             return False
         pg = self.pg
         try:
-            buf = as_buffer(arr, op="all_reduce")
-            check_op(op, buf.dtype, "all_reduce")
             algorithm = self.schedules.default("all_reduce", pg.size(), buf.nbytes)
-        except (InvalidArgumentError, InvalidTensorError):
-            return False  # the general path raises it
-        if buf.copied or buf.dtype == "bfloat16":
-            return False
+        except InvalidArgumentError:
+            return False  # (a CHORUS_ALGO_ALL_REDUCE the general path rejects)
         count = buf.numel
         schedule = self.schedules.schedule(pg, "all_reduce", algorithm, {"count": count}, -1, arr.itemsize)
         data = np.empty(count, arr.dtype)
         steps = compile_schedule(schedule, pg.members, data, combiner(op, buf.dtype), pg.transport.reads_now)
         plan = Plan(data, steps, DTYPE_CODES[buf.dtype], fingerprint("all_reduce", buf.dtype, count, -1, op.name),
                     op.name == "AVG", buf.dtype, algorithm)
-        self.plans[key] = plan
+        self.plans[(arr.dtype, arr.shape, op.name)] = plan
         return plan
