@@ -411,3 +411,25 @@ def test_hosts_of_different_sizes_have_no_columns_and_no_group_lane(monkeypatch)
 
     for column, lane, x in run_threads(body, 5):
         assert column is None and lane is None and list(x) == [10.0] * 3
+
+
+@pytest.mark.parametrize(("count", "phases"), [
+    (40_000, ["reduce_scatter", "all_reduce", "all_gather"]),  # 320 KiB: blocks of the host's sums per column
+    (40_001, ["reduce", "all_reduce", "broadcast"]),  # the host's size does not divide it: the leaders' path
+])
+def test_a_large_all_reduce_splits_the_hosts_traffic_among_the_columns(monkeypatch, recorded, count, phases):
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["2+2"])
+
+    def body(rank, w):
+        x = values(rank, count, "float64")
+        dist.all_reduce(x)
+        return x
+
+    results = run_threads(body, 4)
+    expected = sum(values(r, count, "float64") for r in range(4))
+    for x in results:
+        assert x.tobytes() == expected.tobytes()
+    seen = [name for event, name, g, how in recorded if event == "begin" and g & HIDDEN]
+    # each rank's phases, in order: on its host's group, its column or the leaders, its host's group
+    assert collections.Counter(seen) == collections.Counter(
+        {name: (4 if i != 1 or phases[0] != "reduce" else 2) for i, name in enumerate(phases)}), seen

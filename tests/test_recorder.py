@@ -87,7 +87,9 @@ def test_hierarchical_ops_report_their_phases_and_the_sub_groups_ops(monkeypatch
     check_ops(events, "hierarchical", ["all_reduce", "all_gather"], 4, ["phase"])
     check_ops(events, "tcp", ["all_to_all"], 4, ["send", "recv"])  # all_to_all stays flat
     phases = [e for e in events if e.what == "phase" and e.group == 0]
-    assert {e.detail["collective"] for e in phases} >= {"reduce", "all_reduce", "broadcast", "gather",
+    # the large all_reduce: reduce_scatter in the host, all_reduce in the column, all_gather;
+    # all_gather: gather in the host, all_gather among the leaders, broadcast
+    assert {e.detail["collective"] for e in phases} >= {"reduce_scatter", "all_reduce", "broadcast", "gather",
                                                         "all_gather"}
     sub_groups = {e.group for e in events if e.what == "begin" and e.group != 0}
     assert len(sub_groups) == 5  # two hosts' groups, the leaders' and two columns' (small all_reduce)

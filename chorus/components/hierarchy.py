@@ -69,7 +69,7 @@ log = logging.getLogger("chorus")
 
 #: a small all_reduce runs in two phases, in each host then in each column (see all_reduce):
 #: one TCP message per step for every rank instead of three phases' latency; each column
-#: carries the whole message between hosts, so larger ones take the leaders' path
+#: carries the whole message between hosts, so larger ones split it among the columns
 COLUMN_BYTES = 64 * 1024
 HIDDEN = 1 << 31  # sub-group ids: HIDDEN | parent id << 12 | (0: leaders, 1 + h: host h, then rails, columns)
 _INDEX_BITS = 12
@@ -241,12 +241,28 @@ def all_reduce(c: Phases) -> None:
         hosts a, a, b, b     rank 0 (a)   1 (a)    2 (b)    3 (b)
         1 all_reduce in host     x0+x1    x0+x1    x2+x3    x2+x3     shared memory
         2 all_reduce, column     S        S        S        S         TCP: (0, 2), (1, 3)
+
+    Larger ones there, of a count the host's size divides, share the hosts' traffic among
+    the columns: each rank's column reduces one block of the host's sums (S_i: block i of S)::
+
+        1 reduce_scatter in host   block 0 of x0+x1   block 1 of x0+x1   ...      shared memory
+        2 all_reduce, column       S_0                S_1                S_0 S_1  TCP
+        3 all_gather in host       S                  S                  S   S    shared memory
     """
     data = c.buffers["data"]
     n = {"count": data.size}
     if c.h.column is not None and data.nbytes <= COLUMN_BYTES:
         c.phase(c.local, "all_reduce", {"data": data}, n, reduce=True)
         c.phase(c.h.column, "all_reduce", {"data": data}, n, reduce=True)
+        return
+    size = c.local.size()
+    if c.h.column is not None and data.size % size == 0:
+        k = data.size // size
+        chunk = np.empty(k, data.dtype)
+        c.phase(c.local, "reduce_scatter", {"input": data, "output": chunk}, {"counts": (k,) * size},
+                count=data.size, reduce=True)
+        c.phase(c.h.column, "all_reduce", {"data": chunk}, {"count": k}, reduce=True)
+        c.phase(c.local, "all_gather", {"input": chunk, "output": data}, {"count": k})
         return
     c.phase(c.local, "reduce", {"data": data}, n, root=0, reduce=True)
     if c.leader:
