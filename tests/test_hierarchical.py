@@ -396,7 +396,7 @@ def test_a_small_all_reduce_runs_in_each_host_then_in_each_column(monkeypatch, a
     expected = [sum((np.arange(5, dtype=np.float64) + 1) * (r + 1) / 3 + salt for r in range(4)) for salt in range(3)]
     np.testing.assert_allclose(results[0], expected)
     assert runs["WORLD"] == 3 * (4 - (aside == "rank 0")), runs  # 3 calls per rank on the group's lane
-    assert runs["column0"] == 3 * (2 - (aside == "rank 0")), runs  # ranks 0 and 2
+    assert runs["leaders"] == 3 * (2 - (aside == "rank 0")), runs  # ranks 0 and 2: the first column
     assert runs["column1"] == 3 * (2 - (aside == "rank 1's column")), runs  # ranks 1 and 3
 
 
@@ -433,3 +433,22 @@ def test_a_large_all_reduce_splits_the_hosts_traffic_among_the_columns(monkeypat
     # each rank's phases, in order: on its host's group, its column or the leaders, its host's group
     assert collections.Counter(seen) == collections.Counter(
         {name: (4 if i != 1 or phases[0] != "reduce" else 2) for i, name in enumerate(phases)}), seen
+
+
+@pytest.mark.parametrize("theirs", ["count", "dtype"])
+def test_hosts_that_call_on_either_side_of_the_column_size_see_the_mismatch_at_once(monkeypatch, theirs):
+    """Host a's ranks call a small all_reduce (two phases), host b's a large one (other
+    phases): the leaders meet on the first column, which is their group, so every rank
+    raises CollectiveMismatchError at once instead of waiting in different groups."""
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["2+2"])
+
+    def body(rank, w):
+        small = np.ones(1000)
+        large = np.ones(10_000) if theirs == "count" else np.ones(1000, np.float32)
+        dist.barrier()
+        started = time.monotonic()
+        with pytest.raises(dist.CollectiveMismatchError):
+            dist.all_reduce(small if rank < 2 else large)
+        return time.monotonic() - started
+
+    assert max(run_threads(body, 4, op_timeout=20.0)) < 5.0

@@ -92,7 +92,7 @@ def test_hierarchical_ops_report_their_phases_and_the_sub_groups_ops(monkeypatch
     assert {e.detail["collective"] for e in phases} >= {"reduce_scatter", "all_reduce", "broadcast", "gather",
                                                         "all_gather"}
     sub_groups = {e.group for e in events if e.what == "begin" and e.group != 0}
-    assert len(sub_groups) == 5  # two hosts' groups, the leaders' and two columns' (small all_reduce)
+    assert len(sub_groups) == 4  # two hosts' groups, the leaders' (the first column) and the second column
 
 
 def test_nothing_is_reported_once_detached(events):

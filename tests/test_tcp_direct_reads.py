@@ -479,20 +479,32 @@ def _exchange(t: TcpTransport, peer: int, out: bytes, nbytes: int, seq: int = 3,
 
 
 def test_exchange_now_swaps_with_one_peer_without_posting_or_holding(pair, monkeypatch):
-    """Both ranks of a step exchange at once: each writes its frame whole and takes the
-    peer's by its known header (no receive posted or held), then runs ``finish``."""
+    """Both ranks of a step exchange: each writes its frame whole and takes the peer's by
+    its known header (no receive posted or held), then runs ``finish``.  Rank 1, which
+    holds its read role before rank 0's frame comes, never goes the usual way."""
     t0, t1 = pair
     held = _on_hold(monkeypatch, t0) + _on_hold(monkeypatch, t1)
+    usual, base = [], Transport.exchange_now
+
+    def the_usual_way(self, *args):
+        usual.append(self.rank)
+        return base(self, *args)
+
+    monkeypatch.setattr(Transport, "exchange_now", the_usual_way)
     done: dict[int, tuple] = {}
     finished = []
     other = threading.Thread(target=lambda: done.__setitem__(1, _exchange(t1, 0, b"from1", 5)))
     other.start()
+    role = t1._conns[0].role.lock
+    deadline = time.monotonic() + 5
+    while not role.locked() and time.monotonic() < deadline:
+        time.sleep(0.001)
     done[0] = _exchange(t0, 1, b"from0", 5, finish=lambda: finished.append(0))
     other.join(10)
     for left, _ in done.values():
         _wait(t0, left)  # (rank 1's could be left to wait only if its send was queued)
     assert bytes(done[0][1]) == b"from1" and bytes(done[1][1]) == b"from0"
-    assert finished == [0] and held == []
+    assert finished == [0] and held == [] and 1 not in usual, usual
 
 
 def test_an_exchange_answered_by_another_call_fails_with_mismatch(pair, monkeypatch):

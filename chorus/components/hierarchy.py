@@ -97,24 +97,46 @@ def build(pg: ProcessGroup, hosts: tuple[int | None, ...], attach: Callable) -> 
     leaders = None
     if by_host[host][0] == pg.rank():
         leaders = hidden_subgroup(pg, 0, tuple(ranks[0] for ranks in by_host), f"{pg.name}/leaders")
-        leaders.components = (ScheduleComponent(),)  # one rank per host: TCP only
-    return Hierarchy(pg, hosts, by_host, local, leaders, column(pg, by_host, host))
+        _over_tcp(leaders)  # one rank per host: TCP only
+    columns = column_ids(pg, by_host)
+    return Hierarchy(pg, hosts, by_host, local, leaders, column(pg, by_host, host, leaders) if columns else None,
+                     columns)
 
 
-def column(pg: ProcessGroup, by_host: tuple[tuple[int, ...], ...], host: int) -> ProcessGroup | None:
-    """This rank's column: the ranks at its place on every host (rank i of each host), with
-    a TCP lane, where every host has as many ranks; else None.  Ids after the rails'
-    (chorus.cuda.rails: 1 + hosts + place), so that the two never share a group id."""
+def column_ids(pg: ProcessGroup, by_host: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """The ids of the columns after the first (whose ranks are the leaders, and which is the
+    leaders' group: so ranks that disagree on the path still meet, and see the mismatch),
+    registered with the transport on every member so that any member can mark them all
+    broken; none where hosts differ in size.  Ids after the rails' (chorus.cuda.rails:
+    1 + hosts + place), so that the two never share one."""
     widest = len(by_host[0])
     if any(len(ranks) != widest for ranks in by_host) or 1 + len(by_host) + 2 * widest >= (1 << _INDEX_BITS) - 1:
-        return None
+        return ()
+    ids = tuple(HIDDEN | pg.id << _INDEX_BITS | (1 + len(by_host) + widest + place) for place in range(1, widest))
+    for gid in ids:
+        pg.transport.register_group(gid, pg.members)
+    return ids
+
+
+def column(pg: ProcessGroup, by_host: tuple[tuple[int, ...], ...], host: int,
+           leaders: ProcessGroup | None) -> ProcessGroup | None:
+    """This rank's column: the ranks at its place on every host (rank i of each host), with
+    a TCP lane (where column_ids has ids: hosts of one size)."""
+    widest = len(by_host[0])
     place = by_host[host].index(pg.rank())
+    if place == 0:
+        return leaders
     sub = hidden_subgroup(pg, 1 + len(by_host) + widest + place, tuple(ranks[place] for ranks in by_host),
                           f"{pg.name}/column{place}")
-    schedules = ScheduleComponent()
-    sub.components = (schedules,)  # one rank per host: TCP only
-    sub.lane = TcpLane(sub, schedules)
+    _over_tcp(sub)
     return sub
+
+
+def _over_tcp(sub: ProcessGroup) -> None:
+    """Give a sub-group of one rank per host its components: TCP schedules and their lane."""
+    schedules = ScheduleComponent()
+    sub.components = (schedules,)
+    sub.lane = TcpLane(sub, schedules)
 
 
 def hidden_subgroup(pg: ProcessGroup, index: int, ranks: tuple[int, ...], name: str) -> ProcessGroup:
@@ -134,7 +156,8 @@ class Hierarchy(Component):
     name = "hierarchical"
 
     def __init__(self, pg: ProcessGroup, hosts: tuple[int, ...], by_host: tuple[tuple[int, ...], ...],
-                 local: ProcessGroup, leaders: ProcessGroup | None, column: ProcessGroup | None = None):
+                 local: ProcessGroup, leaders: ProcessGroup | None, column: ProcessGroup | None = None,
+                 column_ids: tuple[int, ...] = ()):
         self.pg = pg
         self.hosts = hosts  # group rank -> host
         self.by_host = by_host  # host -> its group ranks, leader first
@@ -142,6 +165,7 @@ class Hierarchy(Component):
         self.local = local  # this rank's host
         self.leaders = leaders  # None unless this rank leads its host
         self.column = column  # the ranks at this rank's place on every host (None: hosts differ in size)
+        self.column_ids = column_ids  # every column's id but the leaders'
         self.widest = max(len(ranks) for ranks in by_host)
         order = tuple(r for ranks in by_host for r in ranks)
         self.order = None if order == tuple(range(len(hosts))) else order  # host order, if not 0..W-1
@@ -191,9 +215,11 @@ class Hierarchy(Component):
         """Mark this rank's sub-groups broken on every member, so that ranks waiting in
         another phase of this op raise instead of waiting for the timeout."""
         t = self.pg.transport
-        for sub in (self.local, self.leaders, self.column):
+        for sub in (self.local, self.leaders):
             if sub is not None:
                 t.group_mismatch(sub.id, t.rank, 0, ctx.fingerprint, t.rank)
+        for gid in self.column_ids:  # every column: a rank of another place may wait in its own
+            t.group_mismatch(gid, t.rank, 0, ctx.fingerprint, t.rank)
 
     def close(self) -> None:
         """Release the host-local sub-group's components (the parent group is being destroyed)."""

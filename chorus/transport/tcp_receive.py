@@ -257,6 +257,8 @@ class TcpReceiving:
         cannot go this way, the part left goes the usual way (``send_now``/``recv_now``)."""
         conn = self._conns.get(peer)
         matcher = self._matcher
+        frame = pack_fields(kind, group, send_tag, seq, len(out), dtype, fingerprint)  # (before the role: no
+        reply = pack_fields(kind, group, recv_tag, seq, len(into), dtype, fingerprint)  # raise while holding it)
         if (conn is None or conn.queue or max(len(out), len(into)) > min(DIRECT_MAX, conn.ring_min - 1)
                 or matcher.stashes() or matcher.awaits(peer) or peer in self.left
                 or self.failure(group, peer, expect=(seq, fingerprint)) is not None
@@ -265,13 +267,11 @@ class TcpReceiving:
                                         finish, deadline)
         expect = (seq, fingerprint)
         try:
-            sent = self._send_inline(conn, pack_fields(kind, group, send_tag, seq, len(out), dtype, fingerprint), out,
-                                     True, None, (kind, group, send_tag, dtype))
+            sent = self._send_inline(conn, frame, out, True, None, (kind, group, send_tag, dtype))
         except BaseException:
             conn.role.lock.release()
             raise
-        if sent is None and self._take_held(conn, into, pack_fields(kind, group, recv_tag, seq, len(into), dtype,
-                                                                    fingerprint), group, expect, deadline):
+        if sent is None and self._take_held(conn, into, reply, group, expect, deadline):
             return self._taken(peer, into, kind, group, recv_tag, dtype, expect, finish)
         if sent is not None:
             conn.role.lock.release()
@@ -297,10 +297,10 @@ class TcpReceiving:
         fingerprint, so every byte of the frame's header is known beforehand): holding the
         read role, with nothing posted or stashed that could come first, ``_take_held``."""
         role, matcher, peer = conn.role, self._matcher, conn.peer
+        header = pack_fields(kind, group, tag, expect[0], len(view), dtype, expect[1])
         if matcher.stashes() or matcher.awaits(peer) or peer in self.left or not role.lock.acquire(blocking=False):
             return False
-        return self._take_held(conn, view, pack_fields(kind, group, tag, expect[0], len(view), dtype, expect[1]),
-                               group, expect, deadline)
+        return self._take_held(conn, view, header, group, expect, deadline)
 
     def _take_held(self, conn, view: memoryview, header: bytes, group: int, expect: tuple[int, int],
                    deadline: float | None) -> bool:
