@@ -520,20 +520,26 @@ def test_an_exchange_answered_by_another_call_fails_with_mismatch(pair, monkeypa
 
 
 def test_an_exchange_never_overtakes_a_queued_send(pair):
-    """A large asynchronous send to the peer is queued for the sender thread: the
-    exchange's frame goes behind it (the usual way), and the receive completes as well."""
+    """A large asynchronous send to the peer waits in the sender thread's queue (the peer
+    reads nothing meanwhile: the test holds its read role): the exchange's frame goes
+    behind it, the usual way, and its receive completes as well."""
     t0, t1 = pair
-    big = bytes(range(256)) * 4096  # 1 MiB: above INLINE_MAX, queued
+    big = bytes(range(256)) * (128 * 1024)  # 32 MiB: more than the sockets hold, so it stays queued
     first = t1.irecv(0, memoryview(bytearray(len(big))), kind=int(Kind.COLL), group=0, tag=5, dtype=2)
-    queued = t0.isend(1, memoryview(big), kind=int(Kind.COLL), group=0, tag=5, seq=3, fingerprint=0x99, dtype=2)
-    reply = threading.Thread(target=lambda: _wait(t1, [t1.isend(
-        0, memoryview(b"back"), kind=int(Kind.COLL), group=0, tag=5, seq=3, fingerprint=0x99, dtype=2, sync=True)]))
-    reply.start()
-    left, into = _exchange(t0, 1, b"tiny", 4)
+    role = t1._conns[0].role.lock
+    assert role.acquire(timeout=5)
+    try:
+        queued = t0.isend(1, memoryview(big), kind=int(Kind.COLL), group=0, tag=5, seq=3, fingerprint=0x99, dtype=2)
+        _wait(t1, [t1.isend(0, memoryview(b"back"), kind=int(Kind.COLL), group=0, tag=5, seq=3, fingerprint=0x99,
+                            dtype=2, sync=True)])
+        left, into = _exchange(t0, 1, b"tiny", 4)
+        assert t0._conns[1].queue and any(not h.receive for h in left), left  # the send is queued behind
+    finally:
+        role.release()
+    t1._conns[0].role.need()
     second = t1.irecv(0, memoryview(bytearray(4)), kind=int(Kind.COLL), group=0, tag=5, dtype=2)
-    _wait(t0, [queued, *left])
-    _wait(t1, [first, second])
-    reply.join(10)
+    _wait(t0, [queued, *left], 30.0)
+    _wait(t1, [first, second], 30.0)
     assert bytes(first.view) == big and bytes(second.view) == b"tiny" and bytes(into) == b"back"
 
 
