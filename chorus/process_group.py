@@ -45,6 +45,9 @@ class ProcessGroup:
         self.timeout = timeout
         self.name = name or str(group_id)
         self.backend = backend
+        # The group whose ops this hidden sub-group's ops are phases of (chorus.components.
+        # hierarchy): its errors are raised as that group's, named and settled there.
+        self.phase_of: ProcessGroup | None = None
         self._seq = 0
         # One entry token: the thread inside one of the group's collectives holds it (enter);
         # the latency lanes pop and push it themselves (a list's pop and append are atomic).

@@ -104,7 +104,9 @@ def run_in_order(call: Call, component: str, algorithm: str, transfers: Callable
 
 def settled(pg, error: BaseException, ctx) -> BaseException:
     """``error`` as op ``ctx`` of ``pg`` raises it: a CollectiveMismatchError first waits,
-    briefly and once per group, for every member's call (Transport.settled), to name them."""
-    if not isinstance(error, CollectiveMismatchError):
+    briefly and once per group, for every member's call (Transport.settled), to name them;
+    not in a group whose ops are phases of another's (``pg.phase_of``): that group's op
+    raises its own mismatch, settled there, and a wait here would only delay it."""
+    if not isinstance(error, CollectiveMismatchError) or pg.phase_of is not None:
         return error
     return pg.transport.settled(error, pg.members, None if ctx is None else ctx.deadline)

@@ -93,10 +93,12 @@ def build(pg: ProcessGroup, hosts: tuple[int | None, ...], attach: Callable) -> 
     by_host = tuple(tuple(r for r, h in enumerate(hosts) if h == host) for host in range(n_hosts))
     host = hosts[pg.rank()]
     local = hidden_subgroup(pg, 1 + host, by_host[host], f"{pg.name}/host{host}")
+    local.phase_of = pg
     attach(local, settings=False)  # CHORUS_ALGO_* picks the parent's path, not this one's
     leaders = None
     if by_host[host][0] == pg.rank():
         leaders = hidden_subgroup(pg, 0, tuple(ranks[0] for ranks in by_host), f"{pg.name}/leaders")
+        leaders.phase_of = pg
         _over_tcp(leaders)  # one rank per host: TCP only
     columns = column_ids(pg, by_host)
     return Hierarchy(pg, hosts, by_host, local, leaders, column(pg, by_host, host, leaders) if columns else None,
@@ -128,6 +130,7 @@ def column(pg: ProcessGroup, by_host: tuple[tuple[int, ...], ...], host: int,
         return leaders
     sub = hidden_subgroup(pg, 1 + len(by_host) + widest + place, tuple(ranks[place] for ranks in by_host),
                           f"{pg.name}/column{place}")
+    sub.phase_of = pg
     _over_tcp(sub)
     return sub
 

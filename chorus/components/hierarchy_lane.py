@@ -77,17 +77,21 @@ class HierarchyLane(ReduceLane):
     def _reduce_run(self, seq: int, plan: Plan, arr: np.ndarray) -> None:
         """Run ``plan`` as op ``seq`` of the group on ``arr``: each phase through its
         sub-group's lane, or as a Call on the sub-group where that lane steps aside."""
-        from chorus.components.select import start  # select imports the hierarchy
-
         pg, h = self.pg, self.h
-        flat = arr.reshape(-1)
         try:
             for sub in (h.local, h.column):
                 if not sub.lane.all_reduce_now(arr, plan.op):
-                    start(make(sub, "all_reduce", dtype=plan.dtype, count=flat.size, buffers={"data": flat},
-                               async_op=False, algorithm=None, nbytes=flat.nbytes, args={"count": flat.size},
-                               reduce_op=plan.op.name, combine=plan.combine))
+                    self._phase_call(sub, plan, arr.reshape(-1))
         except (CollectiveMismatchError, PeerLostError) as exc:
             ctx = pg.context("all_reduce", seq, plan.fingerprint)
             raise settled(pg, h.failed(exc, ctx), ctx) from None
         pg.transport.finished(pg.id, seq, plan.fingerprint)
+
+    @staticmethod
+    def _phase_call(sub, plan: Plan, flat: np.ndarray) -> None:
+        """The phase on ``sub`` as a Call, the way the general path runs it (its lane stepped aside)."""
+        from chorus.components.select import start  # select imports the hierarchy
+
+        start(make(sub, "all_reduce", dtype=plan.dtype, count=flat.size, buffers={"data": flat}, async_op=False,
+                   algorithm=None, nbytes=flat.nbytes, args={"count": flat.size}, reduce_op=plan.op.name,
+                   combine=plan.combine))

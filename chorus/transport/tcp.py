@@ -110,7 +110,7 @@ def local_address_towards(remote: str | None) -> str:
         return probe.getsockname()[0]
 
 
-SPIN_US = 200.0  # W=8 over loopback, 16 cores: 50, 200 and 1000 us alike (p50 83-87 us), none 101-107 us
+SPIN_US = 200.0  # W=8, 4 B: median 70-82 us polling 50-1000 us, 91-94 not (docs/results/16-vcpu-xeon/tcp-exchange)
 
 
 def spin_seconds(world_size: int) -> float:
