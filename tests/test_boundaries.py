@@ -23,7 +23,7 @@ FOREIGN = {
         "DDP's buckets are reachable only through its reducer",
     **{(path, name): "the CUDA latency lane needs the current device and raw stream handle per call; "
                      "torch.cuda.current_stream() builds a Stream object each time"
-       for path in ("chorus/cuda/component.py", "chorus/cuda/launchers.py")
+       for path in ("chorus/cuda/component.py", "chorus/cuda/launchers.py", "chorus/cuda/work.py")
        for name in ("_C", "_cuda_getDevice", "_cuda_getCurrentRawStream")},
     **{(path, name): "whether the current stream is capturing a CUDA graph, on every CUDA call: "
                      "torch.cuda.is_current_stream_capturing() checks CUDA's state in Python first"

@@ -213,7 +213,10 @@ def _handing_off(monkeypatch, log, barrier_finds=None):
     words = np.zeros(L.CONTROL_WORDS, np.int64)
 
     class Beside:  # chorus.cuda.beside's stream, logged
-        def follow(self, raw: int) -> int:
+        def mark(self, raw: int) -> None:
+            log.append(f"beside marks {raw}")
+
+        def follow(self, raw: int | None = None) -> int:
             log.append(f"beside follows {raw}")
             return 7
 
@@ -259,8 +262,8 @@ def _call(pg, name="all_reduce"):
 def test_the_first_hand_off_waits_for_its_barrier_before_making_the_communicator(monkeypatch):
     """Making the NCCL communicator waits for every rank; a rank whose op took chorus's
     kernels would never come, so the group's first hand-off waits on the CPU for the
-    barrier that compares the ops.  Later hand-offs queue the barrier (on the stream
-    beside the caller's, after the caller's work so far) and NCCL's op, and nothing waits
+    barrier that compares the ops.  Later hand-offs queue NCCL's op, then the barrier (on
+    the stream beside the caller's, after the caller's work before NCCL's op), and nothing waits
     (inline when the group is idle); the group's next op follows the barrier."""
     from chorus.api.state import current
     from chorus.testing import run_threads
@@ -277,9 +280,11 @@ def test_the_first_hand_off_waits_for_its_barrier_before_making_the_communicator
         return first, list(log), comp.lanes.follow
 
     [(first, later, follow)] = run_threads(body, 1)
-    barrier = ["beside follows 123", "begin on 7", "barrier", "barrier's end"]
-    assert first == [*barrier, "synchronize", "make communicator", "watch", "nccl all_reduce"], first
-    assert later == ["watch", *barrier, "nccl all_reduce"], later
+    barrier = ["begin on 7", "barrier", "barrier's end"]
+    assert first == ["beside follows 123", *barrier, "synchronize", "make communicator", "watch",
+                     "nccl all_reduce"], first
+    # NCCL's op queued before the barrier's launch; the barrier after the work marked before it
+    assert later == ["watch", "beside marks 123", "nccl all_reduce", "beside follows None", *barrier], later
     assert follow == "barrier's end"  # the group's next op waits for the barrier
 
 
@@ -332,3 +337,97 @@ def test_the_op_after_a_hand_off_waits_for_its_barrier_once_and_never_in_a_captu
     lanes.begin(3, None, 13)
     lanes.begin(4, None, 14)
     assert waits == [(13, "barrier's end")] and lanes.follow is None
+
+
+def test_the_lane_hands_a_repeated_large_all_reduce_to_nccl_then_queues_its_barrier(monkeypatch):
+    """Once the group's communicator exists, an all_reduce of the hand-off size takes the
+    API's lane (no Call): NCCL's op first, the barrier beside it after the caller's work
+    marked before it, AVG divided after NCCL's sum; async returns a Work holding NCCL's
+    own Work (its future is what torch callers get), and only the stream beside waits for
+    NCCL's op.  The group's first hand-off and a
+    call on another stream take the general path."""
+    from chorus.api.state import current
+    from chorus.reductions import ReduceOp
+    from chorus.testing import run_threads
+
+    log: list[str] = []
+    build = _handing_off(monkeypatch, log)
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    native = object()
+
+    def body(rank, world):
+        comp = build(current().default_group)
+        comp._reducible, comp._nccl_from, comp._device_index = frozenset({"float32"}), 16, -1  # (a CPU tensor)
+        monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
+        monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 123, raising=False)
+        t = torch.ones(8)
+        before = comp.all_reduce_now(t, ReduceOp.SUM)  # no communicator yet: the general path's
+        comp.start(_call(comp.pg), "nccl")  # makes it (the group's first hand-off)
+        comp._nccl.all_reduce = lambda tensor, op, wait: log.append(
+            f"nccl {op} of {tensor.numel()}{'' if wait else ', not waited for'}") or native
+        comp._last_raw = 123
+        log.clear()
+        done = comp.all_reduce_now(t, ReduceOp.AVG)
+        sync = list(log)
+        log.clear()
+        monkeypatch.setattr(type(comp), "_work", lambda self, s, what, result, keep, nat=None: (what, result, nat))
+        comp._beside.join = lambda work: log.append("beside joins nccl's op")
+        comp._beside.stream = "beside's stream"
+        work = comp.all_reduce_now(t, ReduceOp.SUM, async_op=True)
+        nowait = list(log)
+        log.clear()
+        comp._last_raw = 999  # the caller moved to another stream: the general path's
+        other = comp.all_reduce_now(t, ReduceOp.SUM)
+        return before, done, sync, work, other, t, nowait
+
+    [(before, done, sync, work, other, t, nowait)] = run_threads(body, 1)
+    assert before is False and done is True and other is False
+    # (NcclPeers runs AVG as NCCL's SUM: NCCL_OPS; the lane divides after)
+    assert sync == ["watch", "beside marks 123", "nccl AVG of 8", "beside follows None", "begin on 7", "barrier",
+                    "barrier's end"], sync
+    assert torch.equal(t, torch.ones(8))  # AVG over 1 rank: NCCL's sum (faked: unchanged) divided by 1
+    assert work[0] == "all_reduce" and work[1][0] is t and work[2] is native
+    # async: the caller's stream does not wait for NCCL's op; the stream beside does, after
+    # the barrier, and the group's next op follows it (Lanes.follow: the barrier's end)
+    assert nowait == ["watch", "beside marks 123", "nccl SUM of 8, not waited for", "beside follows None",
+                      "begin on 7", "barrier", "beside joins nccl's op", "barrier's end"], nowait
+
+
+def test_a_torch_work_hands_out_nccls_own_future_when_nccl_ran_the_op(monkeypatch):
+    """TorchWork.get_future of one op NCCL ran whole returns NCCL's Work's future (no
+    new future, no pickling of the value, no wait); any other stream op gets a new
+    CUDA-aware one after its wait."""
+    from chorus.torch.work import TorchWork
+    from chorus.work import Work
+
+    class Queued(Work):  # a CudaWork's face: queued on a stream, done as far as the CPU is concerned
+        on_stream = True
+
+        def __init__(self, native):
+            super().__init__([])
+            self.native = native
+
+        def wait(self, timeout=None):
+            waits.append(self)
+            return True
+
+        def check(self) -> None:
+            pass
+
+        def is_completed(self):
+            return True
+
+    waits: list = []
+    sentinel = torch.futures.Future()
+    native = SimpleNamespace(get_future=lambda: sentinel)
+    monkeypatch.setattr(TorchWork, "_stream_devices", lambda self: [torch.device("cpu")])
+    made = []
+    monkeypatch.setattr(torch.futures, "Future", lambda devices=None: made.append(devices) or sentinel)
+    # NCCL's future, and the caller's stream is not made to wait (it waits when the
+    # future's consumer does)
+    work = TorchWork([Queued(native)], [torch.ones(2)])
+    assert work.get_future() is sentinel and made == [] and waits == []
+    assert work.wait() and work.get_future() is sentinel and not sentinel.done()  # (waiting after: still NCCL's)
+    waits.clear()
+    TorchWork([Queued(None)], [torch.ones(2)]).get_future()
+    assert made == [[torch.device("cpu")]] and len(waits) == 1

@@ -98,3 +98,17 @@ def test_the_rail_store_is_on_the_transports_host():
     chorus_store.set("tcp/addr/3", "10.1.2.3:4567")
     assert nccl.serving_host(chorus_store, 3) == "10.1.2.3"
     assert nccl.serving_host(chorus_store, 2) == "127.0.0.1"
+
+
+def test_every_cuda_component_takes_the_lanes_async_argument():
+    """The API calls ``all_reduce_now(tensor, op, async_op)`` on whichever CUDA component
+    a group has (chorus.api.collectives): each must take it, or every second call of a
+    group across hosts raises TypeError."""
+    import inspect
+
+    from chorus.cuda.component import CudaComponent
+    from chorus.cuda.rails import RailsComponent
+
+    for cls in (CudaComponent, RailsComponent):
+        params = list(inspect.signature(cls.all_reduce_now).parameters)
+        assert params[:4] == ["self", "tensor", "op", "async_op"], (cls.__name__, params)

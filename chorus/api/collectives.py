@@ -59,17 +59,18 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     rank 0: [1, 2]   rank 1: [3, 4]   --all_reduce(SUM)-->   both: [4, 6]
     Results are bit-identical on every rank.
     """
-    if not async_op and algorithm is None:
+    if algorithm is None:
         if type(tensor) is np.ndarray:
-            window = lane(group)
+            window = None if async_op else lane(group)
             if window is not None and window.all_reduce_now(tensor, op):
                 return None
         elif is_torch_tensor(tensor):
-            if tensor.is_cuda:
+            if tensor.is_cuda:  # (async too: a CUDA op is queued on the stream either way)
                 gpu = device_lane(group, "cuda")
-                if gpu is not None and gpu.all_reduce_now(tensor, op):
-                    return None
-            else:  # (a tensor of another device: numpy has no view of it, the lane steps aside)
+                done = gpu is not None and gpu.all_reduce_now(tensor, op, async_op)
+                if done:
+                    return done if async_op else None
+            elif not async_op:  # (a tensor of another device: numpy has no view of it, the lane steps aside)
                 window = lane(group)
                 if window is not None and window.all_reduce_tensor_now(tensor, op):
                     return None

@@ -62,6 +62,7 @@ chorus.cuda.component picks the algorithm by name (``all_reduce_algorithm`` for 
 from __future__ import annotations
 
 from chorus.cuda.layout import GRAIN, two_shot_chunk
+from chorus.errors import InvalidArgumentError
 
 #: the tag of the channel messages of all_to_all (p2p tags are the user's)
 EXCHANGE_TAG = -1
@@ -245,3 +246,33 @@ def all_to_all(x, inp: int, out: int, send_counts, recv_counts, item: int) -> No
     peers = [q for q in range(x.world) if q != me]
     exchange(x, [(q, inp + send_at[q] * item, send_counts[q] * item, EXCHANGE_TAG) for q in peers],
              [(q, out + recv_at[q] * item, recv_counts[q] * item, EXCHANGE_TAG) for q in peers], False)
+
+
+def enqueue(x, call, item: int, algorithm: str) -> None:
+    """Queue chorus Call ``call``'s op (its buffers CUDA tensors of ``item`` bytes per
+    element) on lanes ``x``, begun for it, by ``algorithm``."""
+    b = call.buffers
+    name = call.name
+    if name == "barrier":
+        x.barrier()
+    elif name == "all_reduce":
+        all_reduce(x, b["data"].data_ptr(), b["data"].numel(), item, algorithm)
+    elif name == "reduce":
+        reduce(x, b["data"].data_ptr(), b["data"].numel(), item, call.root)
+    elif name == "broadcast":
+        broadcast(x, b["data"].data_ptr(), b["data"].numel(), item, call.root)
+    elif name in ("all_gather", "gather"):
+        out = b["output"].data_ptr() if "output" in b else None
+        all_gather(x, b["input"].data_ptr(), out, b["input"].numel(), item, call.root if name == "gather" else -1,
+                   algorithm == "fused")
+    elif name == "scatter":
+        inp = b["input"].data_ptr() if "input" in b else None
+        scatter(x, inp, b["output"].data_ptr(), b["output"].numel(), item, call.root)
+    elif name == "reduce_scatter":
+        reduce_scatter(x, b["input"].data_ptr(), b["output"].data_ptr(), tuple(call.args["counts"]), item,
+                       algorithm == "fused")
+    elif name == "all_to_all":
+        all_to_all(x, b["input"].data_ptr(), b["output"].data_ptr(), call.args["send_counts"],
+                   call.args["recv_counts"], item)
+    else:
+        raise InvalidArgumentError(f"chorus.cuda cannot run {name}")

@@ -12,7 +12,9 @@ slowest rank's barrier ended).  Here it runs beside NCCL's kernel::
     beside                              barrier (fingerprint) ---'
 
 ``follow(raw)`` makes this stream wait for the work queued on stream ``raw`` so far and
-returns this stream's handle (the barrier goes there); ``end()`` records where the
+returns this stream's handle (the barrier goes there); ``mark(raw)`` then ``follow()``
+does the same in two steps, so that NCCL's kernel is queued between them and its launch
+does not wait for the barrier's (a Triton launch: about 15 us of CPU); ``end()`` records where the
 barrier ends and returns that event: the group's next op waits for it
 (chorus.cuda.lanes.Lanes.follow), so that barriers stay in epoch order.  NCCL's kernel
 does not wait for it; a barrier that finds another op breaks the group, and the
@@ -39,11 +41,25 @@ class Beside:
         # while it blocks, and the transport's threads must go on meanwhile
         self.ended = torch.cuda.Event()
 
-    def follow(self, raw: int) -> int:
-        """This stream's handle, its next work after what stream ``raw`` has queued so far."""
+    def mark(self, raw: int) -> None:
+        """Remember what stream ``raw`` has queued so far (the next follow() waits for it)."""
         runtime.event_record(self.queued, raw)
+
+    def follow(self, raw: int | None = None) -> int:
+        """This stream's handle, its next work after what stream ``raw`` has queued so far
+        (None: as of the last mark())."""
+        if raw is not None:
+            runtime.event_record(self.queued, raw)
         runtime.stream_wait_event(self.raw, self.queued)
         return self.raw
+
+    def join(self, work) -> None:
+        """This stream's later work waits for torch Work ``work`` (its wait() orders the
+        current stream: this one, for the call)."""
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            work.wait()
 
     def end(self) -> int:
         """The event after the work queued here so far (the barrier), as a raw cudaEvent_t."""

@@ -17,8 +17,8 @@ Per call, with a mapped workspace::
                      reduce_scatter), "one_shot" (other collectives), "channels"
                      (all_to_all), "barrier"; "staging" for reductions of dtypes the
                      kernels lack
-    all_reduce_now   a synchronous all_reduce from a cached plan, with none of the general
-                     path's per-call objects (the API's latency lane)
+    all_reduce_now   an all_reduce from a cached plan (chorus.cuda.plans), with none of
+                     the general path's per-call objects (the API's latency lane)
     start(call)      enqueue the algorithm (chorus.cuda.algorithms) on the caller's
                      current stream, in issue order; return at once (async_op: a
                      CudaWork holding an event recorded after it); inside a CUDA graph
@@ -61,11 +61,8 @@ from chorus.cuda import layout as L
 from chorus.cuda.beside import Beside
 from chorus.cuda.failures import OpNames
 from chorus.cuda.nccl import NcclPeers, nccl_handoff, nccl_reduces
+from chorus.cuda.plans import all_reduce_plan
 from chorus.engine import OpContext
-from chorus.errors import (
-    InvalidArgumentError,
-)
-from chorus.wire.fingerprint import fingerprint
 
 log = logging.getLogger("chorus")
 
@@ -148,7 +145,7 @@ class CudaComponent(Component):
         self._last_stream = None  # the stream of the group's last op, and its raw handle (_follow)
         self._last_raw = 0
         self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
-        self._plans: dict = {}  # all_reduce_now's plans
+        self._plans: dict = {}  # all_reduce_now's plans (chorus.cuda.plans; False: the general path)
         # large all_reduces go to NCCL from this size (0: never); its communicator, made then
         handoff = self._handoff = nccl_handoff(pg)
         self._nccl_from = config.get("CHORUS_CUDA_NCCL_FROM_BYTES") if handoff else 0
@@ -254,19 +251,25 @@ class CudaComponent(Component):
         run_in_order(sync, self.name, algorithm, staging.on_stream(transfers, stream), captured=True)
         return self._work(stream, call.name, call.result, call.buffers) if call.async_op else None
 
-    def all_reduce_now(self, tensor, op) -> bool:
-        """all_reduce of ``tensor`` (a CUDA tensor), synchronous, now: True if enqueued on
-        the current stream; False if the general path must take it (it gives the same
-        result or error).  The plan of a (dtype, shape, op) is made once: its dtype name,
-        fingerprint and algorithm; per call this checks what a repeated call can change
+    def all_reduce_now(self, tensor, op, async_op: bool = False):
+        """all_reduce of ``tensor`` (a CUDA tensor), now: False if the general path must
+        take it (it gives the same result or error); else enqueued on the current stream,
+        and True (``async_op``: its CudaWork).  The plan of a (dtype, shape, op) is made
+        once (chorus.cuda.plans); per call this checks what a repeated call can change
         (contiguity, device, the group's queue and state), takes the sequence number and
-        launches the kernel through the cached launcher (chorus.cuda.launchers.launch)."""
+        launches the kernel through the cached launcher (chorus.cuda.launchers.launch),
+        or, from the hand-off size, queues NCCL's op and the barrier beside it, as
+        _start_nccl does once the group's communicator exists."""
         lanes = self.lanes
         if lanes is None or self.ws.stream is not None:
             return False
-        plan = self._plans.get((tensor.dtype, tensor.shape, op))
+        key = (tensor.dtype, tensor.shape, op)
+        plan = self._plans.get(key)
         if plan is None:
-            plan = self._plan(tensor, op)
+            if len(self._plans) >= PLANS:
+                self._plans.clear()
+            plan = self._plans[key] = all_reduce_plan(tensor, op, self._reducible, self._nccl_from,
+                                                      self.pg.size()) or False
         pg = self.pg
         torch_c = self._torch._C
         if (not plan or pg.queue or recorder.current is not None or self.broken is not None
@@ -275,48 +278,40 @@ class CudaComponent(Component):
                 or torch_c._cuda_getCurrentRawStream(self._device_index) != self._last_raw
                 or torch_c._cuda_isCurrentStreamCapturing()):
             return False  # (another stream than the group's last op's, or a capture: the general path)
+        peers = self._nccl
+        handoff = plan.algorithm == "nccl"
+        if handoff and (peers is None or not self._nccl_guard or peers.broken is not None):
+            return False  # (the group's first hand-off, or the agreement on the CPUs: _start_nccl)
         if not pg.enter_lane():
             return False
+        native = None
         try:
             seq = pg.take_seq()
             self.check("all_reduce")
-            op_id = self.names.add(None, seq, plan[1], "all_reduce")
-            stream = self._torch._C._cuda_getCurrentRawStream(self._device_index)
-            with self._lock:
-                lanes.begin(op_id, None, stream, plan[0], plan[2], plan[1])
-                A.all_reduce(lanes, tensor.data_ptr(), plan[3], plan[4], plan[5])
+            op_id = self.names.add(None, seq, plan.fingerprint, "all_reduce")
+            stream = self._last_raw
+            if handoff:
+                # async (DDP's buckets): the caller's stream goes on (the backward pass
+                # computes the next buckets) and waits at wait(), as on ProcessGroupNCCL
+                wait = not async_op or plan.average
+                native = self._hand_off(op_id, plan.fingerprint, lambda: peers.all_reduce(tensor, plan.reduce_op, wait),
+                                        wait)
+            else:
+                with self._lock:
+                    lanes.begin(op_id, None, stream, plan.dtype, plan.reduce_op, plan.fingerprint)
+                    A.all_reduce(lanes, tensor.data_ptr(), plan.count, plan.item, plan.algorithm)
         finally:
             pg.leave()
-        if plan[6]:
-            tensor.div_(pg.size())  # AVG (floating dtypes only: see _plan)
-        return True
-
-    def _plan(self, tensor, op):
-        """(dtype name, fingerprint, reduce op, count, itemsize, algorithm, average) for
-        all_reduce_now, or False: this call takes the general path."""
-        import torch
-
-        if len(self._plans) >= PLANS:
-            self._plans.clear()
-        key = (tensor.dtype, tensor.shape, op)
-        self._plans[key] = False
-        name = staging.torch_dtype_name(tensor)  # as the API names it: the fingerprints must agree
-        kind = getattr(op, "name", None)
-        if (kind not in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR") or name not in self._reducible
-                or (kind == "AVG" and not tensor.is_floating_point()) or tensor.numel() == 0):
-            return False
-        if kind in ("BAND", "BOR", "BXOR") and (tensor.is_floating_point() or tensor.dtype == torch.bool):
-            return False  # the general path raises it
-        count, item = tensor.numel(), tensor.element_size()
-        try:
-            fp = fingerprint("all_reduce", name, count, -1, kind)
-        except (KeyError, ValueError):
-            return False
-        if self._nccl_from and count * item >= self._nccl_from and nccl_reduces(name, kind):
-            return False  # NCCL's (the general path's _start_nccl)
-        plan = (name, fp, kind, count, item, A.all_reduce_algorithm(count * item, self.pg.size()), kind == "AVG")
-        self._plans[key] = plan
-        return plan
+        if plan.average:
+            tensor.div_(pg.size())  # AVG (floating dtypes only: see chorus.cuda.plans)
+        if not async_op:
+            return True
+        if native is None or plan.average:
+            return self._work(self._last_stream, "all_reduce", [tensor], tensor)
+        # NCCL's own Work holds a finished CUDA-aware future of [tensor]: torch's Work hands
+        # that out instead of making one; the Work's event is where the stream beside
+        # learnt of NCCL's end
+        return self._work(self._beside.stream, "all_reduce", [tensor], tensor, native)
 
     def close(self) -> None:
         if self._nccl is not None:
@@ -362,11 +357,9 @@ class CudaComponent(Component):
         if guard and peers is not None and self._inline():
             # the common case, inline, as start()'s (a hundred microseconds of closures and hooks less)
             op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
-            peers.watch(self.ws.words, L.STATUS)  # (once: a capture may have made the communicator)
             if call.before is not None:
                 call.before()
-            self._guard(None, op_id, self._last_raw, call.fingerprint)
-            peers.run(call)
+            self._hand_off(op_id, call.fingerprint, lambda: peers.run(call))
             if call.after is not None:
                 call.after()
             if not call.async_op:
@@ -409,18 +402,39 @@ class CudaComponent(Component):
         select.attach(sub, settings=False)
         return NcclPeers(self.pg, tuple(range(self.pg.size())), sub, f"cuda/{self.pg.id}/nccl/address")
 
-    def _guard(self, ctx, op_id: int, raw: int, fprint: int) -> None:
-        """One barrier of the group's workspace carrying ``fprint``, beside the hand-off
-        queued next on stream ``raw`` (chorus.cuda.beside): a rank whose op differs (by
-        NCCL or by chorus's kernels) is found there, the group breaks (STATUS;
-        NcclPeers.watch aborts the communicator, so NCCL's kernel stops waiting), and the
-        op and every later one raise CollectiveMismatchError naming both calls."""
+    def _hand_off(self, op_id: int, fprint: int, nccl_op, wait: bool = True):
+        """``nccl_op()`` (queues NCCL's op after the caller's stream's work; torch's Work
+        of it) first, then the barrier beside it (_guard) after that same work: its launch
+        does not delay NCCL's.  ``wait``: whether the caller's stream waits for NCCL's op."""
+        self._nccl.watch(self.ws.words, L.STATUS)  # (once: a capture may have made the communicator)
+        self._side().mark(self._last_raw)
+        native = nccl_op()
+        self._guard(None, op_id, None, fprint, None if wait else native)
+        return native
+
+    def _side(self) -> Beside:
+        """The stream beside the caller's (made at the group's first hand-off)."""
         with self._lock:
             if self._beside is None:
                 self._beside = Beside(self.ws.device)
-            self.lanes.begin(op_id, ctx, self._beside.follow(raw), "", "", fprint)
+            return self._beside
+
+    def _guard(self, ctx, op_id: int, raw: int | None, fprint: int, running=None) -> None:
+        """One barrier of the group's workspace carrying ``fprint``, beside the hand-off on
+        stream ``raw`` (queued next; None: since Beside.mark): a rank whose op differs (by
+        NCCL or by chorus's kernels) is found there, the group breaks (STATUS;
+        NcclPeers.watch aborts the communicator, so NCCL's kernel stops waiting), and the
+        op and every later one raise CollectiveMismatchError naming both calls.
+        ``running``: torch's Work of NCCL's op where the caller's stream does not wait for
+        it: the stream beside waits for it after the barrier, so that the group's next op
+        (Lanes.follow) runs after it, as ops of one ProcessGroupNCCL do."""
+        beside = self._side()
+        with self._lock:
+            self.lanes.begin(op_id, ctx, beside.follow(raw), "", "", fprint)
             self.lanes.barrier()
-            self.lanes.follow = self._beside.end()
+            if running is not None:
+                beside.join(running)
+            self.lanes.follow = beside.end()
 
     # -- point-to-point ------------------------------------------------------------------------------
     def p2p(self, kind: str, tensor, peer: int, tag: int, async_op: bool):
@@ -538,47 +552,22 @@ class CudaComponent(Component):
             stream.wait_stream(self._last_stream)
         self._last_stream, self._last_raw = stream, raw
 
-    def _work(self, stream, what: str, result, keep):
+    def _work(self, stream, what: str, result, keep, native=None):
         import torch
 
         from chorus.cuda.work import CudaWork
 
         event = torch.cuda.Event()
         event.record(stream)
-        return CudaWork(event, lambda: self.check(what), result, (keep,))
+        return CudaWork(event, lambda: self.check(what), result, (keep,), native)
 
     def _enqueue(self, call: Call, ctx, op_id: int, stream, algorithm: str = "") -> None:
-        b = call.buffers
         first = _first(call)
         dtype = staging.torch_dtype_name(first) if first is not None else ""
         item = first.element_size() if first is not None else 1
         with self._lock:
-            x = self.lanes
-            x.begin(op_id, ctx, stream.cuda_stream, dtype, call.reduce_op, call.fingerprint)
-            name = call.name
-            if name == "barrier":
-                x.barrier()
-            elif name == "all_reduce":
-                A.all_reduce(x, b["data"].data_ptr(), b["data"].numel(), item, algorithm)
-            elif name == "reduce":
-                A.reduce(x, b["data"].data_ptr(), b["data"].numel(), item, call.root)
-            elif name == "broadcast":
-                A.broadcast(x, b["data"].data_ptr(), b["data"].numel(), item, call.root)
-            elif name in ("all_gather", "gather"):
-                out = b["output"].data_ptr() if "output" in b else None
-                A.all_gather(x, b["input"].data_ptr(), out, b["input"].numel(), item,
-                             call.root if name == "gather" else -1, algorithm == "fused")
-            elif name == "scatter":
-                inp = b["input"].data_ptr() if "input" in b else None
-                A.scatter(x, inp, b["output"].data_ptr(), b["output"].numel(), item, call.root)
-            elif name == "reduce_scatter":
-                A.reduce_scatter(x, b["input"].data_ptr(), b["output"].data_ptr(), tuple(call.args["counts"]), item,
-                                 algorithm == "fused")
-            elif name == "all_to_all":
-                A.all_to_all(x, b["input"].data_ptr(), b["output"].data_ptr(), call.args["send_counts"],
-                             call.args["recv_counts"], item)
-            else:
-                raise InvalidArgumentError(f"chorus.cuda cannot run {name}")
+            self.lanes.begin(op_id, ctx, stream.cuda_stream, dtype, call.reduce_op, call.fingerprint)
+            A.enqueue(self.lanes, call, item, algorithm)
 
 
 class _Raw:

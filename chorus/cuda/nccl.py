@@ -220,16 +220,19 @@ class NcclPeers:
         else:
             self.reduce_scatter(b["output"], b["input"], call.reduce_op)
 
-    def all_reduce(self, tensor, reduce_op: str) -> None:
+    def all_reduce(self, tensor, reduce_op: str, wait: bool = True):
         """``tensor`` = NCCL's all_reduce of it over the members (enqueued; the current
-        stream waits for it)."""
+        stream waits for it unless ``wait`` is False); torch's Work of it."""
         opts = self.reduce_options.get(reduce_op)
         if opts is None:  # (made once per op: each costs microseconds a call would pay)
             import torch.distributed as dist
 
             opts = self.reduce_options[reduce_op] = dist.AllreduceOptions()
             opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
-        (self.nccl or self.group()).allreduce([tensor], opts).wait()
+        work = (self.nccl or self.group()).allreduce([tensor], opts)
+        if wait:
+            work.wait()
+        return work
 
     def all_gather(self, output, tensor) -> None:
         """``output`` (W blocks) = every member's ``tensor``, in member order (enqueued

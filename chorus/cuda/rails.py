@@ -189,8 +189,9 @@ class RailsComponent(Component):
         return CudaWork(stream.record_event(), lambda: self.check(call.name), call.result,
                         tuple(call.buffers.values()))
 
-    def all_reduce_now(self, tensor, op) -> bool:
-        """The API's latency lane: never here (the general path runs the rails)."""
+    def all_reduce_now(self, tensor, op, async_op: bool = False) -> bool:
+        """The API's latency lane (CudaComponent.all_reduce_now's signature): never here
+        (the general path runs the rails)."""
         return False
 
     def p2p(self, kind: str, tensor, peer: int, tag: int, async_op: bool):

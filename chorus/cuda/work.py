@@ -22,19 +22,24 @@ from __future__ import annotations
 import threading
 import time
 
+from chorus.cuda import runtime
 from chorus.work import Work
 
 
 class CudaWork(Work):
-    """``event``: recorded after the op; ``check()`` raises the group's error, if any."""
+    """``event``: recorded after the op; ``check()`` raises the group's error, if any;
+    ``native``: torch's own Work of the op where NCCL ran it whole (its ``get_future()``
+    is the CUDA-aware future of ``result``, finished at once, that torch callers expect).
+    """
 
     on_stream = True
 
-    def __init__(self, event, check, result: list | None, keep: tuple = ()):
+    def __init__(self, event, check, result: list | None, keep: tuple = (), native=None):
         super().__init__(result)
         self._event = event
         self._check = check
         self._keep = keep
+        self.native = native
 
     def wait(self, timeout=None) -> bool:
         if timeout is not None:
@@ -42,9 +47,16 @@ class CudaWork(Work):
                                                      else float(timeout)))
         import torch
 
-        torch.cuda.current_stream().wait_event(self._event)
+        # (raw handles: torch.cuda.current_stream() costs several microseconds per call)
+        torch_c = torch._C
+        runtime.stream_wait_event(torch_c._cuda_getCurrentRawStream(torch_c._cuda_getDevice()),
+                                  self._event.cuda_event)
         self._check()
         return True
+
+    def check(self) -> None:
+        """Raise the group's error, if it has one now (nothing waits)."""
+        self._check()
 
     def synchronize(self) -> None:
         self._block(None)

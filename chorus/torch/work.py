@@ -119,12 +119,27 @@ class TorchWork(dist.Work):
         CUDA-aware one, completed at once, whose value's events follow the ops on the
         current stream (consumers' streams wait for those events, the CPU never does).
         DDP's reducer then queues its copies and the optimizer behind the all_reduces
-        without waiting for the GPU."""
+        without waiting for the GPU.  An op NCCL ran whole hands out NCCL's own future."""
         with self._lock:
             if self._future is not None:
                 return self._future
         devices = self._stream_devices()
-        if devices:
+        native = getattr(self._works[0], "native", None) if len(self._works) == 1 and devices else None
+        if native is not None and self._finish is None:
+            # NCCL ran the op whole (chorus.cuda.work.CudaWork): its own future is that kind
+            # already, of the same tensors, and its events follow NCCL's op itself, so the
+            # current stream goes on until the future's consumer waits (DDP's backward
+            # computes the next buckets meanwhile, as with ProcessGroupNCCL)
+            try:
+                self._works[0].check()
+            except BaseException as exc:  # noqa: BLE001 - delivered by the future below
+                self._complete(exc)
+            else:
+                future = native.get_future()
+                with self._lock:
+                    self._future = future
+                return future
+        elif devices:
             try:
                 self.wait()  # orders the current stream after the ops; a failed group raises
             except BaseException:  # noqa: BLE001 - delivered by the future below
@@ -187,7 +202,7 @@ class TorchWork(dist.Work):
                     error = exc
             self._error = error
             self._done = True
-            resolve = self._future is not None
+            resolve = self._base is not None  # (a future handed out whole, NCCL's, is not ours to complete)
         if resolve:
             self._resolve()
 

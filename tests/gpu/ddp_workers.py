@@ -40,6 +40,24 @@ def train(rank: int, world: int, backend: str, port: int, steps: int, out: str) 
         future = tdist.all_reduce(t, async_op=True).get_future()
         record["future_done_at_once"] = future.done()
         record["future_value"] = future.wait()[0].tolist()
+        # NCCL's size (16 MiB): issued async, the caller's stream does not wait for it, yet the
+        # group's ops run in issue order: the same tensor twice, or NCCL's op and then
+        # chorus's kernels on part of it, give what one op after the other gives
+        big = torch.ones(4 << 20, device="cuda")
+        tdist.all_reduce(big)  # (the group's first hand-off makes its communicator)
+        big.fill_(1.0)
+        first = tdist.all_reduce(big, async_op=True)
+        second = tdist.all_reduce(big, async_op=True)
+        future = second.get_future()
+        second.wait()
+        first.wait()
+        record["handoff_twice"] = [big[0].item(), big[-1].item()]
+        record["handoff_future_is_the_tensor"] = future.wait()[0].data_ptr() == big.data_ptr()
+        big.fill_(1.0)
+        work = tdist.all_reduce(big, async_op=True)
+        tdist.all_reduce(big[:1024])
+        work.wait()
+        record["handoff_then_kernels"] = [big[0].item(), big[-1].item()]
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     sums = [torch.zeros(2, dtype=torch.float64, device="cuda") for _ in range(world)]
     tdist.all_gather(sums, torch.stack([flat.double().sum(), (flat.double() ** 2).sum()]))

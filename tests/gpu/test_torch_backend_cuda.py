@@ -1,6 +1,7 @@
 """``import chorus.torch`` and backend "chorus" on GPUs: DDP (``device_ids=[rank]``) on 4 GPUs
 for 20 steps gives NCCL's per-step losses within 1e-4 relative, with identical replicas; a
-CUDA op's future is complete at enqueue and its value follows the op on the stream."""
+CUDA op's future is complete at enqueue and its value follows the op on the stream; ops
+handed to NCCL asynchronously still run in the group's issue order."""
 
 from __future__ import annotations
 
@@ -34,3 +35,6 @@ def test_ddp_matches_nccl(tmp_path, monkeypatch):
     for record in runs["chorus"]:
         assert record["future_done_at_once"], record
         assert record["future_value"] == [total] * 4, record
+        assert record["handoff_twice"] == [world * world] * 2, record
+        assert record["handoff_future_is_the_tensor"], record
+        assert record["handoff_then_kernels"] == [world * world, world], record

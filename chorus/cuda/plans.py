@@ -1,0 +1,57 @@
+"""The plans of a CUDA group's latency lane (``CudaComponent.all_reduce_now``): what a
+repeated all_reduce of one (dtype, shape, op) needs, worked out once.
+
+A plan says which dtype name and fingerprint the call carries (as the API would name
+them: every rank's fingerprints must agree whichever path it took), how many elements
+of what size, and who runs it: chorus's kernels (by algorithm) or, from the group's
+hand-off size, NCCL (``algorithm == "nccl"``).  AVG runs as SUM and the lane divides
+after, as the general path does.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from chorus.cuda import algorithms as A
+from chorus.cuda import staging
+from chorus.cuda.nccl import nccl_reduces
+from chorus.wire.fingerprint import fingerprint
+
+#: the reductions the lane takes (PREMUL_SUM scales first: the general path's)
+LANE_OPS = frozenset({"SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"})
+
+
+class Plan(NamedTuple):
+    dtype: str  # chorus's dtype name
+    fingerprint: int
+    reduce_op: str
+    count: int
+    item: int  # bytes per element
+    algorithm: str  # chorus.cuda.algorithms' choice, or "nccl"
+    average: bool  # AVG: divide by the group's size after the sum
+
+
+def all_reduce_plan(tensor, op, reducible: frozenset, nccl_from: int, world: int) -> Plan | None:
+    """The plan of all_reduce(``tensor``, ``op``) on a group of ``world`` ranks whose
+    kernels reduce the dtypes ``reducible`` and which hands all_reduces of ``nccl_from``
+    bytes and more to NCCL (0: never); None where the general path must decide (it
+    raises the errors, scales PREMUL_SUM, takes empty tensors)."""
+    import torch
+
+    name = staging.torch_dtype_name(tensor)
+    kind = getattr(op, "name", None)
+    if (kind not in LANE_OPS or name not in reducible or (kind == "AVG" and not tensor.is_floating_point())
+            or tensor.numel() == 0):
+        return None
+    if kind in ("BAND", "BOR", "BXOR") and (tensor.is_floating_point() or tensor.dtype == torch.bool):
+        return None
+    count, item = tensor.numel(), tensor.element_size()
+    try:
+        fp = fingerprint("all_reduce", name, count, -1, kind)
+    except (KeyError, ValueError):
+        return None
+    if nccl_from and count * item >= nccl_from and nccl_reduces(name, kind):
+        algorithm = "nccl"  # (as CudaComponent's general path chooses: dtypes NCCL does not reduce stay)
+    else:
+        algorithm = A.all_reduce_algorithm(count * item, world)
+    return Plan(name, fp, kind, count, item, algorithm, kind == "AVG")
