@@ -20,27 +20,9 @@ import sys
 import torch
 import torch.multiprocessing as mp
 
+from chorus.bench.ddp import mlp, trainer
+
 VARIANTS = ("ddp nccl", "ddp chorus", "all_reduce nccl", "all_reduce chorus")
-
-
-def _mlp():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4096, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 8192),
-                               torch.nn.ReLU(), torch.nn.Linear(8192, 1)).cuda()
-
-
-def _trainer(ddp):
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    loss_fn = torch.nn.MSELoss()
-
-    def step(x, y) -> None:
-        loss = loss_fn(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        loss.item()
-
-    return step
 
 
 def _reducer(flats, group):
@@ -99,8 +81,9 @@ def body(rank: int, world: int, port: int, out: str, steps: int) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("chorus", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     groups = {"chorus": dist.group.WORLD, "nccl": dist.new_group(backend="nccl")}
-    ddps = {lib: DDP(_mlp(), process_group=g, device_ids=[rank]) for lib, g in groups.items()}
-    run = {f"ddp {lib}": _trainer(d) for lib, d in ddps.items()}
+    shape = {"features": 4096, "hidden": 8192}
+    ddps = {lib: DDP(mlp(shape).cuda(), process_group=g, device_ids=[rank]) for lib, g in groups.items()}
+    run = {f"ddp {lib}": trainer(d, d) for lib, d in ddps.items()}
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(32, 4096, generator=gen).cuda()
     y = torch.randn(32, 1, generator=gen).cuda()

@@ -88,7 +88,7 @@ def parameters(features: int, hidden: int) -> int:
 
 
 # -- one rank ------------------------------------------------------------------------------------
-def _mlp(cfg: dict):
+def mlp(cfg: dict):
     import torch
 
     torch.manual_seed(0)
@@ -97,7 +97,7 @@ def _mlp(cfg: dict):
                                torch.nn.ReLU(), torch.nn.Linear(h, 1))
 
 
-def _trainer(model, forward):
+def trainer(model, forward):
     """One training step of ``model`` (called through ``forward``) on (x, y): its loss."""
     import torch
 
@@ -151,11 +151,11 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
     steps: dict = {}
     ddps: dict = {}
     if "compute" in wanted:
-        model = _mlp(cfg).to(dev)
-        steps["compute"] = _trainer(model, model)
+        model = mlp(cfg).to(dev)
+        steps["compute"] = trainer(model, model)
     if "ddp no_sync" in wanted:
-        ddp = DDP(_mlp(cfg).to(dev), process_group=groups[base], **cap)
-        train = _trainer(ddp, ddp)
+        ddp = DDP(mlp(cfg).to(dev), process_group=groups[base], **cap)
+        train = trainer(ddp, ddp)
 
         def no_sync(x, y, ddp=ddp, train=train) -> float:
             with ddp.no_sync():
@@ -164,9 +164,9 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
         steps["ddp no_sync"] = no_sync
     for lib in (base, "chorus"):
         if f"ddp {lib}" in wanted or f"all_reduce {lib}" in wanted:
-            ddps[lib] = DDP(_mlp(cfg).to(dev), process_group=groups[lib], **cap)
+            ddps[lib] = DDP(mlp(cfg).to(dev), process_group=groups[lib], **cap)
             if f"ddp {lib}" in wanted:
-                steps[f"ddp {lib}"] = _trainer(ddps[lib], ddps[lib])
+                steps[f"ddp {lib}"] = trainer(ddps[lib], ddps[lib])
 
     features = cfg["features"]
     data = torch.Generator().manual_seed(1000 + rank)  # each rank its own samples
