@@ -431,3 +431,39 @@ def test_a_torch_work_hands_out_nccls_own_future_when_nccl_ran_the_op(monkeypatc
     waits.clear()
     TorchWork([Queued(None)], [torch.ones(2)]).get_future()
     assert made == [[torch.device("cpu")]] and len(waits) == 1
+
+
+def test_a_hand_off_that_nccl_refuses_still_queues_its_barrier_and_raises(monkeypatch):
+    """NCCL's op raising (an aborted communicator) must not leave this rank a barrier
+    behind its peers: the barrier beside is queued anyway, the group's next op follows
+    it, and the error reaches the caller."""
+    from chorus.api.state import current
+    from chorus.reductions import ReduceOp
+    from chorus.testing import run_threads
+
+    log: list[str] = []
+    build = _handing_off(monkeypatch, log)
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+
+    def body(rank, world):
+        comp = build(current().default_group)
+        comp._reducible, comp._nccl_from, comp._device_index = frozenset({"float32"}), 16, -1  # (a CPU tensor)
+        monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
+        monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 123, raising=False)
+        comp.start(_call(comp.pg), "nccl")
+        comp._last_raw = 123
+
+        def refused(tensor, op, wait):
+            log.append("nccl refuses")
+            raise RuntimeError("NCCL communicator was aborted")
+
+        comp._nccl.all_reduce = refused
+        log.clear()
+        with pytest.raises(RuntimeError, match="aborted"):
+            comp.all_reduce_now(torch.ones(8), ReduceOp.SUM, async_op=True)
+        return list(log), comp.lanes.follow
+
+    [(seen, follow)] = run_threads(body, 1)
+    assert seen == ["watch", "beside marks 123", "nccl refuses", "beside follows None", "begin on 7", "barrier",
+                    "barrier's end"], seen
+    assert follow == "barrier's end"

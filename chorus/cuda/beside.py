@@ -54,12 +54,14 @@ class Beside:
         return self.raw
 
     def join(self, work) -> None:
-        """This stream's later work waits for torch Work ``work`` (its wait() orders the
-        current stream: this one, for the call)."""
+        """This stream's later work waits for torch Work ``work``.  Through its future,
+        whose wait() orders the current stream (this one, for the call) and records the
+        tensors' use on it: Work.wait() would also let go of the tensors NCCL holds, as if
+        the caller's stream, where the allocator reuses their memory, waited."""
         import torch
 
         with torch.cuda.stream(self.stream):
-            work.wait()
+            work.get_future().wait()
 
     def end(self) -> int:
         """The event after the work queued here so far (the barrier), as a raw cudaEvent_t."""

@@ -26,13 +26,17 @@ Per call, with a mapped workspace::
     p2p(...)         a send or receive through the pair's channel
 
 Streams, as ProcessGroupNCCL's contract: an op is enqueued on the caller's current stream
-(after the work queued there; later work there runs after it); synchronous calls return
-once enqueued; ``async_op`` gives a CudaWork holding an event recorded after the op.  The
-ops of a group still run on the GPU in issue order when they come from several streams
-(``_follow``): an op on another stream than the group's last op makes its stream wait for
-that op first.  Members that are threads of one process run every op on the
-workspace's own stream, joined to the caller's both ways (chorus.cuda.workspace).  A
-synchronous ``barrier`` also blocks the CPU until it completed (as torch's).
+(after the work queued there; later work there runs after it, except an async hand-off's,
+below); synchronous calls return once enqueued; ``async_op`` gives a CudaWork holding an
+event recorded after the op.  The ops of a group still run on the GPU in issue order when
+they come from several streams (``_follow``): an op on another stream than the group's
+last op makes its stream wait for that op first.  An async all_reduce handed to NCCL (the
+lane's, once the communicator exists) runs on NCCL's stream as ProcessGroupNCCL's do: the
+caller's stream waits for it at ``wait()``, and the group's next op of chorus's kernels
+after it (the stream beside learns of its end: chorus.cuda.beside).  Members that are
+threads of one process run every op on the workspace's own stream, joined to the caller's
+both ways (chorus.cuda.workspace).  A synchronous ``barrier`` also blocks the CPU until it
+completed (as torch's).
 
 Failures: every spin is bounded by the group's timeout and by the ABORT word that a
 transport failure listener sets (chorus.cuda.kernels).  A kernel that gives up writes
@@ -272,10 +276,11 @@ class CudaComponent(Component):
                                                       self.pg.size()) or False
         pg = self.pg
         torch_c = self._torch._C
+        last_stream, stream = self._last_stream, self._last_raw  # (once: p2p from another thread moves them)
         if (not plan or pg.queue or recorder.current is not None or self.broken is not None
                 or not tensor.is_contiguous() or tensor.get_device() != self._device_index
                 or torch_c._cuda_getDevice() != self._device_index
-                or torch_c._cuda_getCurrentRawStream(self._device_index) != self._last_raw
+                or torch_c._cuda_getCurrentRawStream(self._device_index) != stream
                 or torch_c._cuda_isCurrentStreamCapturing()):
             return False  # (another stream than the group's last op's, or a capture: the general path)
         peers = self._nccl
@@ -289,7 +294,6 @@ class CudaComponent(Component):
             seq = pg.take_seq()
             self.check("all_reduce")
             op_id = self.names.add(None, seq, plan.fingerprint, "all_reduce")
-            stream = self._last_raw
             if handoff:
                 # async (DDP's buckets): the caller's stream goes on (the backward pass
                 # computes the next buckets) and waits at wait(), as on ProcessGroupNCCL
@@ -307,7 +311,7 @@ class CudaComponent(Component):
         if not async_op:
             return True
         if native is None or plan.average:
-            return self._work(self._last_stream, "all_reduce", [tensor], tensor)
+            return self._work(last_stream, "all_reduce", [tensor], tensor)
         # NCCL's own Work holds a finished CUDA-aware future of [tensor]: torch's Work hands
         # that out instead of making one; the Work's event is where the stream beside
         # learnt of NCCL's end
@@ -408,8 +412,11 @@ class CudaComponent(Component):
         does not delay NCCL's.  ``wait``: whether the caller's stream waits for NCCL's op."""
         self._nccl.watch(self.ws.words, L.STATUS)  # (once: a capture may have made the communicator)
         self._side().mark(self._last_raw)
-        native = nccl_op()
-        self._guard(None, op_id, None, fprint, None if wait else native)
+        native = None
+        try:
+            native = nccl_op()
+        finally:  # (NCCL refused the op: the barrier still keeps this rank's epochs in step)
+            self._guard(None, op_id, None, fprint, None if wait else native)
         return native
 
     def _side(self) -> Beside:
@@ -432,9 +439,11 @@ class CudaComponent(Component):
         with self._lock:
             self.lanes.begin(op_id, ctx, beside.follow(raw), "", "", fprint)
             self.lanes.barrier()
-            if running is not None:
-                beside.join(running)
-            self.lanes.follow = beside.end()
+            try:
+                if running is not None:
+                    beside.join(running)
+            finally:  # (the group's next op follows this barrier whatever the join raised)
+                self.lanes.follow = beside.end()
 
     # -- point-to-point ------------------------------------------------------------------------------
     def p2p(self, kind: str, tensor, peer: int, tag: int, async_op: bool):

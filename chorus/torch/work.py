@@ -138,6 +138,8 @@ class TorchWork(dist.Work):
                 future = native.get_future()
                 with self._lock:
                     self._future = future
+                if self._recording is not None:  # (the op's CPU part is over; nothing calls wait())
+                    self._recording.close()
                 return future
         elif devices:
             try:

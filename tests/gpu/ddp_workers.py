@@ -18,8 +18,22 @@ def train(rank: int, world: int, backend: str, port: int, steps: int, out: str) 
     torch.cuda.set_device(rank)
     tdist.init_process_group(backend)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
-                                torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
+    # (the middle weight, 8 MiB, is a bucket of its own that chorus hands to NCCL)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 1024),
+                                torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
+    natives: list[int] = []
+    if backend == "chorus":  # count the async all_reduces the lane handed to NCCL
+        from chorus.cuda.component import CudaComponent
+
+        lane = CudaComponent.all_reduce_now
+
+        def counting(self, tensor, op, async_op=False):
+            done = lane(self, tensor, op, async_op)
+            if getattr(done, "native", None) is not None:
+                natives.append(tensor.numel())
+            return done
+
+        CudaComponent.all_reduce_now = counting
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank], bucket_cap_mb=1)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(100 + rank)
@@ -36,6 +50,7 @@ def train(rank: int, world: int, backend: str, port: int, steps: int, out: str) 
         losses.append(avg.item() / world)
     record = {}
     if backend == "chorus":  # a CUDA op's future is ProcessGroupNCCL's kind: done at enqueue
+        record["lane_handoffs_in_ddp"] = len(natives)
         t = torch.full((4,), float(rank + 1), device="cuda")
         future = tdist.all_reduce(t, async_op=True).get_future()
         record["future_done_at_once"] = future.done()
@@ -44,7 +59,7 @@ def train(rank: int, world: int, backend: str, port: int, steps: int, out: str) 
         # group's ops run in issue order: the same tensor twice, or NCCL's op and then
         # chorus's kernels on part of it, give what one op after the other gives
         big = torch.ones(4 << 20, device="cuda")
-        tdist.all_reduce(big)  # (the group's first hand-off makes its communicator)
+        tdist.all_reduce(big)  # (synchronous, on the lane: the caller's stream waits)
         big.fill_(1.0)
         first = tdist.all_reduce(big, async_op=True)
         second = tdist.all_reduce(big, async_op=True)
@@ -53,6 +68,7 @@ def train(rank: int, world: int, backend: str, port: int, steps: int, out: str) 
         first.wait()
         record["handoff_twice"] = [big[0].item(), big[-1].item()]
         record["handoff_future_is_the_tensor"] = future.wait()[0].data_ptr() == big.data_ptr()
+        record["handoffs_async_on_the_lane"] = len(natives) - record["lane_handoffs_in_ddp"]
         big.fill_(1.0)
         work = tdist.all_reduce(big, async_op=True)
         tdist.all_reduce(big[:1024])

@@ -35,6 +35,8 @@ def test_ddp_matches_nccl(tmp_path, monkeypatch):
     for record in runs["chorus"]:
         assert record["future_done_at_once"], record
         assert record["future_value"] == [total] * 4, record
+        assert record["lane_handoffs_in_ddp"] >= 19, record  # the 8 MiB bucket, every step after the first
+        assert record["handoffs_async_on_the_lane"] == 2, record
         assert record["handoff_twice"] == [world * world] * 2, record
         assert record["handoff_future_is_the_tensor"], record
         assert record["handoff_then_kernels"] == [world * world, world], record
