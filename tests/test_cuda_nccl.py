@@ -259,6 +259,17 @@ def _call(pg, name="all_reduce"):
                 algorithm="nccl", nbytes=16, args={"count": 4}, reduce_op="SUM" if name == "all_reduce" else "")
 
 
+def _lane_ready(comp, monkeypatch) -> None:
+    """``comp`` (from _handing_off) takes float32 CPU tensors of 16 bytes and more on its
+    lane's hand-off, its communicator made by a first hand-off on the general path."""
+    comp._reducible, comp._nccl_from, comp._device_index = frozenset({"float32"}), 16, -1  # (a CPU tensor)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 123, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    comp.start(_call(comp.pg), "nccl")
+    comp._last_raw = 123
+
+
 def test_the_first_hand_off_waits_for_its_barrier_before_making_the_communicator(monkeypatch):
     """Making the NCCL communicator waits for every rank; a rank whose op took chorus's
     kernels would never come, so the group's first hand-off waits on the CPU for the
@@ -443,15 +454,10 @@ def test_a_hand_off_that_nccl_refuses_still_queues_its_barrier_and_raises(monkey
 
     log: list[str] = []
     build = _handing_off(monkeypatch, log)
-    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
 
     def body(rank, world):
         comp = build(current().default_group)
-        comp._reducible, comp._nccl_from, comp._device_index = frozenset({"float32"}), 16, -1  # (a CPU tensor)
-        monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
-        monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 123, raising=False)
-        comp.start(_call(comp.pg), "nccl")
-        comp._last_raw = 123
+        _lane_ready(comp, monkeypatch)
 
         def refused(tensor, op, wait):
             log.append("nccl refuses")
@@ -467,3 +473,43 @@ def test_a_hand_off_that_nccl_refuses_still_queues_its_barrier_and_raises(monkey
     assert seen == ["watch", "beside marks 123", "nccl refuses", "beside follows None", "begin on 7", "barrier",
                     "barrier's end"], seen
     assert follow == "barrier's end"
+
+
+def test_the_flight_recorder_holds_the_cuda_lanes_ops_sync_async_and_failed(monkeypatch):
+    """A CUDA group's lane ops (kernels or hand-offs, sync or async) are in its flight
+    recorder as the CPU lanes' are: seq, op, dtype, count, component, algorithm, async,
+    and a failure with its error."""
+    from chorus.api.state import current
+    from chorus.cuda.plans import LaneLog
+    from chorus.debug import flight
+    from chorus.reductions import ReduceOp
+    from chorus.testing import run_threads
+
+    log: list[str] = []
+    build = _handing_off(monkeypatch, log)
+
+    def body(rank, world):
+        comp = build(current().default_group)
+        _lane_ready(comp, monkeypatch)  # (its first hand-off: the general path's own entry)
+        comp._lane_log = LaneLog(flight.attach(comp.pg))
+        comp._nccl.all_reduce = lambda tensor, op, wait: None
+        monkeypatch.setattr(type(comp), "_work", lambda self, s, what, result, keep, nat=None: "work")
+        comp._beside.join = lambda work: None
+        t = torch.ones(8)
+        assert comp.all_reduce_now(t, ReduceOp.SUM) is True
+        assert comp.all_reduce_now(t, ReduceOp.SUM, async_op=True) == "work"
+
+        def refused(tensor, op, wait):
+            raise RuntimeError("NCCL communicator was aborted")
+
+        comp._nccl.all_reduce = refused
+        with pytest.raises(RuntimeError):
+            comp.all_reduce_now(t, ReduceOp.SUM, async_op=True)
+        return [e for e in comp.pg.flight.entries() if e["lane"]]
+
+    [lane] = run_threads(body, 1)
+    assert [(e["op"], e["dtype"], e["count"], e["component"], e["algorithm"], e["async"], e["state"])
+            for e in lane] == [("all_reduce", "float32", 8, "cuda", "nccl", False, flight.DONE),
+                               ("all_reduce", "float32", 8, "cuda", "nccl", True, flight.DONE),
+                               ("all_reduce", "float32", 8, "cuda", "nccl", True, flight.FAILED)], lane
+    assert [e["seq"] for e in lane] == [1, 2, 3] and "aborted" in lane[2]["error"]

@@ -65,14 +65,14 @@ from chorus.cuda import layout as L
 from chorus.cuda.beside import Beside
 from chorus.cuda.failures import OpNames
 from chorus.cuda.nccl import NcclPeers, nccl_handoff, nccl_reduces
-from chorus.cuda.plans import all_reduce_plan
+from chorus.cuda.plans import LaneLog, cached_plan
+from chorus.debug import flight
 from chorus.engine import OpContext
 
 log = logging.getLogger("chorus")
 
 DEFAULT_WORKSPACE_BYTES = 64 << 20
 _ALGORITHMS = {"all_to_all": "channels", "barrier": "barrier"}  # everything else: "one_shot"
-PLANS = 256  # all_reduce_now's cached plans (dtype, shape, op) before the cache starts over
 
 
 def setting(name: str, default: int) -> int:
@@ -150,6 +150,7 @@ class CudaComponent(Component):
         self._last_raw = 0
         self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
         self._plans: dict = {}  # all_reduce_now's plans (chorus.cuda.plans; False: the general path)
+        self._lane_log: LaneLog | None = None
         # large all_reduces go to NCCL from this size (0: never); its communicator, made then
         handoff = self._handoff = nccl_handoff(pg)
         self._nccl_from = config.get("CHORUS_CUDA_NCCL_FROM_BYTES") if handoff else 0
@@ -170,6 +171,8 @@ class CudaComponent(Component):
 
             self.lanes = Lanes(ws, pg.timeout)
             self._reducible = REDUCIBLE
+            ring = flight.attach(pg)
+            self._lane_log = None if ring is None else LaneLog(ring)  # the lane's ops, for the flight recorder
             pg.transport.add_failure_listener(self._on_failure)
 
     # -- Component ---------------------------------------------------------------------------------
@@ -267,13 +270,9 @@ class CudaComponent(Component):
         lanes = self.lanes
         if lanes is None or self.ws.stream is not None:
             return False
-        key = (tensor.dtype, tensor.shape, op)
-        plan = self._plans.get(key)
+        plan = self._plans.get((tensor.dtype, tensor.shape, op))
         if plan is None:
-            if len(self._plans) >= PLANS:
-                self._plans.clear()
-            plan = self._plans[key] = all_reduce_plan(tensor, op, self._reducible, self._nccl_from,
-                                                      self.pg.size()) or False
+            plan = cached_plan(self._plans, tensor, op, self._reducible, self._nccl_from, self.pg.size())
         pg = self.pg
         torch_c = self._torch._C
         last_stream, stream = self._last_stream, self._last_raw  # (once: p2p from another thread moves them)
@@ -289,9 +288,10 @@ class CudaComponent(Component):
             return False  # (the group's first hand-off, or the agreement on the CPUs: _start_nccl)
         if not pg.enter_lane():
             return False
-        native = None
+        seq, native, log = pg.take_seq(), None, self._lane_log
         try:
-            seq = pg.take_seq()
+            if log is not None:
+                log.began(seq, plan, op, tensor.shape, async_op)
             self.check("all_reduce")
             op_id = self.names.add(None, seq, plan.fingerprint, "all_reduce")
             if handoff:
@@ -304,8 +304,14 @@ class CudaComponent(Component):
                 with self._lock:
                     lanes.begin(op_id, None, stream, plan.dtype, plan.reduce_op, plan.fingerprint)
                     A.all_reduce(lanes, tensor.data_ptr(), plan.count, plan.item, plan.algorithm)
+        except BaseException as exc:
+            if log is not None:
+                log.failed(seq, exc)
+            raise
         finally:
             pg.leave()
+        if log is not None:
+            log.ring.done = seq
         if plan.average:
             tensor.div_(pg.size())  # AVG (floating dtypes only: see chorus.cuda.plans)
         if not async_op:

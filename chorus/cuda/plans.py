@@ -15,8 +15,11 @@ from typing import NamedTuple
 from chorus.cuda import algorithms as A
 from chorus.cuda import staging
 from chorus.cuda.nccl import nccl_reduces
+from chorus.debug import flight
 from chorus.wire.fingerprint import fingerprint
 
+#: plans cached per group (dtype, shape, op) before the cache starts over
+PLANS = 256
 #: the reductions the lane takes (PREMUL_SUM scales first: the general path's)
 LANE_OPS = frozenset({"SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"})
 
@@ -55,3 +58,54 @@ def all_reduce_plan(tensor, op, reducible: frozenset, nccl_from: int, world: int
     else:
         algorithm = A.all_reduce_algorithm(count * item, world)
     return Plan(name, fp, kind, count, item, algorithm, kind == "AVG")
+
+
+def cached_plan(plans: dict, tensor, op, reducible: frozenset, nccl_from: int, world: int) -> Plan | bool:
+    """all_reduce_plan(...), or False, kept in ``plans`` under (dtype, shape, op)."""
+    if len(plans) >= PLANS:
+        plans.clear()
+    plan = plans[(tensor.dtype, tensor.shape, op)] = all_reduce_plan(tensor, op, reducible, nccl_from, world) or False
+    return plan
+
+
+class Dtype(NamedTuple):
+    """A lane op's dtype as the flight recorder's dump reads it (numpy's dtype has no
+    bfloat16)."""
+
+    name: str
+    itemsize: int
+
+
+class Noted(NamedTuple):
+    """A lane plan as the flight recorder notes it, per (plan, async_op)."""
+
+    fingerprint: int
+    algorithm: str
+    async_op: bool
+    component = "cuda"  # (the dump's component column)
+
+
+class LaneLog:
+    """The flight recorder's list of a CUDA group's lane ops (``ring.lanes[2]``, its plan
+    keys in ``ring.keys[2]``: chorus.debug.flight), kept as the CPU lanes keep theirs."""
+
+    def __init__(self, ring: flight.Ring):
+        self.ring = ring
+        self.seqs, self.keys = ring.lanes[2], ring.keys[2]
+        self.last: tuple | None = None  # (plan, async_op, op, shape) of the last key noted
+
+    def began(self, seq: int, plan: Plan, op, shape, async_op: bool) -> None:
+        """Lane op ``seq`` runs ``plan`` (a plan key noted where it changed)."""
+        last = self.last
+        if last is None or last[0] is not plan or last[1] != async_op or last[2] is not op or last[3] != shape:
+            self.last = (plan, async_op, op, shape)
+            self.keys.append((len(self.seqs), (Dtype(plan.dtype, plan.item), op, tuple(shape),
+                                               Noted(plan.fingerprint, plan.algorithm, async_op))))
+        self.seqs.append(seq)
+        ring = self.ring
+        if seq >= ring.clock_at:
+            flight.tick(ring, seq)
+
+    def failed(self, seq: int, exc: BaseException) -> None:
+        ring = self.ring
+        flight.failed_lane(ring, seq, ring.members[ring.group_rank], exc)

@@ -12,8 +12,9 @@ first op, cut back to its last N ops now and then (:func:`trim`):
   started, done, failed), the times (issued, started, ended), the error, the sequence
   number;
 * ``lanes``: one list per latency lane (all_reduce: the shared-memory component's,
-  chorus.components.shm, or the TCP lane's, chorus.components.tcp_lane; all_to_all), to
-  which the lane appends each op's sequence number; and
+  chorus.components.shm, or the TCP lane's, chorus.components.tcp_lane; all_to_all; the
+  CUDA component's all_reduce, chorus.cuda.plans.LaneLog), to which the lane appends each
+  op's sequence number; and
   ``keys``, one list per lane of ``(index, plan key)``: whenever the lane changes plans it
   notes its plan key (``(dtype, op, shape, plan)`` or ``(dtype, shape, plan)``, which it
   holds already) with the index in its list from which the ops ran with it.
@@ -100,8 +101,9 @@ class Ring:
         self.group_rank = group_rank
         self.size = size
         self.log: list[list] = []  # the general path's Entries, in issue order
-        self.lanes: tuple[list[int], list[int]] = ([], [])  # all_reduce's and all_to_all's seqs
-        self.keys: tuple[list, list] = ([], [])  # per lane: (index in it, plan key) at each change
+        # the seqs of the CPU all_reduce lane's ops, all_to_all's, the CUDA all_reduce lane's
+        self.lanes: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self.keys: tuple[list, list, list] = ([], [], [])  # per lane: (index in it, plan key) at each change
         self.trim_at = size + MAX_STEP  # a list this long is cut back (trim)
         self.done = -1  # the latest lane op that returned
         self.errors: dict[int, tuple[str, float, int | None]] = {}  # lane seq -> (error, time, lost rank)
@@ -170,7 +172,8 @@ def tick(ring: Ring, seq: int) -> None:
         per_op = (now - ring.clock_t) / (seq - ring.clock_seq)
         step = max(1, min(MAX_STEP, int(SAMPLE_S / per_op)))
     ring.clock_seq, ring.clock_t, ring.clock_at = seq, now, seq + step
-    if max(len(ring.lanes[0]), len(ring.lanes[1]), len(ring.samples)) > ring.trim_at:
+    lanes = ring.lanes
+    if max(len(lanes[0]), len(lanes[1]), len(lanes[2]), len(ring.samples)) > ring.trim_at:
         trim(ring)
 
 
@@ -323,7 +326,7 @@ def _entry(seq: int, item, issued: float | None, ring: Ring) -> dict:
     return {
         "seq": seq, "op": "all_reduce" if len(item) == 4 else "all_to_all", "dtype": dtype.name,
         "count": count, "nbytes": count * dtype.itemsize,
-        "reduce_op": item[1].name if len(item) == 4 else "", "root": -1, "async": False,
+        "reduce_op": item[1].name if len(item) == 4 else "", "root": -1, "async": getattr(plan, "async_op", False),
         "component": getattr(plan, "component", "shm"), "algorithm": getattr(plan, "algorithm", "window"),
         "lane": True, "state": state, "issued": issued,
         "started": issued, "ended": failure[1] if failure else None, "timed": "sampled",
