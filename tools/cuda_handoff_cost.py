@@ -107,8 +107,14 @@ def body(rank: int, world: int, port: int, out: str) -> None:
     tdist.destroy_process_group()
 
 
+def spawn_per_gpu(body, port: int) -> None:
+    """``body(rank, world, port, out)`` in one process per GPU: OUT is the command line's
+    first argument (made if missing), the port its second (default ``port``)."""
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    world = torch.cuda.device_count()
+    mp.spawn(body, args=(world, int(sys.argv[2]) if len(sys.argv) > 2 else port, out), nprocs=world)
+
+
 if __name__ == "__main__":
-    out_dir = sys.argv[1]
-    os.makedirs(out_dir, exist_ok=True)
-    mp.spawn(body, args=(torch.cuda.device_count(), int(sys.argv[2]) if len(sys.argv) > 2 else 29755, out_dir),
-             nprocs=torch.cuda.device_count())
+    spawn_per_gpu(body, 29755)

@@ -15,11 +15,9 @@ usage: python3 tools/cuda_handoff_parts.py OUT [PORT]
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
-import torch.multiprocessing as mp
-from cuda_handoff_cost import init_both, per_call
+from cuda_handoff_cost import init_both, per_call, spawn_per_gpu
 
 
 def gpu_call(fn, n: int = 300) -> float:
@@ -87,6 +85,4 @@ def body(rank: int, world: int, port: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    os.makedirs(sys.argv[1], exist_ok=True)
-    port = int(sys.argv[2]) if len(sys.argv) > 2 else 29855
-    mp.spawn(body, args=(torch.cuda.device_count(), port, sys.argv[1]), nprocs=torch.cuda.device_count())
+    spawn_per_gpu(body, 29855)

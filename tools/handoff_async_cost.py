@@ -15,11 +15,10 @@ import cProfile
 import io
 import os
 import pstats
-import sys
 import time
 
 import torch
-import torch.multiprocessing as mp
+from cuda_handoff_cost import spawn_per_gpu
 
 
 def body(rank: int, world: int, port: int, out: str) -> None:
@@ -70,6 +69,4 @@ def body(rank: int, world: int, port: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    os.makedirs(sys.argv[1], exist_ok=True)
-    port = int(sys.argv[2]) if len(sys.argv) > 2 else 29690
-    mp.spawn(body, args=(torch.cuda.device_count(), port, sys.argv[1]), nprocs=torch.cuda.device_count())
+    spawn_per_gpu(body, 29690)
