@@ -14,8 +14,9 @@ slowest rank's barrier ended).  Here it runs beside NCCL's kernel::
 ``follow(raw)`` makes this stream wait for the work queued on stream ``raw`` so far and
 returns this stream's handle (the barrier goes there); ``mark(raw)`` then ``follow()``
 does the same in two steps, so that NCCL's kernel is queued between them and its launch
-does not wait for the barrier's (a Triton launch: about 15 us of CPU); ``end()`` records where the
-barrier ends and returns that event: the group's next op waits for it
+does not wait for the barrier's (a Triton launch); ``join(work)`` makes this stream wait
+for NCCL's op where the caller's stream does not (an async hand-off); ``end()`` records
+where the barrier ends and returns that event: the group's next op waits for it
 (chorus.cuda.lanes.Lanes.follow), so that barriers stay in epoch order.  NCCL's kernel
 does not wait for it; a barrier that finds another op breaks the group, and the
 communicator is aborted (NcclPeers.watch), so NCCL's kernel stops waiting too.

@@ -32,8 +32,8 @@ event recorded after the op.  The ops of a group still run on the GPU in issue o
 they come from several streams (``_follow``): an op on another stream than the group's
 last op makes its stream wait for that op first.  An async all_reduce handed to NCCL (the
 lane's, once the communicator exists) runs on NCCL's stream as ProcessGroupNCCL's do: the
-caller's stream waits for it at ``wait()``, and the group's next op of chorus's kernels
-after it (the stream beside learns of its end: chorus.cuda.beside).  Members that are
+caller's stream waits for it at ``wait()``, and the group's next op on chorus's kernels
+runs after it (the stream beside learns of its end: chorus.cuda.beside).  Members that are
 threads of one process run every op on the workspace's own stream, joined to the caller's
 both ways (chorus.cuda.workspace).  A synchronous ``barrier`` also blocks the CPU until it
 completed (as torch's).
@@ -298,8 +298,8 @@ class CudaComponent(Component):
                 # async (DDP's buckets): the caller's stream goes on (the backward pass
                 # computes the next buckets) and waits at wait(), as on ProcessGroupNCCL
                 wait = not async_op or plan.average
-                native = self._hand_off(op_id, plan.fingerprint, lambda: peers.all_reduce(tensor, plan.reduce_op, wait),
-                                        wait)
+                native = self._hand_off(op_id, plan.fingerprint, stream,
+                                        lambda: peers.all_reduce(tensor, plan.reduce_op, wait), wait)
             else:
                 with self._lock:
                     lanes.begin(op_id, None, stream, plan.dtype, plan.reduce_op, plan.fingerprint)
@@ -369,7 +369,7 @@ class CudaComponent(Component):
             op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
             if call.before is not None:
                 call.before()
-            self._hand_off(op_id, call.fingerprint, lambda: peers.run(call))
+            self._hand_off(op_id, call.fingerprint, self._last_raw, lambda: peers.run(call))
             if call.after is not None:
                 call.after()
             if not call.async_op:
@@ -412,12 +412,13 @@ class CudaComponent(Component):
         select.attach(sub, settings=False)
         return NcclPeers(self.pg, tuple(range(self.pg.size())), sub, f"cuda/{self.pg.id}/nccl/address")
 
-    def _hand_off(self, op_id: int, fprint: int, nccl_op, wait: bool = True):
-        """``nccl_op()`` (queues NCCL's op after the caller's stream's work; torch's Work
-        of it) first, then the barrier beside it (_guard) after that same work: its launch
-        does not delay NCCL's.  ``wait``: whether the caller's stream waits for NCCL's op."""
+    def _hand_off(self, op_id: int, fprint: int, raw: int, nccl_op, wait: bool = True):
+        """``nccl_op()`` (queues NCCL's op after the work of the caller's stream ``raw``;
+        torch's Work of it) first, then the barrier beside it (_guard) after that same
+        work: its launch does not delay NCCL's.  ``wait``: whether the caller's stream
+        waits for NCCL's op."""
         self._nccl.watch(self.ws.words, L.STATUS)  # (once: a capture may have made the communicator)
-        self._side().mark(self._last_raw)
+        self._side().mark(raw)
         native = None
         try:
             native = nccl_op()
