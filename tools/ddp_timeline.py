@@ -63,8 +63,8 @@ def _summary(trace: dict) -> tuple[dict, dict]:
         if mine:
             add("last kernel end", max(k["ts"] + k["dur"] for k in mine) - t0)
         for i, c in enumerate(sorted((c for c in calls if t0 <= c["ts"] <= t1), key=lambda c: c["ts"])[:4]):
-            add(f"call {i} start ({c['name'][:28]})", c["ts"] - t0)
-            add(f"call {i} cpu", c["dur"])
+            add(f"all_reduce #{i} start ({c['name'][:28]})", c["ts"] - t0)
+            add(f"all_reduce #{i} cpu", c["dur"])
         listing.setdefault(name, [(k["name"][:60], round(k["ts"] - t0, 1), round(k["dur"], 1)) for k in mine])
     return out, listing
 
