@@ -274,13 +274,10 @@ class CudaComponent(Component):
         if plan is None:
             plan = cached_plan(self._plans, tensor, op, self._reducible, self._nccl_from, self.pg.size())
         pg = self.pg
-        torch_c = self._torch._C
         last_stream, stream = self._last_stream, self._last_raw  # (once: p2p from another thread moves them)
-        if (not plan or pg.queue or recorder.current is not None or self.broken is not None
-                or not tensor.is_contiguous() or tensor.get_device() != self._device_index
-                or torch_c._cuda_getDevice() != self._device_index
-                or torch_c._cuda_getCurrentRawStream(self._device_index) != stream
-                or torch_c._cuda_isCurrentStreamCapturing()):
+        if (not plan or self.broken is not None or not tensor.is_contiguous()
+                or tensor.get_device() != self._device_index or not self._inline(stream)
+                or self._torch._C._cuda_isCurrentStreamCapturing()):
             return False  # (another stream than the group's last op's, or a capture: the general path)
         peers = self._nccl
         handoff = plan.algorithm == "nccl"
@@ -527,14 +524,16 @@ class CudaComponent(Component):
             ws.words[L.ABORT] = 1
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _inline(self) -> bool:
+    def _inline(self, raw: int | None = None) -> bool:
         """Whether an op may be enqueued inline, without run_in_order's per-call closures:
         the group idle (nothing queued, no recorder listener), no workspace stream of its
-        own, and the device and stream of the group's last op current."""
+        own, and the device and stream of the group's last op (``raw``: as read by the
+        caller) current."""
         torch_c = self._torch._C
         return (not self.pg.queue and recorder.current is None and self.ws.stream is None
                 and torch_c._cuda_getDevice() == self._device_index
-                and torch_c._cuda_getCurrentRawStream(self._device_index) == self._last_raw)
+                and torch_c._cuda_getCurrentRawStream(self._device_index)
+                == (self._last_raw if raw is None else raw))
 
     def _launch(self, stream, enqueue) -> None:
         """``enqueue(run)`` puts an op's work on stream ``run``: ``stream`` (the caller's),

@@ -1,5 +1,6 @@
 """The plans of a CUDA group's latency lane (``CudaComponent.all_reduce_now``): what a
-repeated all_reduce of one (dtype, shape, op) needs, worked out once.
+repeated all_reduce of one (dtype, shape, op) needs, worked out once; and ``LaneLog``,
+what the flight recorder keeps of the ops that ran them.
 
 A plan says which dtype name and fingerprint the call carries (as the API would name
 them: every rank's fingerprints must agree whichever path it took), how many elements
