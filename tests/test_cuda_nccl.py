@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from chorus.components.hierarchy import HIDDEN  # noqa: E402
-from chorus.cuda import component, nccl  # noqa: E402
+from chorus.cuda import beside, component, nccl  # noqa: E402
 from chorus.cuda.component import CudaComponent  # noqa: E402
 from chorus.cuda.nccl import nccl_handoff  # noqa: E402
 
@@ -224,6 +224,8 @@ def _handing_off(monkeypatch, log, barrier_finds=None):
             log.append("barrier's end")
             return "barrier's end"
 
+        joined = beside.Beside.joined  # (chorus's: join, then end)
+
         def synchronize(self) -> None:  # the barrier ran
             log.append("synchronize")
             for index, value in (barrier_finds or {}).items():
@@ -232,8 +234,9 @@ def _handing_off(monkeypatch, log, barrier_finds=None):
     peers = SimpleNamespace(run=lambda call: log.append(f"nccl {call.name}"),
                             watch=lambda w, i: log.append("watch"), agree=lambda call: log.append("agree"),
                             broken=None, abort_soon=lambda: log.append("abort"))
-    lanes = SimpleNamespace(begin=lambda op, ctx, raw, *a: log.append(f"begin on {raw}"),
-                            barrier=lambda: log.append("barrier"), follow=None)
+    lanes = SimpleNamespace(begin=lambda op, ctx, raw, *a, joins=True: log.append(
+                                f"begin on {raw}{'' if joins else ', joining nothing'}"),
+                            barrier=lambda: log.append("barrier"), follow=None, unjoined=None)
 
     def make_peers():
         log.append("make communicator")
@@ -291,7 +294,7 @@ def test_the_first_hand_off_waits_for_its_barrier_before_making_the_communicator
         return first, list(log), comp.lanes.follow
 
     [(first, later, follow)] = run_threads(body, 1)
-    barrier = ["begin on 7", "barrier", "barrier's end"]
+    barrier = ["begin on 7, joining nothing", "barrier", "barrier's end"]
     assert first == ["beside follows 123", *barrier, "synchronize", "make communicator", "watch",
                      "nccl all_reduce"], first
     # NCCL's op queued before the barrier's launch; the barrier after the work marked before it
@@ -350,6 +353,37 @@ def test_the_op_after_a_hand_off_waits_for_its_barrier_once_and_never_in_a_captu
     assert waits == [(13, "barrier's end")] and lanes.follow is None
 
 
+def test_the_op_after_an_async_hand_off_waits_for_nccls_op_once_and_the_barriers_beside_never(monkeypatch):
+    """Lanes.unjoined (an async hand-off's NCCL op) is joined by the next op on chorus's
+    kernels, once, before it waits for the event that join returns; the barrier beside a
+    later hand-off (joins=False) and a captured op leave it for that op."""
+    import numpy as np
+    from cuda_emulation import FakeKernels, FakeWorkspace, memmove
+
+    from chorus.cuda import layout as L
+    from chorus.cuda import runtime
+    from chorus.cuda.lanes import Lanes
+
+    waits, joins = [], []
+    monkeypatch.setattr(runtime, "stream_wait_event", lambda stream, event: waits.append((stream, event)))
+    lay = L.Layout.of(1, 1 << 20)
+    host = np.zeros(L.CONTROL_WORDS, np.int64)
+    lanes = Lanes(FakeWorkspace(0, [np.zeros(1 << 20, np.uint8)], host, lay), 10.0, kernels=FakeKernels(host),
+                  memcpy=memmove)
+    lanes.unjoined = lambda: joins.append("nccl's op") or "after nccl's op"
+    lanes.follow = "barrier's end"
+    lanes.begin(1, None, 7, joins=False)  # the barrier beside the next hand-off
+    lanes.follow = "next barrier's end"
+    lanes.graph = True
+    lanes.begin(2, None, 12)
+    lanes.graph = False
+    assert joins == [] and waits == [(7, "barrier's end")]
+    lanes.begin(3, None, 13)
+    lanes.begin(4, None, 14)
+    assert joins == ["nccl's op"] and waits == [(7, "barrier's end"), (13, "after nccl's op")]
+    assert lanes.unjoined is None and lanes.follow is None
+
+
 def test_the_lane_hands_a_repeated_large_all_reduce_to_nccl_then_queues_its_barrier(monkeypatch):
     """Once the group's communicator exists, an all_reduce of the hand-off size takes the
     API's lane (no Call): NCCL's op first, the barrier beside it after the caller's work
@@ -364,7 +398,7 @@ def test_the_lane_hands_a_repeated_large_all_reduce_to_nccl_then_queues_its_barr
     log: list[str] = []
     build = _handing_off(monkeypatch, log)
     monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
-    native = object()
+    native = SimpleNamespace(wait=lambda: log.append("nccl's wait"))
 
     def body(rank, world):
         comp = build(current().default_group)
@@ -381,27 +415,41 @@ def test_the_lane_hands_a_repeated_large_all_reduce_to_nccl_then_queues_its_barr
         done = comp.all_reduce_now(t, ReduceOp.AVG)
         sync = list(log)
         log.clear()
-        monkeypatch.setattr(type(comp), "_work", lambda self, s, what, result, keep, nat=None: (what, result, nat))
         comp._beside.join = lambda work: log.append("beside joins nccl's op")
+        comp._beside.event_after = lambda work: log.append("an event after nccl's op") or "event"
         comp._beside.stream = "beside's stream"
         work = comp.all_reduce_now(t, ReduceOp.SUM, async_op=True)
         nowait = list(log)
         log.clear()
+        follow = comp.lanes.unjoined()  # what the group's next op on chorus's kernels does first
+        joined = list(log)
+        log.clear()
+        work.wait()
+        waited = list(log)
+        log.clear()
+        event = work._event  # (is_completed, synchronize and a chorus future need one)
+        joined.append((waited, list(log), event, work._event))
+        log.clear()
         comp._last_raw = 999  # the caller moved to another stream: the general path's
         other = comp.all_reduce_now(t, ReduceOp.SUM)
-        return before, done, sync, work, other, t, nowait
+        return before, done, sync, work, other, t, nowait, joined, follow
 
-    [(before, done, sync, work, other, t, nowait)] = run_threads(body, 1)
+    [(before, done, sync, work, other, t, nowait, joined, follow)] = run_threads(body, 1)
     assert before is False and done is True and other is False
     # (NcclPeers runs AVG as NCCL's SUM: NCCL_OPS; the lane divides after)
-    assert sync == ["watch", "beside marks 123", "nccl AVG of 8", "beside follows None", "begin on 7", "barrier",
-                    "barrier's end"], sync
+    assert sync == ["watch", "beside marks 123", "nccl AVG of 8", "beside follows None",
+                    "begin on 7, joining nothing", "barrier", "barrier's end"], sync
     assert torch.equal(t, torch.ones(8))  # AVG over 1 rank: NCCL's sum (faked: unchanged) divided by 1
-    assert work[0] == "all_reduce" and work[1][0] is t and work[2] is native
-    # async: the caller's stream does not wait for NCCL's op; the stream beside does, after
-    # the barrier, and the group's next op follows it (Lanes.follow: the barrier's end)
+    assert work.result()[0] is t and work.native is native
+    # async: neither the caller's stream nor the stream beside waits for NCCL's op now;
+    # the group's next op on chorus's kernels makes the stream beside wait for it and
+    # follows that (Lanes.unjoined, then Lanes.follow)
     assert nowait == ["watch", "beside marks 123", "nccl SUM of 8, not waited for", "beside follows None",
-                      "begin on 7", "barrier", "beside joins nccl's op", "barrier's end"], nowait
+                      "begin on 7, joining nothing", "barrier", "barrier's end"], nowait
+    *joined, (waited, made, event, again) = joined
+    assert joined == ["beside joins nccl's op", "barrier's end"] and follow == "barrier's end", joined
+    # the Work's wait is NCCL's; an event after NCCL's op is made once, when first asked for
+    assert waited == ["nccl's wait"] and made == ["an event after nccl's op"] and event == again == "event"
 
 
 def test_a_torch_work_hands_out_nccls_own_future_when_nccl_ran_the_op(monkeypatch):
@@ -470,8 +518,8 @@ def test_a_hand_off_that_nccl_refuses_still_queues_its_barrier_and_raises(monkey
         return list(log), comp.lanes.follow
 
     [(seen, follow)] = run_threads(body, 1)
-    assert seen == ["watch", "beside marks 123", "nccl refuses", "beside follows None", "begin on 7", "barrier",
-                    "barrier's end"], seen
+    assert seen == ["watch", "beside marks 123", "nccl refuses", "beside follows None",
+                    "begin on 7, joining nothing", "barrier", "barrier's end"], seen
     assert follow == "barrier's end"
 
 

@@ -15,7 +15,8 @@ slowest rank's barrier ended).  Here it runs beside NCCL's kernel::
 returns this stream's handle (the barrier goes there); ``mark(raw)`` then ``follow()``
 does the same in two steps, so that NCCL's kernel is queued between them and its launch
 does not wait for the barrier's (a Triton launch); ``join(work)`` makes this stream wait
-for NCCL's op where the caller's stream does not (an async hand-off); ``end()`` records
+for NCCL's op where the caller's stream does not (an async hand-off; only once the group's
+next op on chorus's kernels comes, chorus.cuda.lanes.Lanes.unjoined); ``end()`` records
 where the barrier ends and returns that event: the group's next op waits for it
 (chorus.cuda.lanes.Lanes.follow), so that barriers stay in epoch order.  NCCL's kernel
 does not wait for it; a barrier that finds another op breaks the group, and the
@@ -63,6 +64,22 @@ class Beside:
 
         with torch.cuda.stream(self.stream):
             work.get_future().wait()
+
+    def joined(self, work) -> int:
+        """join(``work``), then end(): the event after NCCL's op (Lanes.unjoined's)."""
+        self.join(work)
+        return self.end()
+
+    def event_after(self, work):
+        """A new torch event after NCCL's op ``work``, recorded here once this stream waited
+        for it (a CudaWork's, made only if asked for: no lock needed, as work queued here
+        only waits longer)."""
+        import torch
+
+        self.join(work)
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
 
     def end(self) -> int:
         """The event after the work queued here so far (the barrier), as a raw cudaEvent_t."""

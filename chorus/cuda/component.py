@@ -33,7 +33,8 @@ they come from several streams (``_follow``): an op on another stream than the g
 last op makes its stream wait for that op first.  An async all_reduce handed to NCCL (the
 lane's, once the communicator exists) runs on NCCL's stream as ProcessGroupNCCL's do: the
 caller's stream waits for it at ``wait()``, and the group's next op on chorus's kernels
-runs after it (the stream beside learns of its end: chorus.cuda.beside).  Members that are
+runs after it (the stream beside learns of its end when such an op comes, not per
+hand-off: chorus.cuda.beside).  Members that are
 threads of one process run every op on the workspace's own stream, joined to the caller's
 both ways (chorus.cuda.workspace).  A synchronous ``barrier`` also blocks the CPU until it
 completed (as torch's).
@@ -53,6 +54,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from functools import partial
+from types import SimpleNamespace
 
 from chorus import config, recorder
 from chorus.call import Call
@@ -66,6 +69,7 @@ from chorus.cuda.beside import Beside
 from chorus.cuda.failures import OpNames
 from chorus.cuda.nccl import NcclPeers, nccl_handoff, nccl_reduces
 from chorus.cuda.plans import LaneLog, cached_plan
+from chorus.cuda.work import CudaWork
 from chorus.debug import flight
 from chorus.engine import OpContext
 
@@ -216,7 +220,7 @@ class CudaComponent(Component):
             op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
             if call.before is not None:
                 call.before()
-            self._enqueue(call, None, op_id, _Raw(self._last_raw), algorithm)  # (the current stream)
+            self._enqueue(call, None, op_id, SimpleNamespace(cuda_stream=self._last_raw), algorithm)  # (current)
             if call.after is not None:
                 call.after()
             return None
@@ -315,10 +319,10 @@ class CudaComponent(Component):
             return True
         if native is None or plan.average:
             return self._work(last_stream, "all_reduce", [tensor], tensor)
-        # NCCL's own Work holds a finished CUDA-aware future of [tensor]: torch's Work hands
-        # that out instead of making one; the Work's event is where the stream beside
-        # learnt of NCCL's end
-        return self._work(self._beside.stream, "all_reduce", [tensor], tensor, native)
+        # NCCL's own Work: wait() is its wait, its future what torch's Work hands out; an
+        # event after NCCL's op only if asked for (is_completed, synchronize, a chorus future)
+        check = partial(self.check, "all_reduce")
+        return CudaWork(partial(self._beside.event_after, native), check, [tensor], (tensor,), native)
 
     def close(self) -> None:
         if self._nccl is not None:
@@ -437,17 +441,19 @@ class CudaComponent(Component):
         NcclPeers.watch aborts the communicator, so NCCL's kernel stops waiting), and the
         op and every later one raise CollectiveMismatchError naming both calls.
         ``running``: torch's Work of NCCL's op where the caller's stream does not wait for
-        it: the stream beside waits for it after the barrier, so that the group's next op
-        (Lanes.follow) runs after it, as ops of one ProcessGroupNCCL do."""
+        it: the group's next op on chorus's kernels runs after it (Lanes.unjoined), as ops
+        of one ProcessGroupNCCL do; hand-offs in a row need nothing (NCCL's stream orders
+        them), so none waits for it here."""
         beside = self._side()
         with self._lock:
-            self.lanes.begin(op_id, ctx, beside.follow(raw), "", "", fprint)
-            self.lanes.barrier()
+            lanes = self.lanes
+            lanes.begin(op_id, ctx, beside.follow(raw), "", "", fprint, joins=False)
             try:
+                lanes.barrier()
+            finally:  # (the group's next op follows this barrier whatever its launch raised)
+                lanes.follow = beside.end()
                 if running is not None:
-                    beside.join(running)
-            finally:  # (the group's next op follows this barrier whatever the join raised)
-                self.lanes.follow = beside.end()
+                    lanes.unjoined = partial(beside.joined, running)
 
     # -- point-to-point ------------------------------------------------------------------------------
     def p2p(self, kind: str, tensor, peer: int, tag: int, async_op: bool):
@@ -567,14 +573,12 @@ class CudaComponent(Component):
             stream.wait_stream(self._last_stream)
         self._last_stream, self._last_raw = stream, raw
 
-    def _work(self, stream, what: str, result, keep, native=None):
+    def _work(self, stream, what: str, result, keep):
         import torch
-
-        from chorus.cuda.work import CudaWork
 
         event = torch.cuda.Event()
         event.record(stream)
-        return CudaWork(event, lambda: self.check(what), result, (keep,), native)
+        return CudaWork(event, lambda: self.check(what), result, (keep,))
 
     def _enqueue(self, call: Call, ctx, op_id: int, stream, algorithm: str = "") -> None:
         first = _first(call)
@@ -583,15 +587,6 @@ class CudaComponent(Component):
         with self._lock:
             self.lanes.begin(op_id, ctx, stream.cuda_stream, dtype, call.reduce_op, call.fingerprint)
             A.enqueue(self.lanes, call, item, algorithm)
-
-
-class _Raw:
-    """A raw cudaStream_t where _enqueue expects a torch stream (it reads cuda_stream)."""
-
-    __slots__ = ("cuda_stream",)
-
-    def __init__(self, raw: int):
-        self.cuda_stream = raw
 
 
 def _first(call: Call):

@@ -71,15 +71,27 @@ class Lanes:
         # an event the next op's stream waits for first: the barrier beside an NCCL
         # hand-off (chorus.cuda.beside), so that barriers run in epoch order
         self.follow = None
+        # NCCL's last op that no stream of chorus's waits for (an async hand-off): a
+        # function that makes the stream beside wait for it and returns the event after
+        # that; the next op on chorus's kernels calls it first (begin), so that op runs
+        # after NCCL's, as ops of one ProcessGroupNCCL do, while hand-offs in a row (NCCL
+        # orders its own ops) pay nothing for it
+        self.unjoined = None
 
-    def begin(self, op_id: int, ctx, stream: int, dtype: str = "", reduce_op: str = "", fprint: int = 0) -> None:
+    def begin(self, op_id: int, ctx, stream: int, dtype: str = "", reduce_op: str = "", fprint: int = 0,
+              joins: bool = True) -> None:
         """Enqueue the next op's work on ``stream`` (a raw cudaStream_t); its barriers carry
         ``fprint`` (the Call's fingerprint, compared with every peer's: chorus.cuda.kernels),
-        after ``follow`` if set (not in a capture: a graph may not wait for work outside it;
-        torch's capture begins after a synchronize)."""
-        if self.follow is not None and not self.graph:
-            runtime.stream_wait_event(stream, self.follow)
-            self.follow = None
+        after ``follow`` if set, and (``joins``: an op on chorus's kernels, not the barrier
+        beside a hand-off) after NCCL's ``unjoined`` op; neither in a capture (a graph may
+        not wait for work outside it; torch's capture begins after a synchronize)."""
+        if not self.graph:
+            if joins and self.unjoined is not None:
+                join, self.unjoined = self.unjoined, None
+                self.follow = join()
+            if self.follow is not None:
+                runtime.stream_wait_event(stream, self.follow)
+                self.follow = None
         self.op_id, self.ctx, self.stream, self.dtype, self.reduce_op = op_id, ctx, stream, dtype, reduce_op
         self.fprint = fprint
 

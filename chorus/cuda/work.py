@@ -27,30 +27,43 @@ from chorus.work import Work
 
 
 class CudaWork(Work):
-    """``event``: recorded after the op; ``check()`` raises the group's error, if any;
-    ``native``: torch's own Work of the op where NCCL ran it whole (its ``get_future()``
-    is the CUDA-aware future of ``result``, finished at once, that torch callers expect).
+    """``event``: a torch event recorded after the op, or (``native`` given) a function
+    that makes one, called the first time one is needed; ``check()`` raises the group's
+    error, if any; ``native``: torch's own Work of the op where NCCL ran it whole:
+    ``wait()`` is its wait (the current stream waits for NCCL's op, and NCCL lets go of
+    the tensors it holds, as on ProcessGroupNCCL), and its ``get_future()`` is the
+    CUDA-aware future of ``result``, finished at once, that torch callers expect.
     """
 
     on_stream = True
 
     def __init__(self, event, check, result: list | None, keep: tuple = (), native=None):
         super().__init__(result)
-        self._event = event
+        self._event_or_maker = event
         self._check = check
         self._keep = keep
         self.native = native
+
+    @property
+    def _event(self):
+        event = self._event_or_maker
+        if self.native is not None and callable(event):
+            event = self._event_or_maker = event()
+        return event
 
     def wait(self, timeout=None) -> bool:
         if timeout is not None:
             return self._block(time.monotonic() + (timeout.total_seconds() if hasattr(timeout, "total_seconds")
                                                      else float(timeout)))
-        import torch
+        if self.native is not None:
+            self.native.wait()
+        else:
+            import torch
 
-        # (raw handles: torch.cuda.current_stream() costs several microseconds per call)
-        torch_c = torch._C
-        runtime.stream_wait_event(torch_c._cuda_getCurrentRawStream(torch_c._cuda_getDevice()),
-                                  self._event.cuda_event)
+            # (raw handles: torch.cuda.current_stream() costs several microseconds per call)
+            torch_c = torch._C
+            runtime.stream_wait_event(torch_c._cuda_getCurrentRawStream(torch_c._cuda_getDevice()),
+                                      self._event.cuda_event)
         self._check()
         return True
 
