@@ -48,3 +48,43 @@ def test_internal_subclasses_become_the_public_class_and_others_are_left_alone()
     assert type(as_torch_error(bad_arg)) is errors.InvalidArgumentError  # a ValueError, as torch raises
     plain = KeyError("k")
     assert as_torch_error(plain) is plain and type(plain) is KeyError
+
+
+def test_a_cuda_all_reduce_takes_the_device_lane_straight_and_its_errors_leave_as_torchs():
+    """ChorusProcessGroup's all_reduce of one CUDA tensor calls the CUDA component's lane
+    without the chorus API between (a queued op: TorchWork of its Work; a synchronous one:
+    a finished TorchWork); a lane that steps aside sends it the general way (None), and the
+    lane's chorus errors reach the caller as torch's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from chorus.api.state import current
+    from chorus.reductions import ReduceOp
+    from chorus.torch.backend import ChorusProcessGroup
+    from chorus.work import Work
+
+    queued, answers, seen = Work([]), [], []
+
+    def all_reduce_now(t, op, async_op):
+        seen.append((op, async_op))
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    lane = SimpleNamespace(all_reduce_now=all_reduce_now)
+    group = SimpleNamespace(_pg=SimpleNamespace(device_components={"cuda": lane}), _world=current())
+    straight = ChorusProcessGroup._cuda_all_reduce_now
+    t = torch.ones(2)
+    answers[:] = [queued, True, False, errors.PeerLostError("rank 1 is gone", 1)]
+    work = straight(group, t, ReduceOp.SUM, True, None)
+    assert work._works == [queued] and work._result == [t]
+    done = straight(group, t, ReduceOp.AVG, False, None)
+    assert done.is_completed() and done._works == []
+    assert straight(group, t, ReduceOp.SUM, False, None) is None
+    with pytest.raises(tdist.DistBackendError, match="rank 1 is gone"):
+        straight(group, t, ReduceOp.SUM, False, None)
+    assert seen == [(ReduceOp.SUM, True), (ReduceOp.AVG, False), (ReduceOp.SUM, False), (ReduceOp.SUM, False)]
+    none = SimpleNamespace(_pg=SimpleNamespace(device_components={}), _world=current())
+    assert straight(none, t, ReduceOp.SUM, True, None) is None

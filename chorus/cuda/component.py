@@ -419,7 +419,7 @@ class CudaComponent(Component):
         work: its launch does not delay NCCL's.  ``wait``: whether the caller's stream
         waits for NCCL's op."""
         self._nccl.watch(self.ws.words, L.STATUS)  # (once: a capture may have made the communicator)
-        self._side().mark(raw)
+        (self._beside or self._side()).mark(raw)  # (made once: no lock per call)
         native = None
         try:
             native = nccl_op()
