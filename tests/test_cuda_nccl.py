@@ -384,6 +384,95 @@ def test_the_op_after_an_async_hand_off_waits_for_nccls_op_once_and_the_barriers
     assert lanes.unjoined is None and lanes.follow is None
 
 
+def test_a_join_that_raises_is_tried_again_by_the_next_op(monkeypatch):
+    """A join that raised (a CUDA error) leaves NCCL's op to join: the next op on chorus's
+    kernels still waits for it instead of only for the last barrier."""
+    import numpy as np
+    from cuda_emulation import FakeKernels, FakeWorkspace, memmove
+
+    from chorus.cuda import layout as L
+    from chorus.cuda import runtime
+    from chorus.cuda.lanes import Lanes
+
+    waits, tries = [], []
+    monkeypatch.setattr(runtime, "stream_wait_event", lambda stream, event: waits.append((stream, event)))
+    lay = L.Layout.of(1, 1 << 20)
+    host = np.zeros(L.CONTROL_WORDS, np.int64)
+    lanes = Lanes(FakeWorkspace(0, [np.zeros(1 << 20, np.uint8)], host, lay), 10.0, kernels=FakeKernels(host),
+                  memcpy=memmove)
+
+    def join():
+        tries.append(len(tries))
+        if len(tries) == 1:
+            raise RuntimeError("CUDA error")
+        return "after nccl's op"
+
+    lanes.follow, lanes.unjoined = "barrier's end", join
+    with pytest.raises(RuntimeError):
+        lanes.begin(3, None, 13)
+    lanes.begin(4, None, 14)
+    assert tries == [0, 1] and waits == [(14, "after nccl's op")] and lanes.unjoined is None
+
+
+def test_an_async_hand_offs_event_is_after_its_own_nccl_op_not_the_later_barriers_beside(monkeypatch):
+    """Beside.event_after records the Work's event on a stream of its own that waited for
+    NCCL's op: the stream beside holds the later hand-offs' barriers, which a Work of an
+    earlier op must not wait for (ProcessGroupNCCL's Work waits for its op only)."""
+    import contextlib
+
+    log: list[str] = []
+
+    class Event:
+        def record(self, stream):
+            log.append(f"event recorded on {stream.name}")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: SimpleNamespace(name="its own stream"))
+    current = []
+    monkeypatch.setattr(torch.cuda, "stream",
+                        lambda s: contextlib.nullcontext(current.append(s.name)))
+    side = beside.Beside.__new__(beside.Beside)
+    side.stream, side.waiter, side._lock = SimpleNamespace(name="beside", device=0), None, beside.threading.Lock()
+    work = SimpleNamespace(get_future=lambda: SimpleNamespace(wait=lambda: log.append(f"{current[-1]} waits nccl's op")))
+    side.event_after(work)
+    side.event_after(work)
+    assert log == ["its own stream waits nccl's op", "event recorded on its own stream"] * 2, log
+
+
+def test_every_op_on_chorus_kernels_joins_an_async_hand_off_first(monkeypatch):
+    """The kernel branch of all_reduce_now, the general path's enqueue and p2p each begin
+    their op with joins (the default), so NCCL's op of an earlier async hand-off is
+    waited for; only the barrier beside a hand-off begins without."""
+    from chorus.api.state import current
+    from chorus.reductions import ReduceOp
+    from chorus.testing import run_threads
+
+    log: list[str] = []
+    build = _handing_off(monkeypatch, log)
+    monkeypatch.setattr(component.A, "all_reduce", lambda lanes, *a: log.append("kernel all_reduce"))
+    monkeypatch.setattr(component.A, "enqueue", lambda lanes, *a: log.append("kernel op"))
+    monkeypatch.setattr(component.A, "exchange", lambda lanes, *a: log.append("kernel p2p"))
+
+    def body(rank, world):
+        comp = build(current().default_group)
+        _lane_ready(comp, monkeypatch)
+        comp._nccl_from = 1 << 40  # (every size on chorus's kernels)
+        comp._plans.clear()
+        monkeypatch.setattr(type(comp), "_work", lambda self, *a: "work")
+        monkeypatch.setattr(component.capture, "check", lambda *a: None)
+        log.clear()
+        t = torch.ones(8)
+        assert comp.all_reduce_now(t, ReduceOp.SUM) is True
+        comp._enqueue(_call(comp.pg), None, 1, SimpleNamespace(cuda_stream=123))
+        comp._launch = lambda stream, enqueue: enqueue(stream)
+        comp.p2p_batch([("send", t, 0, 0)], False)
+        return list(log)
+
+    [seen] = run_threads(body, 1)
+    assert seen == ["begin on 123", "kernel all_reduce", "begin on 123", "kernel op", "begin on 123",
+                    "kernel p2p"], seen
+
+
 def test_the_lane_hands_a_repeated_large_all_reduce_to_nccl_then_queues_its_barrier(monkeypatch):
     """Once the group's communicator exists, an all_reduce of the hand-off size takes the
     API's lane (no Call): NCCL's op first, the barrier beside it after the caller's work

@@ -10,6 +10,7 @@ from chorus import errors
 
 pytest.importorskip("torch", reason="chorus.torch needs torch (pip install 'chorus[torch]')")
 
+import torch  # noqa: E402
 import torch.distributed as tdist  # noqa: E402
 
 from chorus.shm.cma import PeerGone  # noqa: E402
@@ -57,8 +58,6 @@ def test_a_cuda_all_reduce_takes_the_device_lane_straight_and_its_errors_leave_a
     lane's chorus errors reach the caller as torch's."""
     from types import SimpleNamespace
 
-    import torch
-
     from chorus.api.state import current
     from chorus.reductions import ReduceOp
     from chorus.torch.backend import ChorusProcessGroup
@@ -88,3 +87,72 @@ def test_a_cuda_all_reduce_takes_the_device_lane_straight_and_its_errors_leave_a
     assert seen == [(ReduceOp.SUM, True), (ReduceOp.AVG, False), (ReduceOp.SUM, False), (ReduceOp.SUM, False)]
     none = SimpleNamespace(_pg=SimpleNamespace(device_components={}), _world=current())
     assert straight(none, t, ReduceOp.SUM, True, None) is None
+
+
+class _OnCuda(torch.Tensor):
+    """A CPU tensor that says it is on a GPU (the backend's CUDA branch, without one)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_a_cuda_all_reduce_asks_the_device_lane_once_under_one_profiler_event(monkeypatch):
+    """ChorusProcessGroup.allreduce of one CUDA tensor: the lane takes it (no general
+    path), or steps aside and the general path runs without asking the lane again; either
+    way one profiler event, opened once, covers the op."""
+    import functools
+    from types import SimpleNamespace
+
+    from chorus.api.state import current
+    from chorus.torch import backend
+    from chorus.torch.backend import ChorusProcessGroup as CPG
+
+    log: list[str] = []
+
+    class Recording:
+        def __init__(self, name, tensors):
+            log.append(f"event {name} opened")
+
+        def close(self):
+            log.append("event closed")
+
+    monkeypatch.setattr(backend, "profiling", lambda: True)
+    monkeypatch.setattr(backend, "Recording", Recording)
+    monkeypatch.setattr(backend, "_all_reduce", lambda *a: log.append("general path, lanes first"))
+    monkeypatch.setattr(backend, "_all_reduce_general", lambda *a: log.append("general path"))
+    takes = []
+    lane = SimpleNamespace(all_reduce_now=lambda t, op, a: log.append("lane asked") or takes.pop(0))
+    group = SimpleNamespace(_pg=SimpleNamespace(device_components={"cuda": lane}), _world=current(),
+                            _sharing=SimpleNamespace(offer=lambda t: None, share_bytes=1 << 60,
+                                                     issued=lambda ts, w: None),
+                            _name_in_torch=lambda: "chorus")
+    for name in ("_cuda_all_reduce_now", "_issue", "_start", "_record"):
+        setattr(group, name, functools.partial(getattr(CPG, name), group))
+    t = torch.Tensor._make_subclass(_OnCuda, torch.ones(4))
+    opts = SimpleNamespace(reduceOp=tdist.ReduceOp.SUM, asyncOp=False)
+    takes[:] = [True, False]
+    CPG.allreduce(group, [t], opts)
+    taken = list(log)
+    log.clear()
+    CPG.allreduce(group, [t], opts)
+    assert taken == ["event chorus:all_reduce opened", "lane asked", "event closed"], taken
+    assert log == ["event chorus:all_reduce opened", "lane asked", "general path", "event closed"], log
+
+
+def test_a_handed_off_works_wait_raises_the_groups_error_where_nccls_wait_fails():
+    """CudaWork of an op NCCL ran: wait() is NCCL's; where that raises because chorus broke
+    the group (NCCL's communicator aborted), chorus's error, naming the ops, is raised."""
+    from chorus.cuda.work import CudaWork
+
+    def nccls_wait():
+        raise RuntimeError("NCCL communicator was aborted")
+
+    def check():
+        raise errors.CollectiveMismatchError("all_reduce: rank 1 called all_gather")
+
+    native = type("Native", (), {"wait": staticmethod(nccls_wait)})()
+    with pytest.raises(errors.CollectiveMismatchError, match="all_gather"):
+        CudaWork(lambda: None, check, [], (), native).wait()
+    fine = type("Native", (), {"wait": staticmethod(lambda: None)})()
+    assert CudaWork(lambda: None, lambda: None, [], (), fine).wait() is True

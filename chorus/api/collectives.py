@@ -74,6 +74,13 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
                 window = lane(group)
                 if window is not None and window.all_reduce_tensor_now(tensor, op):
                     return None
+    return all_reduce_general(tensor, op, group, async_op, algorithm)
+
+
+def all_reduce_general(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
+                       algorithm: str | None = None) -> Work | None:
+    """all_reduce as a Call on the general path, for a caller that asked the lanes already
+    (chorus.torch's CUDA all_reduce)."""
     pg = member_group(group, "all_reduce")
     if pg is None:
         return not_member(async_op)

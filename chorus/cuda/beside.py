@@ -25,6 +25,8 @@ communicator is aborted (NcclPeers.watch), so NCCL's kernel stops waiting too.
 
 from __future__ import annotations
 
+import threading
+
 from chorus.cuda import runtime
 
 
@@ -42,6 +44,8 @@ class Beside:
         # torch's event, for synchronize(): cuda-bindings' cudaEventSynchronize keeps the GIL
         # while it blocks, and the transport's threads must go on meanwhile
         self.ended = torch.cuda.Event()
+        self.waiter = None  # the stream of event_after's events (made at the first)
+        self._lock = threading.Lock()
 
     def mark(self, raw: int) -> None:
         """Remember what stream ``raw`` has queued so far (the next follow() waits for it)."""
@@ -55,14 +59,15 @@ class Beside:
         runtime.stream_wait_event(self.raw, self.queued)
         return self.raw
 
-    def join(self, work) -> None:
-        """This stream's later work waits for torch Work ``work``.  Through its future,
-        whose wait() orders the current stream (this one, for the call) and records the
-        tensors' use on it: Work.wait() would also let go of the tensors NCCL holds, as if
-        the caller's stream, where the allocator reuses their memory, waited."""
+    def join(self, work, stream=None) -> None:
+        """This stream's (or ``stream``'s) later work waits for torch Work ``work``.
+        Through its future, whose wait() orders the current stream (this one, for the call)
+        and records the tensors' use on it: Work.wait() would also let go of the tensors
+        NCCL holds, as if the caller's stream, where the allocator reuses their memory,
+        waited."""
         import torch
 
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.stream if stream is None else stream):
             work.get_future().wait()
 
     def joined(self, work) -> int:
@@ -71,14 +76,18 @@ class Beside:
         return self.end()
 
     def event_after(self, work):
-        """A new torch event after NCCL's op ``work``, recorded here once this stream waited
-        for it (a CudaWork's, made only if asked for: no lock needed, as work queued here
-        only waits longer)."""
+        """A new torch event after NCCL's op ``work`` alone (a CudaWork's, made only if
+        asked for), recorded on a stream of its own that waited for it: not this one,
+        whose later barriers belong to later ops (a Work waits for its op only, as
+        ProcessGroupNCCL's)."""
         import torch
 
-        self.join(work)
+        with self._lock:
+            if self.waiter is None:
+                self.waiter = torch.cuda.Stream(self.stream.device)
+        self.join(work, self.waiter)
         event = torch.cuda.Event()
-        event.record(self.stream)
+        event.record(self.waiter)
         return event
 
     def end(self) -> int:

@@ -87,8 +87,8 @@ class Lanes:
         not wait for work outside it; torch's capture begins after a synchronize)."""
         if not self.graph:
             if joins and self.unjoined is not None:
-                join, self.unjoined = self.unjoined, None
-                self.follow = join()
+                self.follow = self.unjoined()
+                self.unjoined = None  # (only once joined: a join that raised is tried again)
             if self.follow is not None:
                 runtime.stream_wait_event(stream, self.follow)
                 self.follow = None

@@ -28,11 +28,13 @@ from chorus.work import Work
 
 class CudaWork(Work):
     """``event``: a torch event recorded after the op, or (``native`` given) a function
-    that makes one, called the first time one is needed; ``check()`` raises the group's
-    error, if any; ``native``: torch's own Work of the op where NCCL ran it whole:
-    ``wait()`` is its wait (the current stream waits for NCCL's op, and NCCL lets go of
-    the tensors it holds, as on ProcessGroupNCCL), and its ``get_future()`` is the
-    CUDA-aware future of ``result``, finished at once, that torch callers expect.
+    that makes one, called the first time one is needed (two threads asking at once may
+    make two: either serves); ``check()`` raises the group's error, if any; ``native``:
+    torch's own Work of the op where NCCL ran it whole: ``wait()`` is its wait (the
+    current stream waits for NCCL's op, and NCCL lets go of the tensors it holds, as on
+    ProcessGroupNCCL; the group's error first, where NCCL's wait raised because chorus
+    broke the group), and its ``get_future()`` is the CUDA-aware future of ``result``,
+    finished at once, that torch callers expect.
     """
 
     on_stream = True
@@ -56,7 +58,11 @@ class CudaWork(Work):
             return self._block(time.monotonic() + (timeout.total_seconds() if hasattr(timeout, "total_seconds")
                                                      else float(timeout)))
         if self.native is not None:
-            self.native.wait()
+            try:
+                self.native.wait()
+            except BaseException:
+                self._check()  # (chorus's error, naming the ops, where it knows one)
+                raise
         else:
             import torch
 
@@ -106,6 +112,8 @@ class CudaWork(Work):
     def _done(self) -> None:
         try:
             self._check()
+            if self.native is not None:
+                self.native.wait()  # (finished: NCCL lets go of the tensors it holds)
         except BaseException as exc:  # noqa: BLE001 - kept for wait/exception/the future
             self._settle(exc)
         else:

@@ -198,18 +198,19 @@ class ChorusProcessGroup(dist.ProcessGroup):
         """Large tensors all-reduced again and again (DDP's buckets) move into shared memory
         (chorus.torch.sharing) before the view of their memory is taken."""
         op = chorus_op(opts.reduceOp) if opts is not None else ReduceOp.SUM
-        recording = None
+        recording, general = None, _all_reduce
         if len(tensors) == 1 and tensors[0].is_cuda and not tensors[0].is_sparse:
             recording = self._record("all_reduce", tensors) if profiling() else None
             work = self._cuda_all_reduce_now(tensors[0], op, _async(opts), recording)
             if work is not None:
                 return work
+            general = _all_reduce_general  # (the lane was asked: once is enough)
         if tensors and tensors[0].is_sparse:
             calls = [functools.partial(_all_reduce_sparse, t, op, self._pg) for t in tensors]
             return self._issue("sparse_all_reduce", opts, tensors, calls, list(tensors))
         for t in tensors:
             self._sharing.offer(t)
-        calls = [functools.partial(_all_reduce, _array(t, self._sharing.share_bytes), op, self._pg) for t in tensors]
+        calls = [functools.partial(general, _array(t, self._sharing.share_bytes), op, self._pg) for t in tensors]
         return self._issue("all_reduce", opts, tensors, calls, list(tensors), recording=recording)
 
     def _cuda_all_reduce_now(self, t, op, async_op: bool, recording: Recording | None) -> TorchWork | None:
@@ -398,6 +399,10 @@ def _array(t, share_bytes: int):
 
 def _all_reduce(t, op, pg, async_op):
     return collectives.all_reduce(t, op=op, group=pg, async_op=async_op)
+
+
+def _all_reduce_general(t, op, pg, async_op):
+    return collectives.all_reduce_general(t, op=op, group=pg, async_op=async_op)
 
 
 def _all_reduce_sparse(t, op, pg, async_op):
