@@ -119,3 +119,19 @@ def test_a_failed_barrier_aborts_the_groups_nccl_communicator():
     with pytest.raises(CollectiveMismatchError):
         comp.check("all_gather")
     assert aborts == [1]
+
+
+def test_op_names_keep_the_last_ops_and_forget_older_ones():
+    """OpNames: an id names its op while it is among the last KEPT; an older id, an id
+    never given and 0 (no op) name nothing."""
+    from chorus.cuda.failures import KEPT, OpNames
+
+    names = OpNames("g3")
+    first = names.add(None, seq=7, fprint=5, name="all_reduce")
+    assert names.entry(first) == ("all_reduce (op #7 of group g3)", 7, 5)
+    ids = [names.add(f"send {i}", seq=i) for i in range(KEPT - 1)]
+    assert names.entry(first) is not None and names.entry(ids[-1]) == (f"send {KEPT - 2}", KEPT - 2, 0)
+    names.add("one more")
+    assert names.entry(first) is None and names.entry(ids[0]) == ("send 0", 0, 0)
+    assert names.entry(0) is None and names.entry(names.last + 1) is None
+    assert names.described(first, "an op") == "an op"

@@ -34,24 +34,26 @@ class OpNames:
 
     def __init__(self, group: str = ""):
         self.group = group
-        self.ops: dict[int, tuple] = {}  # op id -> (description or None, seq, fingerprint, name)
+        # op id % KEPT -> (op id, description or None, seq, fingerprint, name): a ring, as
+        # ids only grow (a dict trimmed from its front makes next(iter()) walk the holes
+        # the deletions left: microseconds per op)
+        self.ops: list[tuple | None] = [None] * KEPT
         self.last = 0
 
     def add(self, description: str | None, seq: int = -1, fprint: int = 0, name: str = "") -> int:
         """An id for the op being enqueued; ``description`` None: the collective
         ``name``'s, written out only when an error needs it."""
         op_id = self.last = self.last + 1
-        self.ops[op_id] = (description, seq, fprint, name)
-        if len(self.ops) > KEPT:
-            del self.ops[next(iter(self.ops))]
+        self.ops[op_id % KEPT] = (op_id, description, seq, fprint, name)
         return op_id
 
     def entry(self, op_id: int):
-        """(description, seq, fingerprint) of op ``op_id``, or None."""
-        entry = self.ops.get(op_id)
-        if entry is None:
+        """(description, seq, fingerprint) of op ``op_id``, or None (unknown, or one of the
+        KEPT ops before the last KEPT)."""
+        entry = self.ops[op_id % KEPT] if op_id > 0 else None
+        if entry is None or entry[0] != op_id:
             return None
-        description, seq, fprint, name = entry
+        _, description, seq, fprint, name = entry
         if description is None:
             description = f"{name} (op #{seq} of group {self.group})"
         return description, seq, fprint
