@@ -342,7 +342,9 @@ def _mismatch(rank):
 
 
 def _profiler_events(rank):
-    """The events torch's profiler shows for chorus's ops: name, async, input shapes."""
+    """The events torch's profiler shows for chorus's ops: name, async, whether it ended
+    before a marker recorded 50 ms after the ops (an event whose end torch missed lasts
+    until the profile stops), input shapes."""
     t = torch.ones(4, 5)
     with torch.autograd.profiler.profile(record_shapes=True) as prof:
         tdist.all_reduce(t)
@@ -351,7 +353,12 @@ def _profiler_events(rank):
             tdist.send(torch.ones(2), dst=1)
         else:
             tdist.recv(torch.empty(2), src=0)
-    return sorted((e.name, e.is_async, e.input_shapes) for e in prof.function_events if e.name.startswith("chorus:"))
+        time.sleep(0.05)
+        with torch.autograd.profiler.record_function("marker"):
+            pass
+    [marker] = [e.time_range.start for e in prof.function_events if e.name == "marker"]
+    return sorted((e.name, e.is_async, e.time_range.end < marker, e.input_shapes) for e in prof.function_events
+                  if e.name.startswith("chorus:"))
 
 
 def _sparse(rank):
@@ -467,11 +474,11 @@ def test_collective_mismatch_in_ddp_fails_every_rank_fast(job2):
     assert job2[1]["mismatch"]["torch_class"]  # and torch's DistBackendError
 
 
-def test_ops_are_async_events_of_torch_profiler(job2):
+def test_ops_are_async_events_of_torch_profiler_that_end_with_the_op(job2):
     for rank, r in enumerate(job2):
-        p2p = ("chorus:send", True, [[2]]) if rank == 0 else ("chorus:recv", True, [[2]])
-        assert r["profiler"] == sorted([("chorus:all_reduce", True, [[4, 5]]),
-                                        ("chorus:all_reduce", True, [[3, 2]]), p2p])
+        p2p = ("chorus:send", True, True, [[2]]) if rank == 0 else ("chorus:recv", True, True, [[2]])
+        assert r["profiler"] == sorted([("chorus:all_reduce", True, True, [[4, 5]]),
+                                        ("chorus:all_reduce", True, True, [[3, 2]]), p2p])
 
 
 def test_sparse_all_reduce_sums_and_other_uses_are_refused(job2):

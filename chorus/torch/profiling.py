@@ -12,6 +12,13 @@ only once its event has ended (a profiler that stops right after ``wait()`` sees
     rank's thread:   enter("chorus:all_reduce", t) -> op runs -> work.wait() ----------> returns
     closing thread:                                            leave(event) -> done --^
 
+torch's profiler records an event's end only under the profiler's thread-local state,
+which a Python thread of chorus's lacks (an end run there leaves the event open until the
+profile stops, as if the op had lasted that long).  So the end is registered, when the
+event begins, as a callback of a torch future through torch's own hook for ends that come
+later (``_call_end_callbacks_on_jit_fut``, which carries the caller's thread-local state
+to wherever the future completes); the closing thread completes that future.
+
 When no profiler records, ``profiling()`` is the only cost: one call into torch per op.
 """
 
@@ -23,7 +30,7 @@ import threading
 import torch
 
 _enter = torch.autograd._record_function_with_args_enter
-_leave = torch.autograd._record_function_with_args_exit
+_end_when = torch.ops.profiler._call_end_callbacks_on_jit_fut  # (handle, future): ends it then
 
 #: ``profiling()``: whether torch's profiler is recording in this process (torch's own
 #: function, called directly: it is asked once per op).
@@ -33,10 +40,12 @@ profiling = torch._C._autograd._profiler_enabled
 class Recording:
     """One op's profiler event, opened at construction, closed by :func:`close`."""
 
-    __slots__ = ("_handle", "_closed", "_lock", "_sent")
+    __slots__ = ("_done", "_closed", "_lock", "_sent")
 
     def __init__(self, name: str, tensors) -> None:
-        self._handle = _enter(name, *tensors)
+        handle = _enter(name, *tensors)
+        self._done: torch.futures.Future = torch.futures.Future()
+        _end_when(handle, self._done)  # (here: the end takes this thread's profiler state along)
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._sent = False
@@ -51,7 +60,7 @@ class Recording:
 
     def _end(self) -> None:
         try:
-            _leave(self._handle)
+            self._done.set_result(None)  # runs the end, on this thread
         finally:
             self._closed.set()
 
