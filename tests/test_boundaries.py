@@ -38,8 +38,10 @@ FOREIGN = {
     **{("chorus/torch/profiling.py", name): "a profiler event that shows the op's input tensors "
                                            "(record_function takes a string) and whether the profiler "
                                            "records have no public call in torch"
-       for name in ("_record_function_with_args_enter", "_record_function_with_args_exit", "_C", "_autograd",
-                    "_profiler_enabled")},
+       for name in ("_record_function_with_args_enter", "_C", "_autograd", "_profiler_enabled")},
+    ("chorus/torch/profiling.py", "_call_end_callbacks_on_jit_fut"):
+        "an event ended on another thread is recorded only under the caller's profiler state, "
+        "which torch carries there only through this hook (record_function's own future hook)",
 }
 
 
