@@ -39,9 +39,10 @@ FOREIGN = {
                                            "(record_function takes a string) and whether the profiler "
                                            "records have no public call in torch"
        for name in ("_record_function_with_args_enter", "_C", "_autograd", "_profiler_enabled")},
-    ("chorus/torch/profiling.py", "_call_end_callbacks_on_jit_fut"):
-        "an event ended on another thread is recorded only under the caller's profiler state, "
-        "which torch carries there only through this hook (record_function's own future hook)",
+    **{("chorus/torch/profiling.py", name): "an event ended on another thread is recorded only under the "
+                                           "caller's profiler state, which torch carries there only through "
+                                           "this hook (record_function's own future hook, called as it calls it)"
+       for name in ("_call_end_callbacks_on_jit_fut", "_RecordFunction")},
 }
 
 

@@ -134,4 +134,5 @@ def test_op_names_keep_the_last_ops_and_forget_older_ones():
     names.add("one more")
     assert names.entry(first) is None and names.entry(ids[0]) == ("send 0", 0, 0)
     assert names.entry(0) is None and names.entry(names.last + 1) is None
+    assert names.entry(-1) is None and names.entry(-KEPT) is None and names.entry(2**64 + names.last) is None
     assert names.described(first, "an op") == "an op"

@@ -12,6 +12,8 @@ state, into the error the caller sees, naming the op, the group, the ranks and t
 
 from __future__ import annotations
 
+import itertools
+
 from chorus.cuda import layout as L
 from chorus.cuda.algorithms import EXCHANGE_TAG
 from chorus.errors import (
@@ -39,11 +41,12 @@ class OpNames:
         # the deletions left: microseconds per op)
         self.ops: list[tuple | None] = [None] * KEPT
         self.last = 0
+        self._ids = itertools.count(1)  # (next() is one step under the GIL: p2p may add from another thread)
 
     def add(self, description: str | None, seq: int = -1, fprint: int = 0, name: str = "") -> int:
         """An id for the op being enqueued; ``description`` None: the collective
         ``name``'s, written out only when an error needs it."""
-        op_id = self.last = self.last + 1
+        op_id = self.last = next(self._ids)
         self.ops[op_id % KEPT] = (op_id, description, seq, fprint, name)
         return op_id
 
