@@ -279,6 +279,10 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("CHORUS_CUDA_FAST_LAUNCH", "bool", True,
             meaning="launch the CUDA kernels through their cached launchers (0: Triton's own call "
                     "path each time; a diagnostic)"),
+    Setting("CHORUS_CUDA_DIRECT_LAUNCH", "bool", True,
+            meaning="cached launches go straight to cuLaunchKernel with a parameter block laid out once "
+                    "per compiled kernel (chorus.cuda.direct), where the kernel allows (0: Triton's "
+                    "launcher object; a diagnostic)"),
     Setting("CHORUS_CUDA_HINTS", "bool", True,
             meaning="vectorisation hints in the fused all_reduce kernels (0: none; a diagnostic for a "
                     "compiler that refuses them)"),

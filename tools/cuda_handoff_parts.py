@@ -20,12 +20,14 @@ import torch
 from cuda_handoff_cost import init_both, per_call, spawn_per_gpu
 
 
-def gpu_call(fn, n: int = 300) -> float:
-    """GPU us per call: events around ``n`` calls queued behind a 0.2 s hold."""
+def gpu_call(fn, n: int = 300, held: bool = True) -> float:
+    """GPU us per call: events around ``n`` calls queued behind a 0.2 s hold (not
+    ``held``: run as they are enqueued, so the longer of CPU and GPU time per call)."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(0.2 * 1.98e9))
+    if held:
+        torch.cuda._sleep(int(0.2 * 1.98e9))
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     for _ in range(n):

@@ -117,6 +117,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph", action="store_true",
                    help="--device cuda: time each library's calls captured in a CUDA graph and replayed (the "
                         "check too runs a replay), instead of eager calls")
+    p.add_argument("--unheld", action="store_true",
+                   help="--device cuda, eager: do not hold the GPU while the CPU enqueues the timed calls, so "
+                        "each call's time is the longer of its CPU and GPU costs (an eager loop's view)")
     p.add_argument("--lane", action="store_true",
                    help="--device cuda, all_reduce: also time the component's cached-plan lane (all_reduce_now)")
     p.add_argument("--time-limit", type=float, default=600.0,

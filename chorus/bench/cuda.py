@@ -10,7 +10,10 @@ Per size and library, on every rank:
   ``warmup`` untimed ones.  The GPU is first held by a sleep kernel long enough for the
   CPU to enqueue the whole batch, so ``time us`` is the GPU time per call (CUDA events
   around the batch / iters) whatever the CPU costs; ``cpu us`` is the CPU time per call
-  of the same enqueues (perf_counter around the batch / iters).
+  of the same enqueues (perf_counter around the batch / iters).  ``--unheld``: no
+  sleep kernel, so ``time us`` is the longer of the CPU's and the GPU's cost per call,
+  what an eager training or inference loop sees (a small NCCL all_reduce is bound by its
+  CPU cost there, not by its GPU time).
 
 Rank 0's times are reported (every rank's ``#wrong`` summed).  The ranks agree after every
 case (over chorus's CPU path, which no GPU failure touches) on which libraries still run,
@@ -22,7 +25,7 @@ Libraries: ``chorus`` (the public API: ``chorus.all_reduce(t)``; ``--algorithm``
 chorus's ``algorithm=``), ```chorus:<algorithm>`` (``--algorithm a,b``: one column per chorus
 algorithm), ``chorus-lane`` (all_reduce only, with ``--lane``: the
 component's ``all_reduce_now``, the cached-plan path an API fast lane would call),
-``nccl`` (torch.distributed, NCCL, NCCL_NVLS_ENABLE=0 unless set), ``symm-1shot`` and
+``nccl`` (torch.distributed, NCCL, NCCL_NVLS_ENABLE=0 and NCCL_RUNTIME_CONNECT=0 unless set), ``symm-1shot`` and
 ``symm-2shot`` (all_reduce only: torch.ops.symm_mem.one_shot_all_reduce /
 two_shot_all_reduce_ on a symmetric buffer; a baseline only).
 """
@@ -198,10 +201,12 @@ def _no_gc():
             gc.enable()
 
 
-def _time(torch, chorus, run, iters: int, warmup: int) -> tuple[float, float]:
+def _time(torch, chorus, run, iters: int, warmup: int, held: bool = True) -> tuple[float, float]:
     """(GPU seconds, CPU seconds) per call of ``iters`` back-to-back calls.  Every rank
     holds its GPU equally long (the ranks agree on the longest CPU estimate first, which
-    also lines them up), so no rank's first call waits for a peer still asleep."""
+    also lines them up), so no rank's first call waits for a peer still asleep.  Not
+    ``held``: the GPU runs each call as soon as it is enqueued, so the time per call is
+    whichever of the CPU's enqueue and the GPU's work is longer (what an eager loop gets)."""
     if DRY:
         for _ in range(warmup):
             run()
@@ -222,8 +227,9 @@ def _time(torch, chorus, run, iters: int, warmup: int) -> tuple[float, float]:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with _no_gc():  # (its collection before the line-up, which it would otherwise skew)
         chorus.all_reduce(est, op=chorus.ReduceOp.MAX)
-        sleep_s = min(SLEEP_CAP_S, float(est[0]) * iters * 1.5 + 200e-6)
-        torch.cuda._sleep(int(sleep_s * CLOCK_HZ))
+        if held:
+            sleep_s = min(SLEEP_CAP_S, float(est[0]) * iters * 1.5 + 200e-6)
+            torch.cuda._sleep(int(sleep_s * CLOCK_HZ))
         start.record()
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -351,7 +357,10 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
                     wrong = int((got.view(torch.uint8).view(-1, item) != reference.view(torch.uint8).view(-1, item))
                                 .any(dim=1).sum().item()) if got.numel() == reference.numel() else got.numel()
                 tdist.barrier()
-                gpu, cpu = (_time_graphed if graphed else _time)(torch, chorus, run, iters, warmup)
+                if graphed:
+                    gpu, cpu = _time_graphed(torch, chorus, run, iters, warmup)
+                else:
+                    gpu, cpu = _time(torch, chorus, run, iters, warmup, held=not cfg.get("unheld", False))
                 row = {"library": lib, "nbytes": nbytes, "count": count, "seconds": gpu, "cpu_seconds": cpu,
                        "wrong": wrong, "iters": iters}
                 del run, result, reset, once
@@ -511,16 +520,23 @@ def run(args) -> int:
            "scale_iters": args.scale_iters, "collective": args.collective, "dtype": dtype, "op": args.op,
            "algorithm": args.algorithm, "libraries": order, "ports": (_free_port(), _free_port()),
            "timeout": float(args.cuda_timeout), "symm_max": parse_size(args.symm_max),
-           "verbose": config.get("CHORUS_BENCH_VERBOSE"), "graph": bool(getattr(args, "graph", False))}
+           "verbose": config.get("CHORUS_BENCH_VERBOSE"), "graph": bool(getattr(args, "graph", False)),
+           "unheld": bool(getattr(args, "unheld", False))}
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    # NCCL connects every channel when its communicator is made, not at the first op of
+    # each size: with connections made mid-run, batches of chorus's un-held calls that
+    # followed ran 30x slower now and then on 4 x H200 (docs/results/4xh200/unheld-lane/)
+    os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
     device = "CPU (dry run)" if DRY else torch.cuda.get_device_name(0)
     reducing = args.collective in ("all_reduce", "reduce_scatter")
     print(f"# chorus bench --device cuda: {args.collective}{' ' + args.op if reducing else ''}, "
           f"{world} ranks ({device}), dtype {dtype}, chorus algorithm "
           f"{args.algorithm or 'auto'}; libraries {', '.join(order)}; {args.iters} iterations "
           f"(+{args.warmup} warm-up){', scaled down above 1 MiB' if args.scale_iters else ''}"
-          f"{', captured in a CUDA graph and replayed' if cfg['graph'] else ', eager'}; "
-          f"torch {torch.__version__}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}", flush=True)
+          f"{', captured in a CUDA graph and replayed' if cfg['graph'] else ', eager'}"
+          f"{', the GPU not held' if cfg['unheld'] and not cfg['graph'] else ''}; "
+          f"torch {torch.__version__}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}, "
+          f"NCCL_RUNTIME_CONNECT={os.environ.get('NCCL_RUNTIME_CONNECT')}", flush=True)
     deadline = time.monotonic() + args.time_limit
     timed_out = False
     with tempfile.TemporaryDirectory(prefix="chorus-bench-cuda-") as workdir:
@@ -553,7 +569,9 @@ def run(args) -> int:
     if error is not None:
         notes.append(f"a rank failed: {str(error).strip().splitlines()[-1] if str(error).strip() else error!r}")
     timing = ("CUDA events around one replay of a graph of the calls); cpu: CPU us per call of that replay"
-              if cfg["graph"] else "CUDA events around back-to-back eager calls, the GPU held until the CPU "
+              if cfg["graph"] else "CUDA events around back-to-back eager calls, the GPU not held: the longer "
+              "of the CPU's enqueue and the GPU's work); cpu: CPU us per call" if cfg["unheld"]
+              else "CUDA events around back-to-back eager calls, the GPU held until the CPU "
               "enqueued them all); cpu: CPU us per call")
     print(f"# time: GPU us per call ({timing}; algbw, busbw GB/s; #wrong: elements differing from "
           "NCCL's result (-1: no NCCL result to compare); x B: B's time / chorus's")
@@ -564,7 +582,8 @@ def run(args) -> int:
         with open(args.json, "w") as f:
             json.dump({"collective": args.collective, "dtype": dtype, "op": args.op, "world": world,
                        "algorithm": args.algorithm or "auto", "libraries": order, "iters": args.iters,
-                       "warmup": args.warmup, "scale_iters": args.scale_iters, "graph": cfg["graph"], "notes": notes,
+                       "warmup": args.warmup, "scale_iters": args.scale_iters, "graph": cfg["graph"],
+                       "unheld": cfg["unheld"], "notes": notes,
                        "device": device, "torch": torch.__version__,
                        "timing": "seconds: GPU time per call on rank 0; cpu_seconds: CPU time per call",
                        "rows": rows}, f, indent=1)

@@ -111,7 +111,10 @@ def all_reduce_algorithm(nbytes: int, world: int) -> str:
     return "one_shot" if nbytes < limit or world < 2 else "two_shot_push"
 
 
-def all_reduce(x, data: int, n: int, item: int, algorithm: str = "auto") -> None:
+def all_reduce(x, data: int, n: int, item: int, algorithm: str = "auto"):
+    """All-reduce ``n`` elements of ``item`` bytes at ``data`` in place.  Returns the
+    launch's Shot where the whole message was one fused launch that ``x.shot`` can repeat
+    (chorus.cuda.lanes), else None."""
     if algorithm not in ALL_REDUCE_ALGORITHMS:
         algorithm = all_reduce_algorithm(n * item, x.world)
     if algorithm == "copy_reduce":
@@ -120,16 +123,20 @@ def all_reduce(x, data: int, n: int, item: int, algorithm: str = "auto") -> None
             x.copy(x.slot(x.rank), data + off * item, m * item, x.rank)
             x.barrier()
             x.reduce(data + off * item, 0, m)
-        return
+        return None
     slot = x.slot_bytes()  # (captured in a CUDA graph: a graph slot's)
     if algorithm == "one_shot":
         step = slot // item
     else:  # (two_shot_stores: rows and gathers, twice the message)
         step = two_shot_chunk(slot // (2 if algorithm == "two_shot_stores" else 1), item, x.world)
     per_thread = WIDE_PER_THREAD if n * item >= WIDE_FROM_BYTES else 8
+    if n <= step:  # one launch
+        x.round()
+        return x.all_reduce_fused(algorithm, data, data, n, per_thread)
     for off, m in _chunks(n, step):
         x.round()
         x.all_reduce_fused(algorithm, data + off * item, data + off * item, m, per_thread)
+    return None
 
 
 def reduce(x, data: int, n: int, item: int, root: int) -> None:

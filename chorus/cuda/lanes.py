@@ -77,6 +77,8 @@ class Lanes:
         # after NCCL's, as ops of one ProcessGroupNCCL do, while hand-offs in a row (NCCL
         # orders its own ops) pay nothing for it
         self.unjoined = None
+        # repeated all_reduces' launches, by the caller's plan (chorus.cuda.component)
+        self.shots: dict = {}
 
     def begin(self, op_id: int, ctx, stream: int, dtype: str = "", reduce_op: str = "", fprint: int = 0,
               joins: bool = True) -> None:
@@ -132,13 +134,15 @@ class Lanes:
         if recorder.current is not None:
             recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype))
 
-    def all_reduce_fused(self, kind: str, inp: int, out: int, n: int, per_thread: int = 8) -> None:
+    def all_reduce_fused(self, kind: str, inp: int, out: int, n: int, per_thread: int = 8):
         """One launch: ``out[:n]`` = op over ranks of ``inp[:n]`` through this round's
         slots (``kind``: one of chorus.cuda.launchers.FUSED_KINDS), with its own barrier(s)
         at the group's next epoch(s); a two-shot kernel's threads move ``per_thread``
-        elements a step (CHORUS_CUDA_TWO_SHOT_PER_THREAD, when set, instead)."""
+        elements a step (CHORUS_CUDA_TWO_SHOT_PER_THREAD, when set, instead).  Returns the
+        launch's Shot (chorus.cuda.launchers), for ``shot`` to repeat, where the kernels
+        make one (else None)."""
         if n <= 0:
-            return
+            return None
         t = time.perf_counter()
         if kind != "one_shot" and self.two_shot_per_thread:
             per_thread = self.two_shot_per_thread
@@ -155,6 +159,29 @@ class Lanes:
                 stream=self.stream, warps=self.fused[0], blocks=self.fused[1], per_thread=per_thread)
         if recorder.current is not None:
             recorder.transfer("reduce", self.ctx, "cuda", t, n * self.ws.itemsize(self.dtype), algorithm=kind)
+        make = None if self.graph else getattr(self.k, "fused_shot", None)
+        return None if make is None else make(
+            kind, n, self.controls_addr, self.rank, self.world, self.host, self.fprint, self.timeout_ns,
+            self.reduce_op, self.dtype, warps=self.fused[0], blocks=self.fused[1], per_thread=per_thread)
+
+    def shot(self, shot, data: int) -> bool:
+        """The op's all_reduce, in place on ``data``, as one launch of ``shot`` (a Shot
+        that all_reduce_fused of these lanes returned) through the next round's slot, as
+        all_reduce_fused would launch it.  False, with nothing enqueued, where it cannot
+        (captured in a CUDA graph; a value outside the shot's kernel): the algorithm's
+        path then."""
+        if self.graph:
+            return False
+        t = time.perf_counter()
+        rounds = self.rounds + 1
+        used = shot(data, data, self.layout.slot_at(rounds & 1), self.op_id, self.epoch + 1, self.stream)
+        if not used:
+            return False
+        self.rounds = rounds
+        self.epoch += used
+        if recorder.current is not None:
+            recorder.transfer("reduce", self.ctx, "cuda", t, shot.n * self.ws.itemsize(self.dtype), algorithm=shot.kind)
+        return True
 
     def rows_fused(self, kind: str, inp: int, out: int, m: int, stride: int, big_n: int, item: int) -> None:
         """One launch: a round of the fused ``kind`` ("all_gather" or "reduce_scatter":

@@ -14,6 +14,7 @@ import triton.language as tl
 from chorus import config
 from chorus.cuda import layout as L
 from chorus.cuda.algorithms import GATHER_ITEMS
+from chorus.cuda.direct import DirectLaunch, LaunchFailed
 from chorus.cuda.fused import one_shot_kernel, two_shot_kernel, two_shot_stores_kernel
 from chorus.cuda.gather import all_gather_kernel, reduce_scatter_kernel
 from chorus.cuda.kernels import (
@@ -149,6 +150,66 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
     return barriers
 
 
+class Shot:
+    """One fused all_reduce launch of a fixed (kind, n, dtype, op) on a fixed group, as
+    all_reduce_fused makes it, with everything but the addresses, the slot, the op id and
+    the epoch worked out once (a lane's repeated call: chorus.cuda.lanes.Lanes.shot): on
+    the driver, a parameter block of its own in which a call writes those five.  A call
+    launches and returns the barriers it used, or 0, with nothing launched, where its
+    values fall outside the compiled kernel's specialisation (unaligned addresses, 64-bit
+    ids): all_reduce_fused then.  Calls must not overlap (the lane's lock)."""
+
+    __slots__ = ("kind", "n", "kernel", "key", "grid", "head", "tail", "barriers", "controls", "fprint", "warps",
+                 "block", "slots")
+
+    def __init__(self, kind: str, n: int, kernel, key: tuple, plan: tuple, controls_addr: int, fprint: int,
+                 warps: int, direct):
+        self.kind, self.n, self.kernel, self.key = kind, n, kernel, key
+        _, self.grid, self.head, self.tail, self.barriers = plan
+        self.controls, self.fprint, self.warps = controls_addr, fprint, warps
+        self.block = self.slots = None
+        if direct is not None:
+            h = len(self.head)  # (inp, out, controls, slot_off, *head, op_id, fprint, epoch, graph_slot, *tail)
+            self.block = direct.block(self._args(0, 0, 0, 0, 0))
+            self.slots = tuple(self.block.slot[i] for i in (0, 1, 3, 4 + h, 6 + h))
+
+    def _args(self, inp: int, out: int, slot_off: int, op_id: int, epoch: int) -> tuple:
+        return (inp, out, self.controls, slot_off, *self.head, op_id, self.fprint, epoch, 0, *self.tail)
+
+    def __call__(self, inp: int, out: int, slot_off: int, op_id: int, epoch: int, stream: int) -> int:
+        if (inp | out) & 15 or op_id > _SMALL or epoch > _SMALL or slot_off > _SMALL:
+            return 0
+        block = self.block
+        if block is not None:
+            values, (a, b, c, d, e) = block.values, self.slots
+            values[a], values[b], values[c], values[d], values[e] = inp, out, slot_off, op_id, epoch
+            try:
+                block(self.grid, stream)
+                return self.barriers
+            except LaunchFailed as exc:  # nothing enqueued: launch() below (Triton's launcher)
+                if not exc.context:
+                    self.block = None
+        launch(self.kernel, self.key, self.grid, self._args(inp, out, slot_off, op_id, epoch), self.warps, stream)
+        return self.barriers
+
+
+def fused_shot(kind: str, n: int, controls_addr: int, rank: int, world: int, host_addr: int, fprint: int,
+               timeout_ns: int, op: str, dtype: str, max_spins: int = NEVER, warps: int = 4,
+               blocks: int = L.MAX_BLOCKS, per_thread: int = PER_THREAD) -> Shot | None:
+    """The Shot of all_reduce_fused(``kind``, ``n``, ...) on 16-byte-aligned addresses,
+    once such a launch has been compiled and cached (None before, and where launches go
+    through Triton's JIT each time)."""
+    pkey = (kind, n, dtype, op, world, True, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS, warps,
+            blocks, per_thread, False)
+    plan = _PLANS.get(pkey)
+    fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
+    key = (pkey, True, _fits(fprint))
+    entry = _COMPILED.get(key) if FAST else None
+    if plan is None or not entry:
+        return None
+    return Shot(kind, n, plan[0], key, plan, controls_addr, fprint, warps, entry[3])
+
+
 def _fused_plan(pkey: tuple) -> tuple:
     kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, hints, warps, blocks, \
         per_thread, graph = pkey
@@ -249,6 +310,7 @@ def _no_hints(exc: BaseException) -> None:
 # 32/64-bit type, its divisibility by 16 and equality to 1, the constexprs), so the kept
 # kernel is the one the JIT would pick.  CHORUS_CUDA_FAST_LAUNCH=0 turns it off.
 FAST = config.get("CHORUS_CUDA_FAST_LAUNCH") and not INTERPRET
+DIRECT = config.get("CHORUS_CUDA_DIRECT_LAUNCH")
 _COMPILED: dict = {}
 _I32 = (-(1 << 31), (1 << 31) - 1)
 
@@ -272,12 +334,25 @@ def launch(kernel, key, grid: int, args: tuple, num_warps: int, stream: int | No
     cudaStream_t; None: torch's current stream).  ``args``: every parameter in order,
     constexprs too.  The first launch of a key goes through Triton, which launches on
     torch's current stream: another ``stream`` is made current around it (the barrier
-    beside an NCCL hand-off runs on a stream of its own: chorus.cuda.beside)."""
+    beside an NCCL hand-off runs on a stream of its own: chorus.cuda.beside).  Later ones
+    go straight to the driver (chorus.cuda.direct) where the compiled kernel allows, else
+    to Triton's launcher object."""
     entry = _COMPILED.get(key) if FAST else None
     if entry:
-        run, function, packed = entry
+        run, function, packed, direct = entry
+        raw = _raw_stream() if stream is None else stream
         try:
-            run(grid, 1, 1, _raw_stream() if stream is None else stream, function, packed, None, None, None, *args)
+            if direct is not None:
+                direct(grid, raw, args)
+            else:
+                run(grid, 1, 1, raw, function, packed, None, None, None, *args)
+            return
+        except LaunchFailed as exc:  # nothing enqueued: through Triton's launcher instead
+            if not exc.context:  # (from now on; a thread without a context gets one from Triton)
+                log.warning("chorus.cuda: the direct launch of %s failed (%s); launching through Triton's "
+                            "launcher", key[0], exc)
+                _COMPILED[key] = (run, function, packed, None)
+            run(grid, 1, 1, raw, function, packed, None, None, None, *args)
             return
         except (TypeError, ValueError, OverflowError, AttributeError) as exc:  # raised before launching
             log.warning("chorus.cuda: the cached launch of %s failed (%s: %s); launching through Triton",
@@ -293,7 +368,8 @@ def launch(kernel, key, grid: int, args: tuple, num_warps: int, stream: int | No
             compiled = kernel[(grid,)](*args, num_warps=num_warps)
     if FAST and entry is None:
         try:
-            _COMPILED[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+            _COMPILED[key] = (compiled.run, compiled.function, compiled.packed_metadata,
+                              DirectLaunch.of(compiled, num_warps) if DIRECT else None)
         except AttributeError:  # another Triton: always through the JIT
             _COMPILED[key] = False
 

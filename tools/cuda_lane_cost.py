@@ -1,0 +1,100 @@
+"""Where the CPU time of one eager chorus all_reduce on its own kernels goes (a small
+bf16 message, one process per GPU), against torch's NCCL in the same processes.
+
+Rows (CPU us per call, perf_counter around back-to-back calls, each row's best of 3):
+torch's NCCL; chorus.all_reduce; the CUDA component's all_reduce_now; the time per call
+un-held (CUDA events around back-to-back eager calls: the longer of CPU and GPU); then
+chorus.all_reduce with timing wrappers around the layers below it (Lanes.shot, the Shot,
+chorus.cuda.direct's parameter block and its cuLaunchKernel call, chorus.cuda.launchers.launch
+where a launch goes through it), each layer's share of a call; last, chorus.all_reduce
+with the launches stubbed out (chorus's Python alone; the group is then out of step, so
+this row is the last thing the ranks do).  Wraps module attributes and reads the
+component's private state: a diagnostic, not an API.  Each rank writes OUT/lane-rankR.txt.
+
+usage: python3 tools/cuda_lane_cost.py OUT [PORT] [COUNT]
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import time
+
+import torch
+from cuda_handoff_cost import init_both, spawn_per_gpu, timed
+from cuda_handoff_parts import gpu_call
+
+COUNT = int(sys.argv[3]) if len(sys.argv) > 3 else 1024
+
+
+def cpu_per_call(fn, n: int = 3000, rounds: int = 3) -> float:
+    """Best of ``rounds`` of CPU us per call over ``n`` calls (the GPU keeps up: small ops)."""
+    best = float("inf")
+    for _ in range(rounds):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+        torch.cuda.synchronize()
+    return best * 1e6
+
+
+def body(rank: int, world: int, port: int, out: str) -> None:
+    tdist, dist = init_both(rank, world, port)
+    import gc
+
+    from chorus.api.state import current
+    from chorus.cuda import launchers
+
+    t = torch.ones(COUNT, dtype=torch.bfloat16, device="cuda")
+    dist.all_reduce(t)  # (the group's CUDA component is made by its first CUDA op)
+    comp = current().default_group.device_components["cuda"]
+    op = dist.ReduceOp.SUM
+    rows: list[tuple[str, float]] = []
+    gc.disable()
+    for _ in range(2):
+        rows.append(("torch nccl all_reduce", cpu_per_call(lambda: tdist.all_reduce(t))))
+        rows.append(("chorus.all_reduce", cpu_per_call(lambda: dist.all_reduce(t))))
+        rows.append(("component.all_reduce_now", cpu_per_call(lambda: comp.all_reduce_now(t, op))))
+    rows.append(("un-held GPU us/call: torch nccl", gpu_call(lambda: tdist.all_reduce(t), 3000, held=False)))
+    rows.append(("un-held GPU us/call: chorus", gpu_call(lambda: dist.all_reduce(t), 3000, held=False)))
+
+    spent: collections.Counter = collections.Counter()
+    from chorus.cuda.direct import Block, DirectLaunch
+    from chorus.cuda.lanes import Lanes
+
+    dist.all_reduce(t)
+    layers = ((Lanes, "shot", "Lanes.shot"), (launchers.Shot, "__call__", "Shot.__call__"),
+              (DirectLaunch, "__call__", "DirectLaunch.__call__ (not a Shot's)"),
+              (Block, "__call__", "Block.__call__ (cuLaunchKernel)"), (launchers, "launch", "launchers.launch"))
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in layers]
+    for owner, name, label in layers:
+        timed(owner, name, label, spent)
+    n = 3000
+    whole = cpu_per_call(lambda: dist.all_reduce(t), n, rounds=1)
+    calls = n + 50
+    rows.append(("wrapped chorus.all_reduce", whole))
+    for label, ns in spent.items():
+        rows.append((f"  in {label}", ns / 1e3 / calls))
+    for owner, name, fn in originals:
+        setattr(owner, name, fn)
+    torch.cuda.synchronize()
+    tdist.barrier()
+    launchers.launch = lambda *a, **k: None
+    Block.__call__ = lambda self, grid, stream: None
+    rows.append(("chorus.all_reduce, launch stubbed", cpu_per_call(lambda: dist.all_reduce(t), rounds=2)))
+    with open(os.path.join(out, f"lane-rank{rank}.txt"), "w") as f:
+        f.write(f"# {COUNT} bf16 elements, {world} ranks, {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
+        for k, v in rows:
+            f.write(f"{k:44s} {v:8.2f} us/call\n")
+    tdist.barrier()  # (torch's group: no rank leaves while another still times the stubbed calls)
+    torch.cuda.synchronize()
+    os._exit(0)  # (chorus's group is out of step after the stubbed launches: no teardown)
+
+
+if __name__ == "__main__":
+    spawn_per_gpu(body, 29791)
