@@ -21,18 +21,26 @@ _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, 
                            ctypes.c_void_p)
 _PARAM_INFO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
                                ctypes.POINTER(ctypes.c_size_t))
+_GET_CONTEXT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+_SET_CONTEXT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 
 
 class FakeLibcuda:
-    """libcuda's two entry points as C function pointers (ctypes callbacks), so that the
-    calls go through ctypes as the driver's would: a function's parameters have
-    ``sizes``; each launch's values are read back through the pointer array it got, each
-    parameter ``sizes[i]`` bytes, little-endian and signed."""
+    """libcuda's entry points as C function pointers (ctypes callbacks), so that the calls
+    go through ctypes as the driver's would: a function's parameters have ``sizes``; each
+    launch's values are read back through the pointer array it got, each parameter
+    ``sizes[i]`` bytes, little-endian and signed.  Each thread has a current context
+    (context 5 where the test made one current; none in a new thread: launches fail with
+    CUDA_ERROR_INVALID_CONTEXT)."""
 
     def __init__(self, sizes: list[int], fail: int = 0, info: bool = True):
         self.sizes, self.fail, self.launches = sizes, fail, []
+        self.contexts = threading.local()
+        self.contexts.current = 5
 
         def launch(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            if not getattr(self.contexts, "current", None):
+                return 201
             if self.fail:
                 return self.fail
             pointers = (ctypes.c_void_p * len(self.sizes)).from_address(params)
@@ -47,7 +55,16 @@ class FakeLibcuda:
             offset[0], size[0] = 8 * index, self.sizes[index]
             return 0
 
+        def get_context(out):
+            out[0] = getattr(self.contexts, "current", None)
+            return 0
+
+        def set_context(ctx):
+            self.contexts.current = ctx
+            return 0
+
         self.cuLaunchKernel = _LAUNCH(launch)
+        self.cuCtxGetCurrent, self.cuCtxSetCurrent = _GET_CONTEXT(get_context), _SET_CONTEXT(set_context)
         if info:
             self.cuFuncGetParamInfo = _PARAM_INFO(param_info)
 
@@ -59,7 +76,7 @@ def _compiled(signature: dict, **metadata):
     return SimpleNamespace(src=SimpleNamespace(signature=signature), metadata=SimpleNamespace(**meta), function=77)
 
 
-SIG = {"inp": "i64", "out": "i64", "n": "i32", "rank": "constexpr", "flag": "i1", "op_id": "i32", "W": "constexpr"}
+SIG = {"inp": "i64", "out": "i64", "n": "i32", "rank": "constexpr", "flag": "u8", "op_id": "i32", "W": "constexpr"}
 
 
 def _use(monkeypatch, lib: FakeLibcuda) -> FakeLibcuda:
@@ -71,18 +88,19 @@ def test_a_launch_hands_the_driver_every_non_constexpr_argument_then_null_scratc
     lib = _use(monkeypatch, FakeLibcuda([8, 8, 4, 1, 4, 8, 8]))  # five arguments, two scratch pointers
     launch = direct.DirectLaunch.of(_compiled(SIG), 4)
     assert launch is not None
-    launch(12, 555, (1 << 40, 1 << 41, 1000, 3, True, -7, 4))
-    launch(3, 556, (16, 32, 1, 3, False, 2**31 - 1, 4))
+    launch(12, 555, (1 << 40, 1 << 41, 1000, 3, 1, -7, 4))
+    launch(3, 556, (16, 32, -(2**31), 3, 0, 2**31 - 1, 4))
+    launch(0, 557, (16, 32, 1, 3, 0, 1, 4))  # (an empty grid: nothing, as Triton)
     assert lib.launches == [
         (77, (12, 1, 1), (128, 1, 1), 96, 555, [1 << 40, 1 << 41, 1000, 1, -7, 0, 0], None),
-        (77, (3, 1, 1), (128, 1, 1), 96, 556, [16, 32, 1, 0, 2**31 - 1, 0, 0], None)]
+        (77, (3, 1, 1), (128, 1, 1), 96, 556, [16, 32, -(2**31), 0, 2**31 - 1, 0, 0], None)]
 
 
 def test_a_block_of_its_own_launches_with_the_values_written_into_its_slots(monkeypatch):
     lib = _use(monkeypatch, FakeLibcuda([8, 8, 4, 1, 4, 8, 8]))
     launch = direct.DirectLaunch.of(_compiled(SIG), 4)
-    block = launch.block((1 << 40, 1 << 41, 1000, 3, True, -7, 4))
-    launch(1, 9, (5, 6, 7, 3, False, 8, 4))  # (the launcher's own block: block's values stay)
+    block = launch.block((1 << 40, 1 << 41, 1000, 3, 1, -7, 4))
+    launch(1, 9, (5, 6, 7, 3, 0, 8, 4))  # (the launcher's own block: block's values stay)
     block(2, 10)
     block.values[block.slot[5]] = 12345
     block.values[block.slot[0]] = 1 << 44
@@ -93,15 +111,16 @@ def test_a_block_of_its_own_launches_with_the_values_written_into_its_slots(monk
 
 
 @pytest.mark.parametrize("sizes, metadata", [
-    ([8, 8, 4, 1, 4], dict(global_scratch_size=64)),  # scratch Triton would allocate
-    ([8, 8, 4, 1, 4], dict(num_ctas=2)),
-    ([8, 8, 4, 1, 4], dict(cluster_dims=(2, 1, 1))),
-    ([8, 8, 4, 1, 4], dict(launch_cooperative_grid=True)),
-    ([8, 8, 4, 1, 4], dict(launch_pdl=True)),
-    ([8, 8, 4, 1, 4], dict(num_warps=8)),  # not the warps asked for
-    ([8, 8, 8, 1, 4], {}),  # a size that disagrees with the signature
-    ([8, 8, 4, 1], {}),  # fewer parameters than arguments
-    ([8, 8, 4, 1, 4, 4], {}),  # a trailing parameter that is no pointer
+    ([8, 8, 4, 1, 4, 8, 8], dict(global_scratch_size=64)),  # scratch Triton would allocate
+    ([8, 8, 4, 1, 4, 8, 8], dict(num_ctas=2)),
+    ([8, 8, 4, 1, 4, 8, 8], dict(cluster_dims=(2, 1, 1))),
+    ([8, 8, 4, 1, 4, 8, 8], dict(launch_cooperative_grid=True)),
+    ([8, 8, 4, 1, 4, 8, 8], dict(launch_pdl=True)),
+    ([8, 8, 4, 1, 4, 8, 8], dict(num_warps=8)),  # not the warps asked for
+    ([8, 8, 8, 1, 4, 8, 8], {}),  # a size that disagrees with the signature
+    ([8, 8, 4, 1, 4], {}),  # no scratch pointers where the metadata has two kinds of scratch
+    ([8, 8, 4, 1, 4, 8, 8, 8], {}),  # one parameter more than the arguments and the scratch
+    ([8, 8, 4, 1, 4, 8, 4], {}),  # a trailing parameter that is no pointer
 ])
 def test_a_kernel_the_layout_cannot_be_checked_against_stays_with_triton(monkeypatch, sizes, metadata):
     _use(monkeypatch, FakeLibcuda(sizes))
@@ -109,39 +128,60 @@ def test_a_kernel_the_layout_cannot_be_checked_against_stays_with_triton(monkeyp
 
 
 def test_other_parameter_types_a_driver_without_param_info_or_no_libcuda_stay_with_triton(monkeypatch):
-    _use(monkeypatch, FakeLibcuda([8, 4]))
+    _use(monkeypatch, FakeLibcuda([8, 4, 8, 8]))
     assert direct.DirectLaunch.of(_compiled({"x": "*fp32", "n": "i32"}), 4) is None
     assert direct.DirectLaunch.of(_compiled({"x": "fp32", "n": "i32"}), 4) is None
+    assert direct.DirectLaunch.of(_compiled({"x": "u1", "n": "i32"}), 4) is None  # (a bool argument)
     assert direct.DirectLaunch.of(_compiled({"x": "i64", "n": "i32"}), 4) is not None
-    _use(monkeypatch, FakeLibcuda([8, 4], info=False))  # (a driver before CUDA 12.4)
+    _use(monkeypatch, FakeLibcuda([8, 4, 8, 8], info=False))  # (a driver before CUDA 12.4)
     assert direct.DirectLaunch.of(_compiled({"x": "i64", "n": "i32"}), 4) is None
     monkeypatch.setattr(direct, "_driver", lambda: None)
     assert direct.DirectLaunch.of(_compiled({"x": "i64", "n": "i32"}), 4) is None
+    monkeypatch.setattr(direct, "_driver", lambda: 1 / 0)  # (anything unforeseen: Triton's launcher)
+    assert direct.DirectLaunch.of(_compiled({"x": "i64", "n": "i32"}), 4) is None
 
 
-def test_a_refused_launch_or_an_argument_too_wide_raises_launch_failed_and_enqueues_nothing(monkeypatch):
-    lib = _use(monkeypatch, FakeLibcuda([8, 4], fail=719))
-    launch = direct.DirectLaunch.of(_compiled({"x": "i64", "n": "i32"}), 4)
-    with pytest.raises(direct.LaunchFailed, match="cuLaunchKernel failed: CUresult 719") as raised:
-        launch(1, 0, (5, 6))
-    assert not raised.value.context
-    lib.fail = 201  # CUDA_ERROR_INVALID_CONTEXT: this thread has no current context
-    with pytest.raises(direct.LaunchFailed) as raised:
-        launch(1, 0, (5, 6))
-    assert raised.value.context
-    lib.fail = 0
-    with pytest.raises(direct.LaunchFailed, match="does not fit"):
-        launch(1, 0, (1 << 64, 6))
-    with pytest.raises(direct.LaunchFailed, match="does not fit"):
-        launch.block((1 << 64, 6))
+def test_values_out_of_their_parameters_range_or_invalid_parameters_raise_launch_failed(monkeypatch):
+    lib = _use(monkeypatch, FakeLibcuda([8, 4, 2, 1, 8, 8]))
+    launch = direct.DirectLaunch.of(_compiled({"x": "i64", "n": "i32", "h": "i16", "b": "u8"}), 4)
+    for args in ((1 << 64, 6, 0, 0), (5, 1 << 31, 0, 0), (5, -(1 << 31) - 1, 0, 0), (5, 6, 1 << 15, 0),
+                 (5, 6, 0, 256), (5, 6, 0, -1)):
+        with pytest.raises(direct.LaunchFailed, match="does not fit"):
+            launch(1, 1, args)
+        with pytest.raises(direct.LaunchFailed, match="does not fit"):
+            launch.block(args)
+    assert lib.launches == []  # (nothing reached the driver truncated)
+    lib.fail = 1  # CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(direct.LaunchFailed, match="invalid"):
+        launch(1, 1, (5, 6, 7, 8))
+    lib.fail = 719  # CUDA_ERROR_LAUNCH_FAILED: an earlier kernel's fault, which Triton would meet too
+    with pytest.raises(direct.DriverError, match="CUresult 719"):
+        launch(1, 1, (5, 6, 7, 8))
     assert lib.launches == []
 
 
+def test_a_thread_with_no_current_context_launches_in_the_kernel_s_context(monkeypatch):
+    lib = _use(monkeypatch, FakeLibcuda([8, 4, 8, 8]))
+    launch = direct.DirectLaunch.of(_compiled({"x": "i64", "n": "i32"}), 4)
+    assert launch.context == 5
+    seen = []
+
+    def other_thread():
+        launch(1, 3, (7, 8))
+        seen.append(lib.contexts.current)
+
+    th = threading.Thread(target=other_thread)
+    th.start()
+    th.join()
+    assert seen == [5] and [v for *_, v, _ in lib.launches] == [[7, 8, 0, 0]]
+
+
 def test_threads_launching_one_kernel_each_see_their_own_arguments(monkeypatch):
-    lib = _use(monkeypatch, FakeLibcuda([8, 4]))
+    lib = _use(monkeypatch, FakeLibcuda([8, 4, 8, 8]))
     launch = direct.DirectLaunch.of(_compiled({"x": "i64", "n": "i32"}), 4)
 
     def body(k):
+        lib.contexts.current = 5
         for i in range(300):
             launch(1, k + 1, ((k + 1) * 1000 + i, k + 1))  # (stream 0 would reach the callback as None)
 
@@ -152,6 +192,7 @@ def test_threads_launching_one_kernel_each_see_their_own_arguments(monkeypatch):
         th.join()
     assert len(lib.launches) == 1200
     assert all(values[1] == stream and values[0] // 1000 == stream for _, _, _, _, stream, values, _ in lib.launches)
+    assert all(values[2:] == [0, 0] for *_, values, _ in lib.launches)
 
 
 # -- the lane's repeated launch ----------------------------------------------------------------
@@ -256,7 +297,7 @@ def test_a_shot_on_the_driver_writes_each_call_s_values_into_its_block(monkeypat
         def record(kernel, key, grid, args, warps, stream=None):
             params = inspect.signature(kernel.fn).parameters.values()  # (jitted or interpreted)
             signature = {p.name: "constexpr" if "constexpr" in str(p.annotation) else "i64" for p in params}
-            lib.sizes = [8] * sum(kind == "i64" for kind in signature.values())
+            lib.sizes = [8] * (sum(kind == "i64" for kind in signature.values()) + 2)  # (and the scratch)
             entry = launchers._COMPILED.setdefault(key, (None, 0, 0, direct.DirectLaunch.of(
                 _compiled(signature, num_warps=warps), warps)))
             entry[3](grid, stream, args)
@@ -278,3 +319,47 @@ def test_a_shot_on_the_driver_writes_each_call_s_values_into_its_block(monkeypat
     on_shots, on_the_algorithm = run(True), run(False)
     assert len(on_shots) == 3 and on_shots == on_the_algorithm
     assert on_shots[0][2][:2] == ["data", "data"] and on_shots[1][2][3] != on_shots[0][2][3]
+
+
+def test_launch_goes_to_triton_s_jit_when_the_direct_launch_cannot_and_raises_device_errors(monkeypatch):
+    """LaunchFailed (a value out of range, parameters the driver refused): nothing was
+    enqueued, so Triton's JIT launches (and specialises) the kernel, from then on for that
+    key; a device error is raised as it is (Triton's launcher would meet it too)."""
+    from chorus.cuda import launchers
+
+    monkeypatch.setattr(launchers, "FAST", True)
+    monkeypatch.setattr(launchers, "_COMPILED", {})
+    monkeypatch.setattr(launchers, "_raw_stream", lambda: 0)  # (torch's current stream)
+    jitted: list = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, num_warps: jitted.append((grid, args, num_warps))
+
+    def failing(exc):
+        def launch(grid, stream, args):
+            raise exc
+        return launch
+
+    launchers._COMPILED["k"] = (None, 1, 2, failing(direct.LaunchFailed("does not fit")))
+    launchers.launch(Kernel(), "k", 3, (1, 2), 4, stream=0)
+    assert jitted == [((3,), (1, 2), 4)] and launchers._COMPILED["k"] is False
+    entry = launchers._COMPILED["d"] = (None, 1, 2, failing(direct.DriverError("CUresult 719")))
+    with pytest.raises(direct.DriverError, match="719"):
+        launchers.launch(Kernel(), "d", 3, (1, 2), 4, stream=0)
+    assert launchers._COMPILED["d"] is entry and len(jitted) == 1
+
+
+def test_no_shot_from_a_kernel_compiled_for_64_bit_ids(monkeypatch):
+    """The Shot's key is the 32-bit one: a first launch with a 64-bit op id compiles
+    another kernel, which no Shot repeats."""
+    from chorus.cuda import algorithms as A
+    from chorus.cuda import launchers
+
+    monkeypatch.setattr(launchers, "launch",
+                        lambda kernel, key, *a, **k: launchers._COMPILED.setdefault(key, (None, 0, 0, None)))
+    lanes, memories = _lanes(monkeypatch)
+    lanes.begin(1 << 40, None, 7, "float32", "SUM", 99)
+    assert A.all_reduce(lanes, memories[0].ctypes.data + 4096, 256, 4, "one_shot") is None
+    lanes.begin(2, None, 7, "float32", "SUM", 99)
+    assert A.all_reduce(lanes, memories[0].ctypes.data + 4096, 256, 4, "one_shot") is not None

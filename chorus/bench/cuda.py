@@ -585,7 +585,10 @@ def run(args) -> int:
                        "warmup": args.warmup, "scale_iters": args.scale_iters, "graph": cfg["graph"],
                        "unheld": cfg["unheld"], "notes": notes,
                        "device": device, "torch": torch.__version__,
-                       "timing": "seconds: GPU time per call on rank 0; cpu_seconds: CPU time per call",
+                       "timing": "seconds: GPU time per call on rank 0"
+                                 + (" (the GPU not held: the longer of CPU and GPU time per call)"
+                                    if cfg["unheld"] and not cfg["graph"] else "")
+                                 + "; cpu_seconds: CPU time per call",
                        "rows": rows}, f, indent=1)
         print(f"# wrote {args.json}")
     bad = any(r["wrong"] > 0 for r in rows) or not any(r["library"].split(":")[0] == "chorus" for r in rows)

@@ -12,6 +12,10 @@ compiled kernel:
     block = launcher.block(args)                      # a block of its own, for repeated
     block.values[block.slot[i]] = v; block(grid, s)   # launches that change a few arguments
 
+A value out of its parameter's range raises LaunchFailed before anything is enqueued
+(Triton then specialises the kernel for it); so does a launch the driver finds invalid.
+Launches bypass Triton's launch hooks (``launch_enter_hook``: its profilers' records).
+
 ``of`` accepts a kernel only when everything it relies on is checked against the
 compiled kernel itself: the parameters Triton passes are the non-constexpr ones of its
 signature, each an integer (chorus passes addresses as integers), followed by Triton's
@@ -32,24 +36,30 @@ import threading
 
 #: bytes of each integer parameter type of a Triton signature
 _SIZES = {"i1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8}
-#: struct codes for an 8-byte slot holding each (little-endian: the low bytes are the value)
-_CODES = {"i1": "q", "i8": "q", "i16": "q", "i32": "q", "i64": "q", "u8": "Q", "u16": "Q", "u32": "Q", "u64": "Q"}
+#: struct codes for an 8-byte slot holding each, padded (a value out of its type's range
+#: raises struct.error instead of reaching the kernel truncated)
+_CODES = {"i1": "b7x", "i8": "b7x", "u8": "B7x", "i16": "h6x", "u16": "H6x", "i32": "i4x", "u32": "I4x",
+          "i64": "q", "u64": "Q"}
+#: the scratch pointers Triton appends to a kernel's parameters, by the metadata field that
+#: sizes each (NULL when the size is 0)
+_SCRATCH = ("global_scratch_size", "profile_scratch_size")
 _SUCCESS, _INVALID_VALUE, _INVALID_CONTEXT = 0, 1, 201
-_U64 = 1 << 64
 
 
 class LaunchFailed(RuntimeError):
-    """cuLaunchKernel refused the launch (nothing was enqueued).  ``context``: the calling
-    thread had no current CUDA context (Triton's launcher makes one current: the next
-    direct launch on that thread works)."""
+    """The direct launch cannot take these arguments (nothing was enqueued): one does not
+    fit its parameter, or the driver found the parameters invalid.  The caller launches
+    through Triton, which specialises the kernel for them."""
 
-    def __init__(self, message: str, context: bool = False):
-        super().__init__(message)
-        self.context = context
+
+class DriverError(RuntimeError):
+    """cuLaunchKernel failed for a reason of the device's or context's (an earlier
+    kernel's fault, a context of another device current): Triton's launcher would fail
+    the same way, so the error is raised."""
 
 
 class Driver:
-    """The two libcuda entry points a direct launch needs, typed."""
+    """The libcuda entry points a direct launch needs, typed."""
 
     def __init__(self, lib):
         self.launch = lib.cuLaunchKernel
@@ -60,6 +70,18 @@ class Driver:
             self.param_info.restype = ctypes.c_int
             self.param_info.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
                                         ctypes.POINTER(ctypes.c_size_t)]
+        self._get_context, self._set_context = lib.cuCtxGetCurrent, lib.cuCtxSetCurrent
+        self._get_context.restype = self._set_context.restype = ctypes.c_int
+        self._get_context.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._set_context.argtypes = [ctypes.c_void_p]
+
+    def current_context(self) -> int:
+        """The calling thread's current CUcontext (0: none)."""
+        ctx = ctypes.c_void_p()
+        return (ctx.value or 0) if self._get_context(ctypes.byref(ctx)) == _SUCCESS else 0
+
+    def make_current(self, ctx: int) -> bool:
+        return bool(ctx) and self._set_context(ctx) == _SUCCESS
 
     def param_sizes(self, function: int) -> list[int] | None:
         """The byte size of each parameter of the CUfunction ``function``, as the driver
@@ -83,16 +105,16 @@ def _driver() -> Driver | None:
         return None
 
 
-def layout(signature: list[str], sizes: list[int]) -> tuple[list[int], str, int] | None:
+def layout(signature: list[str], sizes: list[int], extra: int) -> tuple[list[int], str, int] | None:
     """(indices of the arguments the kernel takes, the struct format of their 8-byte
-    slots, how many NULL pointers follow them) for a Triton ``signature`` (each parameter's type, constexprs included, in order) against
-    the driver's parameter ``sizes``; None where they do not agree or a type is not an
-    integer one."""
+    slots, how many NULL pointers follow them) for a Triton ``signature`` (each
+    parameter's type, constexprs included, in order) and ``extra`` scratch pointers after
+    them, against the driver's parameter ``sizes``; None where they do not agree or a
+    type is not an integer one."""
     taken = [i for i, kind in enumerate(signature) if kind != "constexpr"]
-    if any(signature[i] not in _SIZES for i in taken):
+    if not taken or any(signature[i] not in _SIZES for i in taken):
         return None
-    extra = len(sizes) - len(taken)
-    if extra < 0 or any(s != 8 for s in sizes[len(taken):]):
+    if len(sizes) != len(taken) + extra or any(s != 8 for s in sizes[len(taken):]):
         return None
     if [_SIZES[signature[i]] for i in taken] != sizes[:len(taken)]:
         return None
@@ -118,9 +140,11 @@ def _plain(metadata) -> bool:
     return not getattr(metadata, "global_scratch_size", 0) and not getattr(metadata, "profile_scratch_size", 0)
 
 
-def _check(err: int) -> None:
-    if err != _SUCCESS:
-        raise LaunchFailed(f"cuLaunchKernel failed: CUresult {err}", context=err == _INVALID_CONTEXT)
+def _failed(err: int) -> Exception:
+    if err == _INVALID_VALUE:
+        return LaunchFailed(f"cuLaunchKernel found the parameters invalid (CUresult {err})")
+    return DriverError(f"cuLaunchKernel failed: CUresult {err} (a CUDA error of the device or context; the "
+                       f"same launch through Triton fails too)")
 
 
 class Block:
@@ -132,24 +156,26 @@ class Block:
         n = launcher.nparams
         self.values = (ctypes.c_int64 * n)()
         self.slot = launcher.slot
-        for i, p in launcher.slot.items():
-            self.values[p] = _signed(args[i])
+        try:
+            launcher.pack(self.values, args)
+        except struct.error as exc:
+            raise LaunchFailed(f"an argument does not fit its parameter: {exc}") from None
         self._pointers = (ctypes.c_void_p * n)(*(ctypes.addressof(self.values) + 8 * p for p in range(n)))
         self._launch, self._function = launcher.driver.launch, launcher.function
         self._threads, self._shared = launcher.threads, launcher.shared
         self._params = ctypes.addressof(self._pointers)
+        self._launcher = launcher
 
     def __call__(self, grid: int, stream: int) -> None:
         err = self._launch(self._function, grid, 1, 1, self._threads, 1, 1, self._shared, stream, self._params, None)
         if err:
-            _check(err)
-
-
-def _signed(v: int) -> int:
-    """``v`` as the int64 whose low bytes are its little-endian encoding."""
-    if not -(1 << 63) <= v < _U64:
-        raise LaunchFailed(f"an argument does not fit 64 bits: {v}")
-    return v - _U64 if v >= 1 << 63 else v
+            # a thread with no context current (one that never touched CUDA): the context
+            # the kernel was loaded in, as Triton's launcher makes one current, then again
+            if err == _INVALID_CONTEXT and self._launcher.driver.make_current(self._launcher.context):
+                err = self._launch(self._function, grid, 1, 1, self._threads, 1, 1, self._shared, stream,
+                                   self._params, None)
+            if err:
+                raise _failed(err)
 
 
 class DirectLaunch:
@@ -157,8 +183,9 @@ class DirectLaunch:
     under a lock; ``block(args)`` makes one for a caller that serialises its launches."""
 
     def __init__(self, driver: Driver, function: int, threads: int, shared: int, taken: list[int], fmt: str,
-                 extra: int):
+                 extra: int, context: int = 0):
         self.driver, self.function, self.threads, self.shared = driver, function, threads, shared
+        self.context = context  # (where the kernel was loaded: its first launch's thread's)
         self.nparams = len(taken) + extra
         self.slot = {i: p for p, i in enumerate(taken)}
         self._pick = operator.itemgetter(*taken) if len(taken) > 1 else (lambda args, i=taken[0]: (args[i],))
@@ -169,6 +196,15 @@ class DirectLaunch:
 
     @classmethod
     def of(cls, compiled, num_warps: int) -> DirectLaunch | None:
+        """The direct launch of ``compiled`` (a Triton CompiledKernel just launched on
+        this thread), or None."""
+        try:
+            return cls._of(compiled, num_warps)
+        except Exception:  # noqa: BLE001 - anything unforeseen: Triton's launcher (the kernel already ran)
+            return None
+
+    @classmethod
+    def _of(cls, compiled, num_warps: int) -> DirectLaunch | None:
         driver = _driver()
         signature = _signature(compiled)
         metadata = getattr(compiled, "metadata", None)
@@ -178,20 +214,28 @@ class DirectLaunch:
         if not _plain(metadata) or getattr(metadata, "num_warps", num_warps) != num_warps:
             return None
         sizes = driver.param_sizes(function)
-        fixed = None if sizes is None else layout(signature, sizes)
+        extra = sum(hasattr(metadata, field) for field in _SCRATCH)
+        fixed = None if sizes is None else layout(signature, sizes, extra)
         if fixed is None:
             return None
         taken, fmt, extra = fixed
-        return cls(driver, function, 32 * num_warps, int(getattr(metadata, "shared", 0)), taken, fmt, extra)
+        return cls(driver, function, 32 * num_warps, int(getattr(metadata, "shared", 0)), taken, fmt, extra,
+                   driver.current_context())
 
     def block(self, args: tuple) -> Block:
         return Block(self, args)
 
     def __call__(self, grid: int, stream: int, args: tuple) -> None:
+        if grid <= 0:  # (as Triton: nothing to launch)
+            return
         block = self._shared_block
         with self._lock:
             try:
-                self._struct.pack_into(block.values, 0, *self._pick(args), *self._nulls)
+                self.pack(block.values, args)
             except struct.error as exc:
                 raise LaunchFailed(f"an argument does not fit its parameter: {exc}") from None
             block(grid, stream)
+
+    def pack(self, values, args: tuple) -> None:
+        """Write ``args``' kernel arguments (and the NULL scratch) into the block ``values``."""
+        self._struct.pack_into(values, 0, *self._pick(args), *self._nulls)

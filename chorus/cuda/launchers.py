@@ -138,7 +138,7 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
     kernel, grid, head, tail, barriers = plan
     fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
     args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, graph_slot, *tail)
-    key = (pkey, slot_off <= _SMALL and op_id <= _SMALL and epoch <= _SMALL, _fits(fprint))
+    key = (pkey, slot_off <= _SMALL, op_id <= _SMALL, epoch <= _SMALL, _fits(fprint))
     try:
         launch(kernel, key, grid, args, warps, stream)
     except Exception as exc:  # noqa: BLE001 - a compiler that refuses the hints: once more without
@@ -186,9 +186,8 @@ class Shot:
             try:
                 block(self.grid, stream)
                 return self.barriers
-            except LaunchFailed as exc:  # nothing enqueued: launch() below (Triton's launcher)
-                if not exc.context:
-                    self.block = None
+            except LaunchFailed:  # nothing enqueued: launch() below (Triton's JIT)
+                self.block = None
         launch(self.kernel, self.key, self.grid, self._args(inp, out, slot_off, op_id, epoch), self.warps, stream)
         return self.barriers
 
@@ -203,7 +202,7 @@ def fused_shot(kind: str, n: int, controls_addr: int, rank: int, world: int, hos
             blocks, per_thread, False)
     plan = _PLANS.get(pkey)
     fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
-    key = (pkey, True, _fits(fprint))
+    key = (pkey, True, True, True, _fits(fprint))
     entry = _COMPILED.get(key) if FAST else None
     if plan is None or not entry:
         return None
@@ -263,7 +262,7 @@ def rows_fused(kind: str, inp: int, out: int, m: int, stride: int, big_n: int, c
     kernel, grid, head, tail = plan
     fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
     args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, *tail)
-    launch(kernel, (pkey, slot_off <= _SMALL and op_id <= _SMALL and epoch <= _SMALL, _fits(fprint)), grid, args,
+    launch(kernel, (pkey, slot_off <= _SMALL, op_id <= _SMALL, epoch <= _SMALL, _fits(fprint)), grid, args,
            warps, stream)
     return 1
 
@@ -347,14 +346,7 @@ def launch(kernel, key, grid: int, args: tuple, num_warps: int, stream: int | No
             else:
                 run(grid, 1, 1, raw, function, packed, None, None, None, *args)
             return
-        except LaunchFailed as exc:  # nothing enqueued: through Triton's launcher instead
-            if not exc.context:  # (from now on; a thread without a context gets one from Triton)
-                log.warning("chorus.cuda: the direct launch of %s failed (%s); launching through Triton's "
-                            "launcher", key[0], exc)
-                _COMPILED[key] = (run, function, packed, None)
-            run(grid, 1, 1, raw, function, packed, None, None, None, *args)
-            return
-        except (TypeError, ValueError, OverflowError, AttributeError) as exc:  # raised before launching
+        except (LaunchFailed, TypeError, ValueError, OverflowError, AttributeError) as exc:  # nothing launched
             log.warning("chorus.cuda: the cached launch of %s failed (%s: %s); launching through Triton",
                         key[0], type(exc).__name__, exc)
             _COMPILED[key] = False
