@@ -433,6 +433,12 @@ TABLES = {
     "h200-all_reduce-own": Gpu("4xh200/all_reduce-own-kernels-bf16-w4.json",
                                "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 1G "
                                "-f 4 -n 200 -w 20 --scale-iters   # before the NCCL hand-off"),
+    "h200-unheld": Gpu("4xh200/unheld-lane/all_reduce-unheld.json",
+                       "NCCL_NVLS_ENABLE=0 NCCL_RUNTIME_CONNECT=0 chorus bench --device cuda --collective all_reduce "
+                       "-b 8 -e 2M -f 4 --dtype bfloat16 --baseline all -n 500 -w 50 --unheld"),
+    "h200-held": Gpu("4xh200/unheld-lane/all_reduce-held.json",
+                     "NCCL_NVLS_ENABLE=0 NCCL_RUNTIME_CONNECT=0 chorus bench --device cuda --collective all_reduce "
+                     "-b 8 -e 2M -f 4 --dtype bfloat16 --baseline all -n 500 -w 50"),
     "h200-graph": Gpu("4xh200/speed-run-3/graph.json",
                       "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 4M -f 4 "
                       "-n 200 -w 20 --graph --baseline nccl"),

@@ -1,8 +1,9 @@
 """chorus's un-held all_reduce beside torch's NCCL in the same processes, as a time series:
 at each size, eight batches of 30 back-to-back chorus calls (CUDA events around each
 batch, the GPU not held), then NCCL's first all_reduce of that size, then eight batches
-more.  A batch far slower than its neighbours shows NCCL's connections disturbing chorus's
-kernels; run it with NCCL_RUNTIME_CONNECT=0 and =1 to compare.  One process per GPU; each
+more: whether NCCL's set-up at a new size (its connections, with NCCL_RUNTIME_CONNECT=1)
+slows chorus's kernels in the batches after it, against NCCL_RUNTIME_CONNECT=0 (every
+connection made at init).  One process per GPU; each
 rank writes OUT/series-rankR.txt (us per call of each batch).
 
 usage: python3 tools/unheld_after_nccl.py OUT [PORT] [SIZES]   (SIZES: bytes, comma-separated)

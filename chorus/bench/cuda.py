@@ -25,7 +25,7 @@ Libraries: ``chorus`` (the public API: ``chorus.all_reduce(t)``; ``--algorithm``
 chorus's ``algorithm=``), ```chorus:<algorithm>`` (``--algorithm a,b``: one column per chorus
 algorithm), ``chorus-lane`` (all_reduce only, with ``--lane``: the
 component's ``all_reduce_now``, the cached-plan path an API fast lane would call),
-``nccl`` (torch.distributed, NCCL, NCCL_NVLS_ENABLE=0 and NCCL_RUNTIME_CONNECT=0 unless set), ``symm-1shot`` and
+``nccl`` (torch.distributed, NCCL, NCCL_NVLS_ENABLE=0 unless set), ``symm-1shot`` and
 ``symm-2shot`` (all_reduce only: torch.ops.symm_mem.one_shot_all_reduce /
 two_shot_all_reduce_ on a symmetric buffer; a baseline only).
 """
@@ -523,10 +523,6 @@ def run(args) -> int:
            "verbose": config.get("CHORUS_BENCH_VERBOSE"), "graph": bool(getattr(args, "graph", False)),
            "unheld": bool(getattr(args, "unheld", False))}
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    # NCCL connects every channel when its communicator is made, not at the first op of
-    # each size: with connections made mid-run, batches of chorus's un-held calls that
-    # followed ran 30x slower now and then on 4 x H200 (docs/results/4xh200/unheld-lane/)
-    os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
     device = "CPU (dry run)" if DRY else torch.cuda.get_device_name(0)
     reducing = args.collective in ("all_reduce", "reduce_scatter")
     print(f"# chorus bench --device cuda: {args.collective}{' ' + args.op if reducing else ''}, "
@@ -535,8 +531,7 @@ def run(args) -> int:
           f"(+{args.warmup} warm-up){', scaled down above 1 MiB' if args.scale_iters else ''}"
           f"{', captured in a CUDA graph and replayed' if cfg['graph'] else ', eager'}"
           f"{', the GPU not held' if cfg['unheld'] and not cfg['graph'] else ''}; "
-          f"torch {torch.__version__}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}, "
-          f"NCCL_RUNTIME_CONNECT={os.environ.get('NCCL_RUNTIME_CONNECT')}", flush=True)
+          f"torch {torch.__version__}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}", flush=True)
     deadline = time.monotonic() + args.time_limit
     timed_out = False
     with tempfile.TemporaryDirectory(prefix="chorus-bench-cuda-") as workdir:
