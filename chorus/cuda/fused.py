@@ -20,7 +20,6 @@ from chorus.cuda.kernels import (
     as_ptr,
     combine,
     give_up,
-    host_due,
     is_broken,
     load_acquire,
     narrow,
@@ -51,17 +50,41 @@ def _spin_block(addrs, mask, target, host, mirror, timeout_ns, max_spins, INTERP
 @triton.jit
 def _host_says(host, mirror, start, timeout_ns, spins, max_spins, INTERPRET: tl.constexpr):
     """0: keep spinning; 2 TIMEOUT, 3 ABORTED, 4 broken elsewhere (a spin's state + 1).
-    Called every 32 polls; reads the host page's ABORT when host_due."""
+    Called every 32 polls; reads the host page's ABORT when this block has the turn
+    (_host_turn; under the interpreter, every time)."""
     state = 0
-    if host_due(spins, INTERPRET):
+    t = now(INTERPRET)
+    if _host_turn(mirror, t, spins, INTERPRET):
         if tl.load(host + 0, volatile=True) != 0:  # ABORT
             state = 3
     if state == 0:
         if is_broken(host, mirror):  # another block gave up
             state = 4
-        elif ((now(INTERPRET) - start) > timeout_ns) | (spins >= max_spins):
+        elif ((t - start) > timeout_ns) | (spins >= max_spins):
             state = 2
     return state
+
+
+@triton.jit
+def _host_turn(mirror, t, spins, INTERPRET: tl.constexpr):
+    """Whether this block reads the host page now: from its 512th poll, when HOST_POLL_NS
+    have passed since this GPU's last read (the HOST_POLL word, 32 bytes after BROKEN at
+    ``mirror``; a time ahead of ``t`` counts as passed) and its CAS of ``t`` there wins.
+    One read per interval per GPU: the GPU serves host reads one after another, so every
+    spinning block reading at once would hold each block up behind all the others'."""
+    if INTERPRET:
+        turn = spins >= 0
+    else:
+        turn = spins < 0
+        if spins >= 512:  # (the same in every thread: the spin's polls are block-wide votes)
+            word = as_ptr(mirror + 32, tl.int64)  # HOST_POLL
+            last = tl.load(word, volatile=True)
+            due = (((t - last) >= 20000) | (last > t)).to(tl.int32)  # HOST_POLL_NS
+            # the block's one answer first: Triton shares the CAS's result through shared
+            # memory between two bar.sync, which every thread of the block must reach
+            if _block_any(due) != 0:
+                turn = tl.atomic_cas(word, last, t, sem="relaxed", scope="gpu") == last
+    return turn
 
 
 # On a GPU a block's barrier is one thread per peer, as in hand-written CUDA (thread t < W

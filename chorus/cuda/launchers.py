@@ -372,4 +372,5 @@ assert (L.FAIL_EXPECT, L.FAIL_GOT, L.TAG_OP, L.TAG_PEER, L.TAG_EXPECT, L.TAG_GOT
 assert (L.FPRINT, L.FPRINT_PARITY, L.FAIL_FP, L.MISMATCH) == (2560, 512, 7, 4)
 assert (L.BLOCKS, L.BLOCK_STRIDE) == (4096, 1536), "the fused kernels hard-code these offsets"
 assert (L.GRAPH_OPS, L.GRAPH_EPOCH, L.GRAPH_DONE, L.GRAPH_BLOCKS) == (16, 24, 32, 199168), "and these"
+assert (L.HOST_POLL - L.BROKEN, L.HOST_POLL_NS) == (32, 20000), "and these (chorus.cuda.fused._host_turn)"
 assert frozenset(_RAW_BY_SIZE) == GATHER_ITEMS, "the fused all_gather's element sizes"
