@@ -68,10 +68,12 @@ def _host_says(host, mirror, start, timeout_ns, spins, max_spins, INTERPRET: tl.
 @triton.jit
 def _host_turn(mirror, t, spins, INTERPRET: tl.constexpr):
     """Whether this block reads the host page now: from its 512th poll, when HOST_POLL_NS
-    have passed since this GPU's last read (the HOST_POLL word, 32 bytes after BROKEN at
-    ``mirror``; a time ahead of ``t`` counts as passed) and its CAS of ``t`` there wins.
-    One read per interval per GPU: the GPU serves host reads one after another, so every
-    spinning block reading at once would hold each block up behind all the others'."""
+    have passed since its rank's last read in this group (the HOST_POLL word of the
+    rank's workspace, 32 bytes after BROKEN at ``mirror``, which a fused kernel always
+    has; a time ahead of ``t`` counts as passed) and the CAS of ``t`` there wins.  About
+    one read per interval (each warp compares the CAS's result with its own view of the
+    word, so a few warps may read): the GPU serves host reads one after another, so
+    every spinning block reading at once would hold each block up behind the others'."""
     if INTERPRET:
         turn = spins >= 0
     else:
@@ -79,7 +81,8 @@ def _host_turn(mirror, t, spins, INTERPRET: tl.constexpr):
         if spins >= 512:  # (the same in every thread: the spin's polls are block-wide votes)
             word = as_ptr(mirror + 32, tl.int64)  # HOST_POLL
             last = tl.load(word, volatile=True)
-            due = (((t - last) >= 20000) | (last > t)).to(tl.int32)  # HOST_POLL_NS
+            since = t - last
+            due = ((since >= 20000) | (since < 0)).to(tl.int32)  # HOST_POLL_NS; ahead of t: due too
             # the block's one answer first: Triton shares the CAS's result through shared
             # memory between two bar.sync, which every thread of the block must reach
             if _block_any(due) != 0:

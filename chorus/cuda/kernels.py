@@ -25,7 +25,8 @@ own workspace, where giving up also writes, not from the control page.  A read o
 memory costs microseconds and the GPU serves those of a kernel's blocks one after
 another (a fused kernel of 128 blocks that each read it ran 70 times slower:
 docs/results/4xh200/fused-one-gpu.txt), so kernels read the page only while a spin
-lasts: its ABORT word every 1024th poll.
+lasts: a one-block kernel its ABORT word every 1024th poll, a fused kernel's blocks one
+of them per HOST_POLL_NS (chorus.cuda.fused._host_turn).
 
 Under ``TRITON_INTERPRET=1`` (tests on a CPU) the same kernels run with ``INTERPRET``
 set: atomics stand in for the PTX acquire/release instructions and the poll count for

@@ -29,7 +29,7 @@ for group size W::
                                  their barriers so far (a launch's epochs), GRAPH_DONE its
                                  blocks that finished (the last one advances both counts)
     HOST_POLL  1 word            the globaltimer time of the last read of the control page
-                                 by a spinning block of a fused kernel: one block of the GPU
+                                 by a spinning block of this rank's fused kernels: one block
                                  claims each HOST_POLL_NS to read ABORT (chorus.cuda.fused)
     GRAPH_BLOCKS per-block words   block b (every b) of a captured kernel: BARRIER[W] and
                                  2 x FPRINT[W], as BLOCKS' (apart: eager and captured ops
@@ -74,9 +74,9 @@ CHANNEL_HEADER = 256
 ALIGN = 256
 GRAPH_OPS, GRAPH_EPOCH, GRAPH_DONE = 16, 24, 32
 HOST_POLL = 40
-#: a spinning fused kernel reads the control page (pinned host memory, over PCIe) once per
-#: this many ns per GPU, by whichever block claims the turn: every block reading it at once
-#: queues a kernel's blocks behind each other's reads (microseconds each)
+#: a rank's spinning fused kernels read the control page (pinned host memory, over PCIe)
+#: about once per this many ns, by whichever block claims the turn: every block reading it
+#: at once queues a kernel's blocks behind each other's reads (microseconds each)
 HOST_POLL_NS = 20_000
 GRAPH_BLOCKS = -(-(BLOCKS + (MAX_BLOCKS - 1) * BLOCK_STRIDE) // ALIGN) * ALIGN  # block b at + b * BLOCK_STRIDE
 CONTROL_BYTES = GRAPH_BLOCKS + MAX_BLOCKS * BLOCK_STRIDE
