@@ -352,3 +352,41 @@ def run_timeout(rank, world, ports):
     comp.close()
     chorus.destroy_process_group()
     tdist.destroy_process_group()
+
+
+def run_abort(rank, world, ports, ahead):
+    """Rank 1 skips an all_reduce; rank 0's fused kernel spins until the CPU sets the
+    control page's ABORT a second later, then gives up long before the group's timeout,
+    and the next call raises AbortedError.  ``ahead``: rank 0's HOST_POLL word (the time
+    of its last host-page read) holds a time far ahead of the GPU's clock first, which
+    must count as due, not as never due."""
+    import threading
+    import time
+
+    from chorus.cuda import layout as L
+    from chorus.cuda import runtime
+
+    pg, comp = init(rank, world, ports, timeout=60.0)
+    x = data(rank, 1 << 16, "float32")  # (a fused kernel of several blocks)
+    if rank == 0:
+        if ahead:
+            word = torch.as_tensor(runtime.DeviceArray(comp.ws.bases[rank] + L.HOST_POLL, 8), device=x.device)
+            word.view(torch.int64).fill_(1 << 62)
+            torch.cuda.synchronize()
+        start = time.monotonic()
+        threading.Timer(1.0, lambda: comp.ws.words.__setitem__(L.ABORT, 1)).start()
+        issue(comp, pg, "all_reduce", {"data": x}, count=1 << 16, dtype="float32", reduce_op="SUM",
+              algorithm="two_shot_push")
+        torch.cuda.synchronize()
+        took = time.monotonic() - start
+        assert 0.9 < took < 15, f"the spin ended after {took:.1f} s (ABORT set at 1 s, timeout 60 s)"
+        try:
+            issue(comp, pg, "all_reduce", {"data": x}, count=1 << 16, dtype="float32", reduce_op="SUM")
+        except chorus.AbortedError as exc:
+            assert "all_reduce" in str(exc), exc
+        else:
+            raise AssertionError("no abort reported")
+    tdist.barrier()
+    comp.close()
+    chorus.destroy_process_group()
+    tdist.destroy_process_group()

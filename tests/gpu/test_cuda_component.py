@@ -61,6 +61,11 @@ def test_spin_timeout_is_reported(small_workspace):
     mp.spawn(gpu_workers.run_timeout, args=(2, ports()), nprocs=2)
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["host-poll-word-as-is", "host-poll-word-ahead-of-clock"])
+def test_abort_reaches_a_spinning_fused_kernel(small_workspace, ahead):
+    mp.spawn(gpu_workers.run_abort, args=(2, ports(), ahead), nprocs=2)
+
+
 def test_ranks_as_threads_share_pointers(small_workspace):
     """Ranks that are threads of one process cannot open their own IPC handles: they use
     the raw addresses (peer access enabled from each device to the others), and run their
