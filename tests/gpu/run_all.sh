@@ -7,7 +7,7 @@
 # Every run is bounded twice: each test by pytest-timeout when it is installed
 # (--timeout=$PER_TEST_S), each file by `timeout`, which kills the file's whole process
 # group (pytest and the ranks it spawned); whatever of that group is left when pytest
-# returns is killed too.  The whole run stays within CHORUS_GPU_BUDGET_S seconds (470): a
+# returns is killed too.  The whole run stays within CHORUS_GPU_BUDGET_S seconds (570): a
 # file gets at most what is left, and a file reached after the budget is spent is
 # reported NOT RUN.  Prints one line per file (PASS, FAIL, TIMEOUT, SKIPPED: nothing ran,
 # NOT RUN), and exits non-zero unless every file passed.
@@ -18,7 +18,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 LOGS="${OUT:-$PWD/gpu-test-logs}"
 mkdir -p "$LOGS"
-BUDGET="${CHORUS_GPU_BUDGET_S:-470}"
+BUDGET="${CHORUS_GPU_BUDGET_S:-570}"
 PER_TEST_S="${CHORUS_GPU_TEST_TIMEOUT_S:-180}"
 START=$(date +%s)
 PER_TEST=()
