@@ -59,7 +59,7 @@ def body(rank: int, world: int, port: int, out: str, sizes: list[int]) -> None:
         torch.cuda.synchronize()
         first = (time.perf_counter() - t0) * 1e6
         after = [batch(dist, t) for _ in range(8)]
-        lines.append(f"{nbytes >> 10}K: NCCL's first call {first:.0f} us; chorus us/call by batch, before {before} "
+        lines.append(f"{nbytes >> 10}K: NCCL's first all_reduce of the size took {first:.0f} us; chorus us/call by batch, before {before} "
                      f"after {after}")
     with open(os.path.join(out, f"series-rank{rank}.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
