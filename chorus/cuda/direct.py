@@ -157,10 +157,7 @@ class Block:
         n = launcher.nparams
         self.values = (ctypes.c_int64 * n)()
         self.slot = launcher.slot
-        try:
-            launcher.pack(self.values, args)
-        except struct.error as exc:
-            raise LaunchFailed(f"an argument does not fit its parameter: {exc}") from None
+        launcher.pack(self.values, args)
         self._pointers = (ctypes.c_void_p * n)(*(ctypes.addressof(self.values) + 8 * p for p in range(n)))
         self._launch, self._function = launcher.driver.launch, launcher.function
         self._threads, self._shared = launcher.threads, launcher.shared
@@ -231,12 +228,13 @@ class DirectLaunch:
             return
         block = self._shared_block
         with self._lock:
-            try:
-                self.pack(block.values, args)
-            except struct.error as exc:
-                raise LaunchFailed(f"an argument does not fit its parameter: {exc}") from None
+            self.pack(block.values, args)
             block(grid, stream)
 
     def pack(self, values, args: tuple) -> None:
-        """Write ``args``' kernel arguments (and the NULL scratch) into the block ``values``."""
-        self._struct.pack_into(values, 0, *self._pick(args), *self._nulls)
+        """Write ``args``' kernel arguments (and the NULL scratch) into the block ``values``;
+        LaunchFailed (nothing launched) where one does not fit its parameter."""
+        try:
+            self._struct.pack_into(values, 0, *self._pick(args), *self._nulls)
+        except struct.error as exc:
+            raise LaunchFailed(f"an argument does not fit its parameter: {exc}") from None

@@ -386,7 +386,4 @@ def run_abort(rank, world, ports, ahead):
             assert "all_reduce" in str(exc), exc
         else:
             raise AssertionError("no abort reported")
-    tdist.barrier()
-    comp.close()
-    chorus.destroy_process_group()
-    tdist.destroy_process_group()
+    finish(comp)
