@@ -47,9 +47,9 @@ _NEVER = float("inf")
 #: to peer (chorus.shm.cma), instead of through the window (the first entry whose largest
 #: W is at least W applies).  Collectives not listed always take the copy path.
 #:
-#: From paired runs at W = 2, 4, 8 (bench/ab_probe.py: copy path and single copy
-#: alternating op by op in the same processes, medians of 5-7 ops from 1 to 256 MiB;
-#: docs/benchmarks.md):
+#: From paired runs at W = 2, 4, 8 (``git show 5907f47^:bench/ab_probe.py``: copy path
+#: and single copy alternating op by op in the same processes, medians of 5-7 ops from 1
+#: to 256 MiB; docs/benchmarks.md):
 #:
 #: - all_reduce / reduce: single copy won from 4 MiB at W = 2 (1.2-1.5x) and W = 4
 #:   (1.05-1.1x) but lost at W = 8 (the copy path 1.15-1.25x faster): there every rank's
@@ -151,7 +151,7 @@ def _others(me: int, world: int) -> list[int]:
 
 #: When the crew shares a rank's reads (``from_peers``), each peer's block is cut into
 #: pieces of at least this many bytes (one system call each), at least one per thread.
-#: At W = 8 (all_to_all, bench/ab_probe.py): 256 KiB pieces were no faster than 1 MiB or
+#: At W = 8 (all_to_all, the same probe): 256 KiB pieces were no faster than 1 MiB or
 #: one per thread at 4-64 MiB; what the shared queue gained (4 MiB: 0.73-0.81 ms against
 #: 1.03-1.14) came from helpers that wake late reading less.
 SHARE_PIECE_BYTES = 1 << 20

@@ -68,10 +68,10 @@ def use(win: Window, nbytes: int, op: str = "all_reduce") -> bool:
     """Whether ``op`` (all_reduce, reduce, all_to_all) of ``nbytes`` may run on registered
     buffers: the window's verdict, and the size.  all_reduce and reduce from
     ``CHORUS_SHM_MAPPED_BYTES`` (1 MiB; 0 or ``CHORUS_SHM_MAPPED=0``: never): at W = 8
-    (bench/ab_probe.py, "reg" against "copy", medians of 7) 0.33 ms at 1 MiB against 0.56
-    for the copy path, 0.69 against 1.65 at 4 MiB.  all_to_all from 4 MiB sent unless that
-    setting is given (the same runs: 0.36-0.44 ms at 1 MiB against the copy path's 0.38,
-    0.75 against 1.23 at 4 MiB; single copy 0.93)."""
+    (``git show 5907f47^:bench/ab_probe.py``, "reg" against "copy", medians of 7) 0.33 ms
+    at 1 MiB against 0.56 for the copy path, 0.69 against 1.65 at 4 MiB.  all_to_all from
+    4 MiB unless that setting is given (the same runs: 0.36-0.44 ms at 1 MiB against the
+    copy path's 0.38, 0.75 against 1.23 at 4 MiB; single copy 0.93)."""
     s = win.settings
     least = s.all_to_all_bytes if op == "all_to_all" else s.mapped_bytes
     return win.maps is not None and least > 0 and nbytes >= least

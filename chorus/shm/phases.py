@@ -55,7 +55,8 @@ Stage = Callable[[int, int, int, int], int]
 #: (shorter rows may take ``ufunc.reduce(axis=0)``, whose bits depend on the row length),
 #: so that splitting never changes a result's bits (``rows_part``).
 PART_ROW_BYTES = 64 << 10
-#: Whether phases are split at all, read per op (bench/ab_probe.py turns it off to compare).
+#: Whether phases are split at all, read per op (the paired probe that turned it off to
+#: compare: ``git show 5907f47^:bench/ab_probe.py``).
 CREW_ENABLED = True
 
 
@@ -63,8 +64,9 @@ def parts_for(win: Window, nbytes: int, message: int | None = None) -> int:
     """Parts for phases that move ``nbytes`` per rank, each at least
     ``CHORUS_SHM_PART_BYTES`` (less work does not pay for waking a helper thread).
     ``message``: the op's size, on the copy path, which splits phases only from
-    ``CHORUS_SHM_COPY_CREW_BYTES`` (bench/ab_probe.py, W = 8, "copyc" against "copy":
-    helpers made all_reduce 8-12% faster at 16 MiB, slower at 1 MiB, either way at 4 MiB);
+    ``CHORUS_SHM_COPY_CREW_BYTES`` (the paired probe in
+    ``git show 5907f47^:bench/ab_probe.py``, W = 8, "copyc" against "copy": helpers made
+    all_reduce 8-12% faster at 16 MiB, slower at 1 MiB, either way at 4 MiB);
     single copy's shared reads (chorus.shm.direct.from_peers) are split at any size
     (all_to_all at 4 MiB: 0.62 ms, where the copy path took 0.99-1.43 ms)."""
     team = win.crew
