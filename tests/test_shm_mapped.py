@@ -186,6 +186,47 @@ def test_ranks_that_offered_a_buffer_copy_phase_0_again_when_another_did_not(map
     assert mapped_from_16k == []
 
 
+@pytest.mark.parametrize("world", [3, 8])
+def test_the_two_shot_lane_offers_no_buffer_and_meets_ranks_that_offered_one(mapped_from_16k, world, monkeypatch):
+    """At a size where ranks may offer registered buffers and the array fits one slot, an
+    unregistered array takes the latency path's two-shot plan, which offers none; a
+    registered one takes the general path, which offers it (every rank mapped when all
+    did).  A lane whose peer offered one goes on as the copy path does
+    (collectives.all_reduce_offered), and a rank's offer of one op is not seen in a later
+    one.  Every mix gives the copy path's bits."""
+    from chorus.shm import collectives
+    from chorus.shm.group import ShmGroup
+
+    n = 12_000  # 48 KB: from 16 KiB (offered), within a 64 KiB slot (two-shot)
+    planned, went_on = [], []
+    lane = ShmGroup.all_reduce_planned
+    monkeypatch.setattr(ShmGroup, "all_reduce_planned",
+                        lambda self, pg, seq, plan, data: (planned.append(plan.offer), lane(self, pg, seq, plan, data))[1])
+    offered = collectives.all_reduce_offered
+    monkeypatch.setattr(collectives, "all_reduce_offered",
+                        lambda win, *args: (went_on.append(win.rank), offered(win, *args))[1])
+    # who registers, op by op (two ops each: both parities); "none" again after the others
+    steps = [frozenset(), frozenset(range(world)), frozenset({1}), frozenset()]
+
+    def body(rank, world):
+        shared, plain, out = registered.empty_shared(n, "float32"), np.empty(n, "float32"), []
+        for who in steps:
+            for _ in range(2):
+                data = shared if rank in who else plain
+                data[...] = values(rank, n, "float32")
+                dist.all_reduce(data)
+                out.append(data.tobytes())
+        return out
+
+    got = run_threads(body, world)
+    assert planned == [True] * (2 * len(steps) * world)
+    assert sorted(mapped_from_16k) == sorted(2 * list(range(world)))  # the step where all registered
+    assert sorted(went_on) == sorted(2 * [q for q in range(world) if q != 1])  # the step where rank 1 did
+    assert all(results == [got[0][0]] * len(results) for results in got)  # every op, every rank: the same bits
+    want = sum(values(r, n, "float32").astype(np.float64) for r in range(world))
+    np.testing.assert_allclose(np.frombuffer(got[0][0], np.float32), want, rtol=1e-4, atol=1e-2)
+
+
 _KILL = """
 import os, signal, sys, time, numpy as np, chorus as dist
 import chorus.shm.direct as direct

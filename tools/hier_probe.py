@@ -8,6 +8,11 @@
         library's all_reduce with every size on the two-phase path (an all_reduce in the
         host, then one of the whole buffer in the column: ``COLUMN_BYTES`` raised)
 
+    python3 tools/hier_probe.py insitu SIZES ITERS
+        the library's all_reduce of each size, with the time each of its phases took
+        inside it (and the rest: the op's own work around them) summed over the calls,
+        microseconds per call on each rank
+
     python3 tools/hier_probe.py pipeline SIZES ITERS PIECES
         the same three phases pipelined by hand over P pieces of the buffer (the column's
         all_reduce of piece i async, while the host's reduce_scatter of piece i + 1 and
@@ -56,6 +61,40 @@ def phases(rank: int, world: int, nbytes: int, iters: int, two_phase: bool) -> t
     return whole, {name: round(_timed(f, iters)) for name, f in parts.items()}
 
 
+def insitu(rank: int, world: int, sizes: list, iters: int) -> list:
+    import chorus as dist
+    import chorus.components.hierarchy as hierarchy
+
+    spent: dict = {}
+    inner = hierarchy.Phases.phase
+
+    def timed_phase(self, group, name, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inner(self, group, name, *args, **kwargs)
+        finally:
+            where = "host" if group is self.local else "column" if group is self.h.column else "leaders"
+            key = f"{name} in {where}"
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
+
+    hierarchy.Phases.phase = timed_phase
+    out = []
+    for nbytes in sizes:
+        x = np.ones(nbytes // 4, np.float32)
+        for _ in range(3):
+            dist.all_reduce(x)
+        dist.barrier()
+        spent.clear()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        whole = (time.perf_counter() - t0) / iters * 1e6
+        parts = {k: round(v / iters * 1e6) for k, v in spent.items()}
+        parts["rest"] = round(whole - sum(parts.values()))
+        out.append((nbytes, round(whole), parts))
+    return out
+
+
 def pipeline(rank: int, world: int, sizes: list, iters: int, pieces: list) -> list:
     import chorus as dist
     from chorus.api.state import current
@@ -102,6 +141,11 @@ def main(argv: list[str]) -> None:
         nbytes, iters, two = int(argv[1]), int(argv[2]), argv[3:] == ["two_phase"]
         for rank, (whole, parts) in enumerate(run_processes(phases, 4, nbytes, iters, two)):
             print(f"{'two_phase' if two else 'columns'} {nbytes} B, rank {rank}: all_reduce {whole:.0f} us; {parts}")
+    elif argv[:1] == ["insitu"]:
+        sizes, iters = [int(s) for s in argv[1].split(",")], int(argv[2])
+        for rank, rows in enumerate(run_processes(insitu, 4, sizes, iters)):
+            for nbytes, whole, parts in rows:
+                print(f"{nbytes} B, rank {rank}: all_reduce {whole} us; {parts}")
     elif argv[:1] == ["pipeline"]:
         sizes, iters, pieces = [int(s) for s in argv[1].split(",")], int(argv[2]), [int(p) for p in argv[3].split(",")]
         for nbytes, times in run_processes(pipeline, 4, sizes, iters, pieces)[0]:

@@ -87,7 +87,7 @@ class ShmComponent(ReduceLane, Component):
             return False
         plan = self.shm.all_reduce_plan(arr.dtype, arr.shape, functools.partial(rows_into, op.name, buf.dtype),
                                       fingerprint("all_reduce", buf.dtype, buf.numel, -1, op.name),
-                                      op.name == "AVG")
+                                      op.name == "AVG", row_reducer(op.name, buf.dtype))
         plan = self.plans[(arr.dtype, arr.shape, op.name)] = plan or False
         return plan
 

@@ -41,7 +41,8 @@ from chorus.shm.window import Window
 #: (each rank reduces every chunk whole) instead of reduce-scatter + all-gather.  Not a
 #: setting: above 2 the whole chunks' rows could take another numpy method than single
 #: copy's slices (chorus.reductions.row_reducer), and bits would depend on the path; at 2
-#: every element is one ufunc call on two values.  (bench/ab_probe.py changes it to time it.)
+#: every element is one ufunc call on two values.  (The paired probe that changed it to
+#: time it: ``git show 5907f47^:bench/ab_probe.py``.)
 WHOLE_CHUNKS_WORLD = 2
 
 
@@ -64,16 +65,18 @@ def one_shot(win: Window, dtype: np.dtype, count: int, op: str = "all_reduce") -
 
 
 def two_shot(win: Window, dtype: np.dtype, count: int) -> bool:
-    """Whether all_reduce of ``count`` elements of ``dtype`` runs reduce-scatter +
+    """Whether all_reduce of ``count`` elements of ``dtype`` may run reduce-scatter +
     all-gather in one chunk with one part per phase (three phases, two syncs; see
     ``all_reduce``): not one-shot, it fits a slot, the group has more than
-    ``WHOLE_CHUNKS_WORLD`` ranks, and neither single copy nor registered buffers nor
-    helper threads take it.  The latency path runs these from a cached plan
-    (chorus.shm.group.TwoShot)."""
+    ``WHOLE_CHUNKS_WORLD`` ranks, and neither single copy nor helper threads take it.
+    The latency path runs these from a cached plan (chorus.shm.group.Planned).  At sizes
+    where ranks may offer registered buffers (``mapped.use``) it does so only for an
+    unregistered buffer, offering none, and goes on with ``all_reduce_offered`` when
+    another rank offered one."""
     nbytes = count * dtype.itemsize
     return (win.world > WHOLE_CHUNKS_WORLD and 0 < count <= win.capacity(dtype)
             and not one_shot(win, dtype, count) and not direct.use(win, "all_reduce", nbytes)
-            and not mapped.use(win, nbytes) and parts_for(win, nbytes, nbytes) == 1)
+            and parts_for(win, nbytes, nbytes) == 1)
 
 
 def barrier(win: Window, sync: Sync, ctx) -> None:
@@ -144,6 +147,24 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
                       lambda: direct.reduce_everywhere(win, ctx, data, reduce, root, sources))
             return
         start = 0 if win.offered(p) else 1  # some rank skipped phase 0's copy: every rank runs it again
+    _copy_path(win, sync, ctx, data, reduce, root, copy_in, start, offer)
+
+
+def all_reduce_offered(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce) -> None:
+    """The rest of an all_reduce that began on the latency path (chorus.shm.group:
+    ``data`` copied into this rank's slot, no buffer offered, the first sync passed) after
+    another rank offered a registered buffer: that rank skipped phase 0's copy, so every
+    rank runs the copy path from phase 0 again, as ``all_reduce`` does."""
+    _copy_path(win, sync, ctx, data, reduce, -1, to_my_slot(win, data, win.capacity(data.dtype)), 0, True)
+
+
+def _copy_path(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, root: int, copy_in: Stage,
+               start: int, began: bool) -> None:
+    """all_reduce's copy path through the window, from phase ``start`` (``began``: the op
+    had its first sync already)."""
+    me, dt, count = win.rank, data.dtype, data.size
+    readers = root < 0 or me == root
+    size = win.capacity(dt)
     parts = parts_for(win, min(count, size) * dt.itemsize, data.nbytes)
     if win.world <= WHOLE_CHUNKS_WORLD:
 
@@ -155,7 +176,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
             reduce(win.stack(p ^ 1, dt, a, b - a), data[lo + a: lo + b])
             return win.world * (b - a) * dt.itemsize
 
-        pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_chunk), start, win, parts, began=offer)
+        pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_chunk), start, win, parts, began=began)
         return
 
     def reduce_slice(j: int, p: int, part: int, parts: int) -> int:
@@ -172,7 +193,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         data[lo + a: lo + b] = win.result(p ^ 1, dt, a, b - a)
         return (b - a) * dt.itemsize
 
-    pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_slice, copy_out), start, win, parts, began=offer)
+    pipeline(sync, ctx, chunks(count, size), (copy_in, reduce_slice, copy_out), start, win, parts, began=began)
 
 
 def broadcast(win: Window, sync: Sync, ctx, data: np.ndarray, root: int) -> None:

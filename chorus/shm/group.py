@@ -19,8 +19,9 @@ import threading
 from chorus.errors import AbortedError, CollectiveMismatchError
 from chorus.host.segment import Segment
 from chorus.shm import collectives as algo
+from chorus.shm import mapped, registered
 from chorus.shm.cma import address
-from chorus.shm.phases import Crew, part_of
+from chorus.shm.phases import Crew, Reduce, part_of
 from chorus.shm.sync import TCP, Backoff, Sync, Waker
 from chorus.shm.window import Layout, Settings, Window
 
@@ -37,18 +38,24 @@ class Planned:
     ``into[p]`` reduces slice ``me`` of every rank's slot, and ``result[p]``, that whole
     result slot shaped like the arrays;
 
-    and the op's fingerprint, and whether the result is then divided by W (AVG)."""
+    and the op's fingerprint, and whether the result is then divided by W (AVG).
 
-    __slots__ = ("mine", "into", "part", "result", "fingerprint", "average")
+    ``offer``: the arrays are of a size at which ranks may offer registered buffers
+    (chorus.shm.mapped.use), so the op offers none, and steps aside to the general path
+    for a registered array; ``reduce``: the op's row reducer for those paths."""
+
+    __slots__ = ("mine", "into", "part", "result", "fingerprint", "average", "offer", "reduce")
 
     def __init__(self, mine: tuple, into: tuple, fingerprint: int, average: bool,
-                 part: tuple | None = None, result: tuple | None = None):
+                 part: tuple | None = None, result: tuple | None = None, offer: bool = False, reduce=None):
         self.mine = mine
         self.into = into
         self.part = part
         self.result = result
         self.fingerprint = fingerprint
         self.average = average
+        self.offer = offer
+        self.reduce = reduce
 
 
 class ShmGroup:
@@ -84,11 +91,13 @@ class ShmGroup:
         """Run collective ``name`` (a chorus.api collective's name and buffers) for op ``ctx``."""
         self._run(ctx, _OPS[name], ctx, buffers, reduce, root, args, self.window)
 
-    def all_reduce_plan(self, dtype, shape: tuple, bind, fingerprint: int, average: bool) -> Planned | None:
+    def all_reduce_plan(self, dtype, shape: tuple, bind, fingerprint: int, average: bool,
+                        reduce: Reduce) -> Planned | None:
         """A :class:`Planned` for all_reduce of arrays of ``dtype`` and ``shape``, or None
         when the general path must run them (chorus.shm.collectives: neither one-shot nor
         ``two_shot``).  ``bind(rows)`` makes ``into`` for a (W, ...) stack of slots (the API
-        layer's reduction, chorus.reductions.rows_into)."""
+        layer's reduction, chorus.reductions.rows_into); ``reduce`` is that reduction's
+        row reducer (chorus.reductions.row_reducer)."""
         win = self.window
         count = 1
         for n in shape:
@@ -103,7 +112,8 @@ class ShmGroup:
         return Planned(tuple(win.slot_of(p, win.rank, dtype, 0, count).reshape(shape) for p in (0, 1)),
                        tuple(bind(win.stack(p, dtype, a, b - a)) for p in (0, 1)), fingerprint, average,
                        part=tuple(win.result(p ^ 1, dtype, a, b - a) for p in (0, 1)),
-                       result=tuple(win.result(p ^ 1, dtype, 0, count).reshape(shape) for p in (0, 1)))
+                       result=tuple(win.result(p ^ 1, dtype, 0, count).reshape(shape) for p in (0, 1)),
+                       offer=mapped.use(win, count * dtype.itemsize), reduce=reduce)
 
     def all_to_all_plan(self, dtype, count: int, fingerprint: int) -> Exchange | None:
         """An :class:`Exchange` for all_to_all of ``count`` elements of ``dtype`` per rank in
@@ -182,7 +192,15 @@ class ShmGroup:
             else:        result[slice r] <- reduce(slot[0..W-1][slice r])   (parity p ^ 1)
                          sync
                          data <- result
+
+        At sizes where ranks may offer registered buffers (``plan.offer``), a registered
+        ``data`` takes the general path (which offers it), and an unregistered one offers
+        none in phase 0; if another rank offered one, the op goes on as the general path
+        does (chorus.shm.collectives.all_reduce_offered).
         """
+        if plan.offer and registered.find(data) is not None:
+            self.run("all_reduce", _context(pg, seq, plan), {"data": data.reshape(-1)}, plan.reduce)
+            return
         t = self.transport
         if t.dead or t.mismatched or t.closed_reason is not None:
             self._check_transport(_context(pg, seq, plan))
@@ -195,11 +213,15 @@ class ShmGroup:
             p = sync.count & 1
             try:
                 sync.begin(seq, plan.fingerprint)
+                if plan.offer:
+                    self.window.publish_mapped(p, None)
                 plan.mine[p][...] = data
                 if not sync.arrive_first(seq, plan.fingerprint):
                     sync.settle_first(_context(pg, seq, plan))
                 part = plan.part
-                if part is None:
+                if plan.offer and self.window.offered(p):
+                    algo.all_reduce_offered(self.window, sync, _context(pg, seq, plan), data.reshape(-1), plan.reduce)
+                elif part is None:
                     plan.into[p](data)
                 else:
                     plan.into[p](part[p])
