@@ -11,7 +11,7 @@ forced with ``CHORUS_ALGO_<COLLECTIVE>`` under ``chorus bench --transport tcp``)
 
     collective      rule
     all_reduce      <= 32 KiB, or W >= 8 and <= 256 KiB: recursive_doubling;
-                    <= 16 MiB: rabenseifner; else ring
+                    < 16 MiB: rabenseifner; else ring
     broadcast       < 1 MiB or W <= 2: binomial; else chain (pipelined)
     reduce          binomial
     all_gather      <= 32 KiB per rank: bruck; else ring
@@ -55,9 +55,14 @@ def default_algorithm(collective: str, world: int, nbytes: int, uniform: bool = 
         # W - 1 transfers at once per phase.  Same-job sweeps, 2-vCPU VM, median us
         # (ring / rabenseifner / two_shot): W=3 1 MiB 3917 / 3012 / 4008; W=4 1 MiB
         # 6139 / 4349 / 6930, 16 MiB 44890 / 41462 / 53504; W=8 1 MiB 18096 / 12308 / 17965,
-        # 4 MiB 36718 / 27841 / 38259; W=2 16 MiB 16038 / 12732 (ring).  Beyond 16 MiB
-        # ring's pipelining was not measured against it.
-        return "rabenseifner" if nbytes <= 16 * MIB else "ring"
+        # 4 MiB 36718 / 27841 / 38259; W=2 16 MiB 16038 / 12732 (ring).  Where every rank
+        # has a core (16-vCPU VM, docs/results/16-vcpu-xeon/tcp-ring-16m/, ring against
+        # rabenseifner, us, two runs): 16 MiB W=4 11866, 12457 against 19236, 16346 (gloo
+        # 12260-13028), W=2 10790, 9998 against 11593, 10487; 4 MiB level or rabenseifner
+        # ahead (W=2 2404, 2370 against 2185, 1990).  So ring from 16 MiB: its pipeline
+        # keeps sending, receiving and reducing at once, which the 2-vCPU VM's four ranks
+        # could not.
+        return "rabenseifner" if nbytes < 16 * MIB else "ring"
     if collective == "broadcast":
         return "binomial" if nbytes < MIB or world <= 2 else "chain"
     if collective == "all_gather":
