@@ -70,6 +70,11 @@ class FakeLibcuda:
         if info:
             self.cuFuncGetParamInfo = _PARAM_INFO(param_info)
 
+    def __getitem__(self, name: str):
+        """Entry point ``name`` untyped (no argtypes), as ``CDLL.__getitem__`` gives it: the
+        arguments reach the C function as the caller's ctypes objects make them."""
+        return ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(getattr(self, name), ctypes.c_void_p).value)
+
 
 def _compiled(signature: dict, **metadata):
     meta = dict(num_warps=4, shared=96, num_ctas=1, cluster_dims=(1, 1, 1), launch_cooperative_grid=False,
