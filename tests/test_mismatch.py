@@ -159,3 +159,41 @@ def test_a_member_that_never_reaches_the_op_is_named_as_not_known_after_a_second
         assert (f"(this rank is rank {rank}): rank 0 called all_reduce(float32, count=8, op=SUM) as op #1; "
                 "rank 1 called all_reduce(float32, count=9, op=SUM) as op #1; rank 2: not known.") in message, message
         assert MISMATCH_SETTLE_S - 0.1 < elapsed < MISMATCH_SETTLE_S + 1.0, elapsed
+
+
+def test_a_rank_told_of_equal_calls_run_different_ways_names_who_saw_whom():
+    """Equal calls, one rank on another path: a rank that only heard of the mismatch (it
+    knows the calls, not the paths) names the rank that ran it another way, as reported."""
+    a = fingerprint("all_reduce", "float32", 8, -1, "SUM")
+    told = threading.Barrier(4)
+
+    def body(rank, world):
+        t = dist.group.WORLD.transport
+        t.note_calls(0, {r: (1, a) for r in range(world)})
+        if rank == 0:
+            t.group_mismatch(0, 2, 1, a, 3)  # rank 3's report: rank 2 ran op #1 another way
+        told.wait()
+        return str(t.mismatch_error(0, None))
+
+    messages = run_threads(body, 4)
+    assert ("ranks [0-3] called all_reduce(float32, count=8, op=SUM) as op #1: the same call, run different "
+            "ways (rank 3 saw rank 2 run it another way; algorithm=") in messages[0], messages[0]
+
+
+def test_a_rank_that_knows_some_calls_names_the_reported_rank():
+    """Settled before every call is known (a loaded host): the report that broke the group
+    still names the rank found not to match, and by whom."""
+    a = fingerprint("all_reduce", "float32", 8, -1, "SUM")
+    told = threading.Barrier(4)
+
+    def body(rank, world):
+        t = dist.group.WORLD.transport
+        t.note_calls(0, {r: (1, a) for r in range(world - 1)})  # rank 3's call: not known
+        if rank == 0:
+            t.group_mismatch(0, 2, 1, a, 1)
+        told.wait()
+        return str(t.mismatch_error(0, None))
+
+    message = run_threads(body, 4)[0]
+    assert ("ranks [0-2] called all_reduce(float32, count=8, op=SUM) as op #1; rank 3: not known; "
+            "rank 1 reported that rank 2's call does not match.") in message, message

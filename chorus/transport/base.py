@@ -71,6 +71,7 @@ class Transport:
         self._told_calls: set[int] = set()  # groups whose members were told this rank's call
         self._settled: set[int] = set()  # groups whose calls were awaited once already
         self._why: dict[int, str] = {}  # group -> what its calls do not show (mismatch_error)
+        self._seen: dict[int, tuple[int, int]] = {}  # group -> (culprit, detector) of its first report
         self.closed_reason: str | None = None
         # Whether every peer proved the job token (the TCP transport with a token, given or
         # derived for a job on one host: chorus.host.secret): object
@@ -426,6 +427,8 @@ class Transport:
         if culprit != self.rank:
             self.note_calls(group, {culprit: (seq, fingerprint)})
         with self._state_lock:
+            if culprit != detector:  # (not a rank telling its own call)
+                self._seen.setdefault(group, (culprit, detector))
             if group in self.mismatched or self.closed_reason is not None:
                 return
             if culprit == self.rank:  # the notice below tells the others this rank's own call
@@ -481,13 +484,18 @@ class Transport:
             why = self._why.get(group)
             members = sorted(self._groups.get(group, ()))
             calls = dict(self.calls.get(group, {}))
+            seen = self._seen.get(group)
         text = describe_calls(calls, members)
         if len(set(calls.values())) < 2:  # the calls do not show it (yet)
             if why:
                 text = f"{why}; {text}"
             elif calls and set(members) <= calls.keys():
-                text += (": the same call, run different ways (algorithm=, CHORUS_ALGO_* and CHORUS_TRANSPORT "
-                         "must be the same on every rank)")
+                # (a rank that heard of it: who ran it another way, as the rank that saw it reported)
+                who = "" if seen is None else f"rank {seen[1]} saw rank {seen[0]} run it another way; "
+                text += (f": the same call, run different ways ({who}algorithm=, CHORUS_ALGO_* and "
+                         "CHORUS_TRANSPORT must be the same on every rank)")
+            elif seen is not None:  # (some calls not known yet)
+                text += f"; rank {seen[1]} reported that rank {seen[0]}'s call does not match"
         return CollectiveMismatchError(
             f"collective mismatch on group {group} (this rank is rank {self.rank}): {text}. The group is "
             "unusable from now on. Every rank of a group must call the same collectives, in the same order, "
