@@ -24,7 +24,15 @@ from chorus.bench.ops import (
     pattern,
     sweep_counts,
 )
-from chorus.bench.report import Row, format_table, merge_ranks, speedups, to_json
+from chorus.bench.report import (
+    Row,
+    format_rounds,
+    format_table,
+    medians,
+    merge_ranks,
+    speedups,
+    to_json,
+)
 from chorus.bench.sizes import human, parse_size, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -236,6 +244,28 @@ def test_merge_ranks_takes_rank0_time_and_every_wrong():
     assert len(merged) == 1 and merged[0].seconds == pytest.approx(10e-6) and merged[0].wrong == 3
 
 
+def test_rounds_merge_per_round_then_take_medians_and_speedup_ranges():
+    """Two ranks, two rounds: each round's rank-0 time and its own wrong count; then the
+    median per (library, size), the wrong elements of every round, the per-round ratios."""
+    per_rank = {0: [_row("chorus", 8, 10.0), _row("gloo", 8, 30.0), _row("chorus", 8, 20.0, wrong=1),
+                    _row("gloo", 8, 50.0), _row("chorus", 8, 40.0), _row("gloo", 8, 40.0)],
+                1: [_row("chorus", 8, 99.0, wrong=2), _row("gloo", 8, 99.0), _row("chorus", 8, 99.0),
+                    _row("gloo", 8, 99.0), _row("chorus", 8, 99.0), _row("gloo", 8, 99.0)]}
+    merged = merge_ranks(per_rank)
+    assert [(r.library, round(r.seconds * 1e6), r.wrong) for r in merged] == [
+        ("chorus", 10, 2), ("gloo", 30, 0), ("chorus", 20, 1), ("gloo", 50, 0), ("chorus", 40, 0), ("gloo", 40, 0)]
+    rows, times = medians(merged)
+    assert [(r.library, round(r.seconds * 1e6), r.wrong) for r in rows] == [("chorus", 20, 3), ("gloo", 40, 0)]
+    assert times[("gloo", 8)] == pytest.approx([30e-6, 50e-6, 40e-6])
+    table = format_rounds(times)
+    assert table.splitlines()[2].split() == ["8", "|", "1.00-3.00x", "(3)"]  # 3.0, 2.5, 1.0
+    doc = to_json(rows, {}, times)
+    chorus_row = next(r for r in doc["rows"] if r["library"] == "chorus")
+    assert chorus_row["rounds_us"] == pytest.approx([10.0, 20.0, 40.0])
+    assert chorus_row["speedup_vs_gloo_rounds"] == pytest.approx([3.0, 2.5, 1.0])
+    assert chorus_row["speedup_vs_gloo"] == pytest.approx(2.0)  # of the medians
+
+
 def test_to_json_has_speedups_and_meta():
     rows = [_row("chorus", 8, 100.0), _row("gloo", 8, 250.0)]
     doc = to_json(rows, {"transport": "tcp", "baselines": ["gloo"]})
@@ -362,6 +392,23 @@ def test_tiny_real_run(tmp_path):
     assert doc["sizes"] == [8 << i for i in range(8)]
     assert [r["nbytes"] for r in doc["rows"]] == doc["sizes"]
     assert all(r["library"] == "chorus" and r["wrong"] == 0 and r["seconds"] > 0 for r in doc["rows"])
+
+
+def test_rounds_real_run(tmp_path):
+    """--rounds 3: the sweep three times over; one table row per size (the medians), and
+    every round in the JSON."""
+    out_json = tmp_path / "bench.json"
+    proc = _bench("--world", "2", "-b", "8", "-e", "64", "-f", "8", "-n", "2", "-w", "1", "--baseline", "none",
+                  "--transport", "tcp", "--rounds", "3", "--json", str(out_json))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "per size, 3 rounds" in _comments(proc.stdout)
+    assert len([ln for ln in proc.stdout.splitlines() if ln.startswith("# [")]) == 6  # progress: 2 sizes x 3
+    assert [r[0] for r in _table_rows(proc.stdout)] == ["8", "64"]
+    doc = json.loads(out_json.read_text())
+    assert doc["rounds"] == 3 and doc["sizes"] == [8, 64]
+    assert [(r["nbytes"], len(r["rounds_us"])) for r in doc["rows"]] == [(8, 3), (64, 3)]
+    for r in doc["rows"]:
+        assert r["us"] == pytest.approx(sorted(r["rounds_us"])[1]) and r["wrong"] == 0
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "all_to_all"])

@@ -33,7 +33,7 @@ from chorus import config
 from chorus.bench import mpi_worker, plot, turns
 from chorus.bench.ops import COLLECTIVES, DTYPES, OPS, REDUCING, check_op, op_label, sweep_counts
 from chorus.bench.progress import Progress
-from chorus.bench.report import Row, format_table, merge_ranks, to_json
+from chorus.bench.report import Row, format_rounds, format_table, medians, merge_ranks, to_json
 from chorus.bench.sizes import human, parse_size, sweep
 
 TRANSPORTS = config.SETTINGS["CHORUS_TRANSPORT"].choices
@@ -81,6 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this each step")
     p.add_argument("-n", "--iters", type=_positive, default=20, help="timed iterations per size")
     p.add_argument("-w", "--warmup", type=_non_negative, default=5, help="untimed iterations per size")
+    p.add_argument("--rounds", type=_positive, default=1,
+                   help="run the whole sweep this many times, one after another (each library's sizes in "
+                        "turn, as in one sweep); the table shows each library's median over the rounds, "
+                        "then the range of chorus's speed-up over each baseline, and --json every round")
     p.add_argument("--scale-iters", action="store_true",
                    help="above 1 MiB, run -n x 1 MiB / size iterations (at least 5) and -w likewise "
                         "(at least 1): long sweeps to 256 MiB in seconds")
@@ -254,7 +258,10 @@ def chosen_transport(flag: str | None) -> tuple[str, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    rounds = getattr(args, "rounds", 1)
     if getattr(args, "device", "cpu") == "cuda":
+        if rounds != 1:
+            return _fail("--rounds is for --device cpu (run the command again for more GPU rounds)")
         from chorus.bench import cuda
 
         return cuda.run(args)
@@ -296,10 +303,11 @@ def run(args: argparse.Namespace) -> int:
     print(comment(f"chorus bench: {args.collective}{'' if op == 'none' else ' ' + op}, {args.world} ranks, "
                   f"dtype {args.dtype}, transport {transport}; baselines: {described}; "
                   f"{args.iters} iterations (+{args.warmup} warm-up) per size"
+                  f"{f', {rounds} rounds' if rounds > 1 else ''}"
                   f"{', scaled down above 1 MiB' if args.scale_iters else ''}"
                   f"{'; chorus on registered buffers (chorus.empty_shared)' if args.registered else ''}"),
           flush=True)
-    cfg = {"world": args.world, "counts": counts, "iters": args.iters, "warmup": args.warmup,
+    cfg = {"world": args.world, "counts": counts * rounds, "iters": args.iters, "warmup": args.warmup,
            "scale_iters": args.scale_iters,
            "collective": args.collective, "dtype": args.dtype, "op": args.op,
            "transport": transport, "baselines": [b for b in baselines if b != "mpi"],
@@ -313,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
     failed = False
     with tempfile.TemporaryDirectory(prefix="chorus-bench-") as workdir:
         progress = Progress(workdir, ["chorus"] + (["mpi"] if "mpi" in baselines else []),
-                            [c * itemsize for c in counts])
+                            [c * itemsize for c in counts * rounds])
         progress.waiting(f"starting {args.world} ranks ...")
         try:
             per_rank, rank_notes, mpi_result = _run_jobs(cfg, workdir, mpiexec if "mpi" in baselines else None,
@@ -334,7 +342,12 @@ def run(args: argparse.Namespace) -> int:
             notes.append(f"mpi: {info['library']} through mpi4py {info['mpi4py']}, launched by "
                          f"{mpiexec}{f' {args.mpi_args}' if args.mpi_args else ''}; its own job, taking "
                          "turns with chorus size by size")
-    print(comment("us: mean time per op on rank 0, ops back to back in batches of up to 1 MiB of "
+    times = None
+    if rounds > 1:
+        rows, times = medians(rows)
+    per_op = "mean time per op on rank 0" if rounds == 1 else (
+        f"median over {rounds} rounds of the mean time per op on rank 0")
+    print(comment(f"us: {per_op}, ops back to back in batches of up to 1 MiB of "
                   "buffers, each batch started by a barrier, each op on its own buffers, reset before "
                   "and checked after its batch, untimed; busbw: GB/s, nccl-tests' bus bandwidth; vs B: "
                   "B's time / chorus's time (above 1: chorus is faster); #wrong: wrong elements of every "
@@ -343,6 +356,10 @@ def run(args: argparse.Namespace) -> int:
         for line in note.splitlines():
             print(comment(line))
     print(format_table(rows))
+    if times is not None and any(lib != "chorus" for lib, _ in times):
+        print(comment(f"chorus's speed-up over each baseline in each of the {rounds} rounds: lowest-highest "
+                      "(rounds)"))
+        print(format_rounds(times))
     wrong = sorted({r.library for r in rows if r.wrong})
     if wrong:
         print(f"# FAILED: wrong results from {', '.join(wrong)}", file=sys.stderr)
@@ -352,14 +369,17 @@ def run(args: argparse.Namespace) -> int:
         "registered": args.registered, "mpi_args": args.mpi_args, "sizes": [c * itemsize for c in counts],
         "baseline": args.baseline, "baselines": baselines, "baselines_skipped": skipped,
         "baseline_info": baseline_info, "notes": notes,
-        "timing": "seconds: mean per op on rank 0; wrong: over all ranks and iterations",
+        "rounds": rounds,
+        "timing": ("seconds: mean per op on rank 0; wrong: over all ranks and iterations" if rounds == 1 else
+                   f"seconds: median over {rounds} rounds of the mean per op on rank 0 (each round's: "
+                   "rounds_us); wrong: over all ranks, rounds and iterations"),
         "host": {"hostname": socket.gethostname(), "cpus": os.cpu_count(),
                  "python": platform.python_version(), "numpy": np.__version__,
                  "platform": platform.platform()},
     }
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(to_json(rows, meta), f, indent=1)
+            json.dump(to_json(rows, meta, times), f, indent=1)
         print(f"# wrote {args.json}")
     if args.plot:
         title = (f"{args.collective}{'' if op == 'none' else ' ' + op}, {args.dtype}, W={args.world}, "
