@@ -411,6 +411,21 @@ def test_rounds_real_run(tmp_path):
         assert r["us"] == pytest.approx(sorted(r["rounds_us"])[1]) and r["wrong"] == 0
 
 
+def test_rounds_real_run_against_gloo(tmp_path):
+    """--rounds 2 with a baseline: the medians' table, then the per-round speed-up ranges."""
+    pytest.importorskip("torch")
+    out_json = tmp_path / "bench.json"
+    proc = _bench("--world", "2", "-b", "64", "-e", "64", "-n", "2", "-w", "1", "--baseline", "gloo",
+                  "--transport", "tcp", "--rounds", "2", "--json", str(out_json))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    at = next(i for i, ln in enumerate(lines) if "vs gloo, each round" in ln)
+    cells = lines[at + 2].split()
+    assert cells[:2] == ["64", "|"] and cells[2].endswith("x") and cells[3] == "(2)", proc.stdout
+    chorus_row = next(r for r in json.loads(out_json.read_text())["rows"] if r["library"] == "chorus")
+    assert len(chorus_row["speedup_vs_gloo_rounds"]) == 2 and len(chorus_row["rounds_us"]) == 2
+
+
 @pytest.mark.parametrize("collective", ["all_reduce", "all_to_all"])
 def test_registered_buffers_real_run(tmp_path, collective):
     """--registered: chorus's buffers from chorus.empty_shared, large enough for the mapped

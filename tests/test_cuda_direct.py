@@ -80,9 +80,11 @@ def _compiled(signature: dict, **metadata):
     meta = dict(num_warps=4, shared=96, num_ctas=1, cluster_dims=(1, 1, 1), launch_cooperative_grid=False,
                 launch_pdl=False, global_scratch_size=0, profile_scratch_size=0)
     meta.update(metadata)
-    return SimpleNamespace(src=SimpleNamespace(signature=signature), metadata=SimpleNamespace(**meta), function=77)
+    return SimpleNamespace(src=SimpleNamespace(signature=signature), metadata=SimpleNamespace(**meta), function=FUNCTION)
 
 
+FUNCTION = (1 << 40) | 77  # a CUfunction and a stream are 64-bit pointers: a launch that truncated
+STREAM = (1 << 36) | 555  # either to 32 bits would show
 SIG = {"inp": "i64", "out": "i64", "n": "i32", "rank": "constexpr", "flag": "u8", "op_id": "i32", "W": "constexpr"}
 
 
@@ -91,16 +93,31 @@ def _use(monkeypatch, lib: FakeLibcuda) -> FakeLibcuda:
     return lib
 
 
+class TypedOnly(FakeLibcuda):
+    """A library object without ``CDLL``'s item access: the typed entry point is used."""
+
+    __getitem__ = None
+
+
+def test_a_library_without_item_access_launches_through_the_typed_entry_point(monkeypatch):
+    lib = _use(monkeypatch, TypedOnly([8, 8, 4, 1, 4, 8, 8]))
+    launch = direct.DirectLaunch.of(_compiled(SIG), 4)
+    assert launch is not None and launch.driver.launch_ready is launch.driver.launch
+    launch(12, STREAM, (1 << 40, 1 << 41, 1000, 3, 1, -7, 4))
+    assert lib.launches == [(FUNCTION, (12, 1, 1), (128, 1, 1), 96, STREAM, [1 << 40, 1 << 41, 1000, 1, -7, 0, 0],
+                             None)]
+
+
 def test_a_launch_hands_the_driver_every_non_constexpr_argument_then_null_scratch(monkeypatch):
     lib = _use(monkeypatch, FakeLibcuda([8, 8, 4, 1, 4, 8, 8]))  # five arguments, two scratch pointers
     launch = direct.DirectLaunch.of(_compiled(SIG), 4)
     assert launch is not None
-    launch(12, 555, (1 << 40, 1 << 41, 1000, 3, 1, -7, 4))
-    launch(3, 556, (16, 32, -(2**31), 3, 0, 2**31 - 1, 4))
+    launch(12, STREAM, (1 << 40, 1 << 41, 1000, 3, 1, -7, 4))
+    launch(3, STREAM + 1, (16, 32, -(2**31), 3, 0, 2**31 - 1, 4))
     launch(0, 557, (16, 32, 1, 3, 0, 1, 4))  # (an empty grid: nothing, as Triton)
     assert lib.launches == [
-        (77, (12, 1, 1), (128, 1, 1), 96, 555, [1 << 40, 1 << 41, 1000, 1, -7, 0, 0], None),
-        (77, (3, 1, 1), (128, 1, 1), 96, 556, [16, 32, -(2**31), 0, 2**31 - 1, 0, 0], None)]
+        (FUNCTION, (12, 1, 1), (128, 1, 1), 96, STREAM, [1 << 40, 1 << 41, 1000, 1, -7, 0, 0], None),
+        (FUNCTION, (3, 1, 1), (128, 1, 1), 96, STREAM + 1, [16, 32, -(2**31), 0, 2**31 - 1, 0, 0], None)]
 
 
 def test_a_block_of_its_own_launches_with_the_values_written_into_its_slots(monkeypatch):

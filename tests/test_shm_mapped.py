@@ -205,21 +205,26 @@ def test_the_two_shot_lane_offers_no_buffer_and_meets_ranks_that_offered_one(map
     offered = collectives.all_reduce_offered
     monkeypatch.setattr(collectives, "all_reduce_offered",
                         lambda win, *args: (went_on.append(win.rank), offered(win, *args))[1])
-    # who registers, op by op (two ops each: both parities); "none" again after the others
-    steps = [frozenset(), frozenset(range(world)), frozenset({1}), frozenset()]
+    # per step (two ops each): who registers, and who calls async (the general path, unregistered);
+    # "none" again after the others, so that an offer left from an earlier op would show
+    steps = [(frozenset(), frozenset()), (frozenset(range(world)), frozenset()), (frozenset({1}), frozenset()),
+             (frozenset(), frozenset({0})), (frozenset(), frozenset())]
 
     def body(rank, world):
         shared, plain, out = registered.empty_shared(n, "float32"), np.empty(n, "float32"), []
-        for who in steps:
+        for who, general in steps:
             for _ in range(2):
                 data = shared if rank in who else plain
                 data[...] = values(rank, n, "float32")
-                dist.all_reduce(data)
+                if rank in general:
+                    dist.all_reduce(data, async_op=True).wait()
+                else:
+                    dist.all_reduce(data)
                 out.append(data.tobytes())
         return out
 
     got = run_threads(body, world)
-    assert planned == [True] * (2 * len(steps) * world)
+    assert planned == [True] * (2 * len(steps) * world - 2)  # (rank 0's async calls: not the lane)
     assert sorted(mapped_from_16k) == sorted(2 * list(range(world)))  # the step where all registered
     assert sorted(went_on) == sorted(2 * [q for q in range(world) if q != 1])  # the step where rank 1 did
     assert all(results == [got[0][0]] * len(results) for results in got)  # every op, every rank: the same bits

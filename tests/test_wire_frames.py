@@ -3,7 +3,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chorus.errors import ProtocolError
-from chorus.wire.frames import HEADER_SIZE, Header, Kind, pack_header, unpack_header
+from chorus.wire.frames import (
+    HEADER_SIZE,
+    Header,
+    Kind,
+    abort_parties,
+    abort_tag,
+    pack_fields,
+    pack_header,
+    unpack_header,
+)
 
 
 @given(kind=st.sampled_from([Kind.DATA, Kind.COLL]), group=st.integers(0, 2**32 - 1),
@@ -37,3 +46,12 @@ def test_random_bytes_parse_or_raise_protocol_error(data):
     except ProtocolError:
         return
     assert pack_header(h) == data
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 2), st.integers(0, 2**31 - 1))
+def test_abort_tag_carries_culprit_and_detector_and_an_old_style_tag_means_the_sender(culprit, detector, sender):
+    tag = abort_tag(culprit, detector)
+    assert 0 <= tag < 2**63  # fits the header's signed tag field
+    assert abort_parties(tag, sender) == (culprit, detector)
+    assert abort_parties(culprit, sender) == (culprit, sender)
+    assert unpack_header(pack_fields(int(Kind.ABORT), 1, tag, 3, 0, 0, 5)).tag == tag

@@ -68,8 +68,9 @@ def merge_ranks(per_rank: dict[int, list[Row]]) -> list[Row]:
 
 def medians(rows: list[Row]) -> tuple[list[Row], dict[tuple[str, int], list[float]]]:
     """Rows of several rounds (``merge_ranks``) as one row per (library, size): the median
-    of the rounds' times and every round's wrong elements; and each (library, size)'s
-    times, round by round."""
+    of the rounds' times (an even number of rounds: the mean of the middle two; a baseline
+    that gave up part-way: over the rounds it ran) and every round's wrong elements; and
+    each (library, size)'s times, round by round."""
     times: dict[tuple[str, int], list[float]] = {}
     first: dict[tuple[str, int], Row] = {}
     wrong: dict[tuple[str, int], int] = {}

@@ -33,7 +33,7 @@ from chorus.transport.rendezvous_sends import (
 from chorus.transport.waiting import WaitReport, wait_long
 from chorus.wire.dtypes import dtype_name
 from chorus.wire.fingerprint import describe, describe_calls
-from chorus.wire.frames import Header, Kind, LostReason, pack_failed, pack_fields
+from chorus.wire.frames import Header, Kind, LostReason, abort_tag, pack_failed, pack_fields
 
 log = logging.getLogger("chorus")
 
@@ -71,7 +71,8 @@ class Transport:
         self._told_calls: set[int] = set()  # groups whose members were told this rank's call
         self._settled: set[int] = set()  # groups whose calls were awaited once already
         self._why: dict[int, str] = {}  # group -> what its calls do not show (mismatch_error)
-        self._seen: dict[int, tuple[int, int]] = {}  # group -> (culprit, detector) of its first report
+        # group -> its first report of another rank's call: (culprit, detector, seq, fingerprint)
+        self._seen: dict[int, tuple[int, int, int, int]] = {}
         self.closed_reason: str | None = None
         # Whether every peer proved the job token (the TCP transport with a token, given or
         # derived for a job on one host: chorus.host.secret): object
@@ -428,7 +429,7 @@ class Transport:
             self.note_calls(group, {culprit: (seq, fingerprint)})
         with self._state_lock:
             if culprit != detector:  # (not a rank telling its own call)
-                self._seen.setdefault(group, (culprit, detector))
+                self._seen.setdefault(group, (culprit, detector, seq, fingerprint))
             if group in self.mismatched or self.closed_reason is not None:
                 return
             if culprit == self.rank:  # the notice below tells the others this rank's own call
@@ -438,7 +439,7 @@ class Transport:
             members = sorted(self._groups.get(group, ()))
         log.error("chorus rank %d: collective mismatch: %s", self.rank, why)
         self._tell_listeners(group, why)
-        notice = pack_fields(int(Kind.ABORT), group, culprit, seq, 0, 0, fingerprint)
+        notice = pack_fields(int(Kind.ABORT), group, abort_tag(culprit, detector), seq, 0, 0, fingerprint)
         self._notify([m for m in members if m != self.rank], notice)  # tell first, then fail here
         mine = self.finished_call.get(group)
         if mine is not None and mine[0] == seq:  # this rank's part of that op completed
@@ -465,7 +466,7 @@ class Transport:
                 return
             self._told_calls.add(group)
             members = sorted(self._groups.get(group, ()))
-        notice = pack_fields(int(Kind.ABORT), group, self.rank, call[0], 0, 0, call[1])
+        notice = pack_fields(int(Kind.ABORT), group, abort_tag(self.rank, self.rank), call[0], 0, 0, call[1])
         self._notify([m for m in members if m != self.rank], notice)
 
     def mismatch_error(self, group: int, expect: tuple[int, int] | None,
@@ -489,13 +490,8 @@ class Transport:
         if len(set(calls.values())) < 2:  # the calls do not show it (yet)
             if why:
                 text = f"{why}; {text}"
-            elif calls and set(members) <= calls.keys():
-                # (a rank that heard of it: who ran it another way, as the rank that saw it reported)
-                who = "" if seen is None else f"rank {seen[1]} saw rank {seen[0]} run it another way; "
-                text += (f": the same call, run different ways ({who}algorithm=, CHORUS_ALGO_* and "
-                         "CHORUS_TRANSPORT must be the same on every rank)")
-            elif seen is not None:  # (some calls not known yet)
-                text += f"; rank {seen[1]} reported that rank {seen[0]}'s call does not match"
+            else:
+                text += _reported(calls, members, seen)
         return CollectiveMismatchError(
             f"collective mismatch on group {group} (this rank is rank {self.rank}): {text}. The group is "
             "unusable from now on. Every rank of a group must call the same collectives, in the same order, "
@@ -581,3 +577,22 @@ def control_header(kind: Kind, tag: int = 0, group: int = 0) -> bytes:
 
 def monotonic_deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
+
+
+def _reported(calls: dict[int, tuple[int, int]], members: list[int],
+              seen: tuple[int, int, int, int] | None) -> str:
+    """What a mismatch message adds when the calls known do not differ: the first report
+    of a rank found not to match (``seen``: culprit, detector, seq, fingerprint, the rank
+    that found it named as such, not blamed), and, every call known, that the same call
+    ran different ways."""
+    if seen is not None:
+        culprit, detector, seq, fprint = seen
+        if calls.get(culprit) != (seq, fprint):  # (the first word about that rank named another call)
+            return f"; rank {detector} found rank {culprit} calling {describe(fprint)} as op #{seq}"
+    if calls and set(members) <= calls.keys():
+        who = "" if seen is None else f"rank {seen[1]} found rank {seen[0]} running it another way; "
+        return (f": the same call, run different ways ({who}algorithm=, CHORUS_ALGO_* and CHORUS_TRANSPORT "
+                "must be the same on every rank)")
+    if seen is not None:  # (some calls not known yet)
+        return f"; rank {seen[1]} found that rank {seen[0]}'s call does not match its own"
+    return ""

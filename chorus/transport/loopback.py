@@ -12,7 +12,14 @@ import threading
 
 from chorus.transport.base import Transport
 from chorus.transport.handles import Handle
-from chorus.wire.frames import HEADER_SIZE, LOST_REASON_TEXT, Kind, failed_text, unpack_header
+from chorus.wire.frames import (
+    HEADER_SIZE,
+    LOST_REASON_TEXT,
+    Kind,
+    abort_parties,
+    failed_text,
+    unpack_header,
+)
 
 
 class LoopbackFabric:
@@ -70,7 +77,8 @@ class LoopbackTransport(Transport):
             if h.kind == Kind.FAILED:
                 target.peer_failed(h.tag, failed_text(frame[HEADER_SIZE:]), self.rank)
             elif h.kind == Kind.ABORT:
-                target.group_mismatch(h.group, h.tag, h.seq, h.fingerprint, self.rank)
+                culprit, detector = abort_parties(h.tag, self.rank)
+                target.group_mismatch(h.group, culprit, h.seq, h.fingerprint, detector)
             elif h.kind == Kind.PEER_LOST:
                 target.peer_died(h.tag, f"{LOST_REASON_TEXT.get(h.seq, 'was lost')} (reported by rank {self.rank})",
                                  h.seq)

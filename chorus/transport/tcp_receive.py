@@ -68,6 +68,7 @@ from chorus.wire.frames import (
     Header,
     Kind,
     LostReason,
+    abort_parties,
     failed_text,
     pack_fields,
     unpack_header,
@@ -421,7 +422,8 @@ class TcpReceiving:
             reason = LOST_REASON_TEXT.get(h.seq, "was lost")
             self._lose(h.tag, f"{reason} (reported by rank {conn.peer})", h.seq)
         elif h.kind == Kind.ABORT:
-            self.group_mismatch(h.group, h.tag, h.seq, h.fingerprint, conn.peer)
+            culprit, detector = abort_parties(h.tag, conn.peer)
+            self.group_mismatch(h.group, culprit, h.seq, h.fingerprint, detector)
         elif h.kind == Kind.FAILED:
             self.peer_failed(h.tag, failed_text(reader.read(h.nbytes)), conn.peer)
         elif h.kind == Kind.BYE:

@@ -30,7 +30,7 @@ from chorus.errors import ProtocolError
 from chorus.wire.dtypes import is_known_dtype_code
 
 MAGIC = b"CH"
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 MAX_PAYLOAD = 1 << 48
 
 _HEADER = struct.Struct("<2sBBBBHIqQQQ")
@@ -46,8 +46,8 @@ class Kind(enum.IntEnum):
     PEER_LOST = 4  # tag = the global rank this sender lost, seq = a LostReason
     BYE = 5  # the sender is leaving cleanly (destroy_process_group)
     HELLO = 6  # first frame on a transport connection: tag = sender rank, group = world size
-    ABORT = 7  # collective mismatch in `group`: tag = the rank whose call differed, seq and
-    #            fingerprint = that rank's call
+    ABORT = 7  # collective mismatch in `group`: tag = the rank whose call differed and the
+    #            rank that found it (abort_tag), seq and fingerprint = the first one's call
     FAILED = 8  # tag = a rank that failed (raised); payload = its error as UTF-8 text,
     #             "ValueError: ..." (at most MAX_FAILURE_TEXT bytes)
     MATCHED = 9  # a receive took the rendezvous send numbered `seq` (group, tag: the send's)
@@ -97,6 +97,20 @@ def pack_header(h: Header) -> bytes:
     return _HEADER.pack(
         MAGIC, WIRE_VERSION, h.kind, h.dtype, 0, 0, h.group, h.tag, h.seq, h.nbytes, h.fingerprint
     )
+
+
+def abort_tag(culprit: int, detector: int) -> int:
+    """An ABORT frame's tag: the rank whose call differed (low 32 bits) and the rank that
+    found it, plus one (the 31 bits above: ranks below 2**31 - 1), so that a notice passed
+    on still names who found it."""
+    return culprit | (detector + 1) << 32
+
+
+def abort_parties(tag: int, sender: int) -> tuple[int, int]:
+    """(culprit, detector) of an ABORT frame's ``tag`` from ``sender`` (the detector when
+    the tag names none)."""
+    found = tag >> 32
+    return tag & 0xFFFFFFFF, found - 1 if found else sender
 
 
 def pack_fields(kind: int, group: int, tag: int, seq: int, nbytes: int, dtype: int, fp: int) -> bytes:
