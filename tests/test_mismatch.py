@@ -161,21 +161,31 @@ def test_a_member_that_never_reaches_the_op_is_named_as_not_known_after_a_second
         assert MISMATCH_SETTLE_S - 0.1 < elapsed < MISMATCH_SETTLE_S + 1.0, elapsed
 
 
-def test_a_rank_told_of_equal_calls_run_different_ways_names_who_saw_whom():
-    """Equal calls, one rank on another path: a rank that only heard of the mismatch (it
-    knows the calls, not the paths) names the rank that ran it another way, as reported."""
-    a = fingerprint("all_reduce", "float32", 8, -1, "SUM")
+_A = fingerprint("all_reduce", "float32", 8, -1, "SUM")
+
+
+def _messages_after_report(known: int, report: tuple) -> list[str]:
+    """Four ranks that know the same call of ranks 0..known-1 (all_reduce of 8 float32, op
+    #1); rank 0 then gets ``report`` (culprit, seq, fingerprint, detector) and passes it
+    on; every rank's mismatch message."""
     told = threading.Barrier(4)
 
     def body(rank, world):
         t = dist.group.WORLD.transport
-        t.note_calls(0, {r: (1, a) for r in range(world)})
+        t.note_calls(0, {r: (1, _A) for r in range(known)})
         if rank == 0:
-            t.group_mismatch(0, 2, 1, a, 3)  # rank 3's report: rank 2 ran op #1 another way
+            t.group_mismatch(0, *report)
         told.wait()
         return str(t.mismatch_error(0, None))
 
-    for rank, message in enumerate(run_threads(body, 4)):  # rank 0 passed the report on: it names rank 3
+    return run_threads(body, 4)
+
+
+def test_a_rank_told_of_equal_calls_run_different_ways_names_who_saw_whom():
+    """Equal calls, one rank on another path: a rank that only heard of the mismatch (it
+    knows the calls, not the paths) names the rank that ran it another way, as reported."""
+    messages = _messages_after_report(4, (2, 1, _A, 3))  # rank 3's report: rank 2 ran op #1 another way
+    for rank, message in enumerate(messages):  # rank 0 passed the report on: it names rank 3
         assert ("ranks [0-3] called all_reduce(float32, count=8, op=SUM) as op #1: the same call, run different "
                 "ways (rank 3 found rank 2 running it another way; algorithm=") in message, (rank, message)
 
@@ -183,18 +193,7 @@ def test_a_rank_told_of_equal_calls_run_different_ways_names_who_saw_whom():
 def test_a_rank_that_knows_some_calls_names_the_reported_rank():
     """Settled before every call is known (a loaded host): the report that broke the group
     still names the rank found not to match, and by whom."""
-    a = fingerprint("all_reduce", "float32", 8, -1, "SUM")
-    told = threading.Barrier(4)
-
-    def body(rank, world):
-        t = dist.group.WORLD.transport
-        t.note_calls(0, {r: (1, a) for r in range(world - 1)})  # rank 3's call: not known
-        if rank == 0:
-            t.group_mismatch(0, 2, 1, a, 1)
-        told.wait()
-        return str(t.mismatch_error(0, None))
-
-    message = run_threads(body, 4)[0]
+    message = _messages_after_report(3, (2, 1, _A, 1))[0]  # rank 3's call: not known
     assert ("ranks [0-2] called all_reduce(float32, count=8, op=SUM) as op #1; rank 3: not known; "
             "rank 1 found that rank 2's call does not match its own.") in message, message
 
@@ -202,19 +201,7 @@ def test_a_rank_that_knows_some_calls_names_the_reported_rank():
 def test_a_report_of_another_call_than_the_one_known_is_named_as_reported():
     """The first word about a rank stands in the calls; a later report that it called
     something else is quoted, not turned into "run different ways"."""
-    a = fingerprint("all_reduce", "float32", 8, -1, "SUM")
-    b = fingerprint("broadcast", "float32", 8, 0)
-    told = threading.Barrier(4)
-
-    def body(rank, world):
-        t = dist.group.WORLD.transport
-        t.note_calls(0, {r: (1, a) for r in range(world)})
-        if rank == 0:
-            t.group_mismatch(0, 2, 2, b, 3)
-        told.wait()
-        return str(t.mismatch_error(0, None))
-
-    message = run_threads(body, 4)[0]
+    message = _messages_after_report(4, (2, 2, fingerprint("broadcast", "float32", 8, 0), 3))[0]
     assert ("ranks [0-3] called all_reduce(float32, count=8, op=SUM) as op #1; rank 3 found rank 2 calling "
             "broadcast(float32, count=8, root=0) as op #2.") in message, message
     assert "run different ways" not in message

@@ -132,13 +132,13 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
         direct.all_reduce(win, sync, ctx, data, reduce, root)
         return
 
-    copy_in = to_my_slot(win, data, size)
     start = 0
     if offer:  # phase 0 of every candidate path, then the path every rank can take
         p = sync.parity
         mine = registered.find(data)
         win.publish_mapped(p, mine)
         if not single and mine is None:  # (a rank that offers a buffer copies nothing yet)
+            copy_in = to_my_slot(win, data, size)
             (copy_in if recorder.current is None else recorded(copy_in, ctx))(0, p, 0, 1)
         sources = direct.open_op(win, sync, ctx, data if single else None)
         where = win.mapped(p)
@@ -147,7 +147,7 @@ def all_reduce(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, r
                       lambda: direct.reduce_everywhere(win, ctx, data, reduce, root, sources))
             return
         start = 0 if win.offered(p) else 1  # some rank skipped phase 0's copy: every rank runs it again
-    _copy_path(win, sync, ctx, data, reduce, root, copy_in, start, offer)
+    _copy_path(win, sync, ctx, data, reduce, root, start, offer)
 
 
 def all_reduce_offered(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce) -> None:
@@ -155,16 +155,17 @@ def all_reduce_offered(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: R
     ``data`` copied into this rank's slot, no buffer offered, the first sync passed) after
     another rank offered a registered buffer: that rank skipped phase 0's copy, so every
     rank runs the copy path from phase 0 again, as ``all_reduce`` does."""
-    _copy_path(win, sync, ctx, data, reduce, -1, to_my_slot(win, data, win.capacity(data.dtype)), 0, True)
+    _copy_path(win, sync, ctx, data, reduce, -1, 0, True)
 
 
-def _copy_path(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, root: int, copy_in: Stage,
-               start: int, began: bool) -> None:
+def _copy_path(win: Window, sync: Sync, ctx, data: np.ndarray, reduce: Reduce, root: int, start: int,
+               began: bool) -> None:
     """all_reduce's copy path through the window, from phase ``start`` (``began``: the op
     had its first sync already)."""
     me, dt, count = win.rank, data.dtype, data.size
     readers = root < 0 or me == root
     size = win.capacity(dt)
+    copy_in = to_my_slot(win, data, size)
     parts = parts_for(win, min(count, size) * dt.itemsize, data.nbytes)
     if win.world <= WHOLE_CHUNKS_WORLD:
 
