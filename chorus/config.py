@@ -283,6 +283,10 @@ SETTINGS: dict[str, Setting] = _declare(
             meaning="cached launches go straight to cuLaunchKernel with a parameter block laid out once "
                     "per compiled kernel (chorus.cuda.direct), where the kernel allows (0: Triton's "
                     "launcher object; a diagnostic)"),
+    Setting("CHORUS_CUDA_REPLAY", "bool", True,
+            meaning="an eager all_reduce repeated on the same tensor replays a one-kernel CUDA graph "
+                    "captured for it (cuGraphLaunch: a third of cuLaunchKernel's CPU time), its epoch "
+                    "read on the device (chorus.cuda.replays; 0: a kernel launch each call)"),
     Setting("CHORUS_CUDA_HINTS", "bool", True,
             meaning="vectorisation hints in the fused all_reduce kernels (0: none; a diagnostic for a "
                     "compiler that refuses them)"),

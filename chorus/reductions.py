@@ -37,10 +37,21 @@ warnings.filterwarnings("ignore", message=r"(overflow|invalid value|divide by ze
 
 @dataclass(frozen=True)
 class _Op:
-    """One reduction.  ``factor`` is set only for PREMUL_SUM made by _make_nccl_premul_sum."""
+    """One reduction.  ``factor`` is set only for PREMUL_SUM made by _make_nccl_premul_sum.
+    Its hash is computed once (the lanes' plan caches key on the op every call: a
+    dataclass's own __hash__ hashes its fields each time)."""
 
     name: str
     factor: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.name, self.factor)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        return _Op, (self.name, self.factor)  # (the hash of a str differs between processes)
 
     def __repr__(self) -> str:
         return f"<ReduceOp.{self.name}{'' if self.factor is None else f'({self.factor})'}>"

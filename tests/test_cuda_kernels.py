@@ -447,6 +447,45 @@ def test_captured_kernels_count_on_the_device(ops):
     assert int(g.ws[0][L.GRAPH_OPS // 8]) == 1 and int(g.ws[0][L.GRAPH_DONE // 8]) == 0
 
 
+# -- a lane's replay: eager words and slots, the epoch and op id from the device ----------------
+@pytest.mark.parametrize("kind", ["one_shot", "two_shot_push"])
+def test_a_replayed_kernel_takes_its_epoch_from_the_device_and_names_its_op_by_it(kind):
+    """The replay kernel (replay=True: its arguments frozen in a graph, epoch 0) reads
+    EPOCH + 1 as its first epoch, meets its peers at the eager per-block words of that
+    epoch (as the same op launched eagerly would), leaves EPOCH alone until its last
+    block stores the last epoch it used and resets REPLAY_DONE; a peer that never
+    arrives gets a timeout reported under op id REPLAY_OP + the first epoch."""
+    world, n, dt = 2, 2500, torch.float32
+    barriers = 1 if kind == "one_shot" else 2
+    ins = [((torch.arange(n) * (r + 2) + r) % 4 - 1).to(dt) for r in range(world)]
+    want = reference(ins, "SUM")
+    f = Fused(world)
+    first = 41
+    blocks = L.one_shot_geometry(n)[0] if kind == "one_shot" else L.two_shot_geometry(n, world)[0]
+    f.arrive(blocks, range(first, first + barriers), 77)
+    piece = L.two_shot_geometry(n, world)[2]
+    for r in range(world):
+        f.ws[r][L.EPOCH // 8] = first - 1  # the eager kernels' count so far
+        for q in range(world):  # the peers' copy-in (ranks run in turn here)
+            f.slot_view(q, 1, dt, n).copy_(ins[q])
+        out = torch.full((n,), -9.0, dtype=dt)
+        used = K.all_reduce_fused(kind, ins[r].data_ptr(), out.data_ptr(), n, f.controls.data_ptr(),
+                                  L.CONTROL_BYTES + f.slot, r, world, f.hosts[r].data_ptr(), L.REPLAY_OP, 77, 0,
+                                  10**12, "SUM", "float32", 200, replay=True)
+        assert used == barriers and f.hosts[r][L.STATUS] == 0, f.hosts[r]
+        mine = slice(None) if kind == "one_shot" else slice(r * piece, (r + 1) * piece)  # (what it reduced)
+        assert torch.equal(out[mine], want[mine]), r
+        words = f.ws[r]
+        assert (int(words[L.EPOCH // 8]), int(words[L.REPLAY_DONE // 8])) == (first + barriers - 1, 0)
+        assert int(words[L.GRAPH_OPS // 8]) == 0 and int(words[L.GRAPH_EPOCH // 8]) == 0  # the graph counts: untouched
+    g = Fused(world)
+    g.ws[0][L.EPOCH // 8] = 6
+    out = torch.empty_like(ins[0])
+    K.all_reduce_fused(kind, ins[0].data_ptr(), out.data_ptr(), n, g.controls.data_ptr(), L.CONTROL_BYTES, 0, world,
+                       g.hosts[0].data_ptr(), L.REPLAY_OP, 77, 0, 10**12, "SUM", "float32", 50, replay=True)
+    assert g.hosts[0][L.STATUS] == L.TIMEOUT and int(g.hosts[0][L.FAIL_OP]) == L.REPLAY_OP + 7
+
+
 def test_a_first_launch_goes_on_the_stream_asked_for(monkeypatch):
     """Triton launches on torch's current stream; a launch asked for on another stream
     (the barrier beside an NCCL hand-off) has that stream made current around it, also

@@ -3,11 +3,13 @@ bf16 message, one process per GPU), against torch's NCCL in the same processes.
 
 Rows (CPU us per call, perf_counter around back-to-back calls, each row's best of 3):
 torch's NCCL; chorus.all_reduce; the CUDA component's all_reduce_now; the time per call
-un-held (CUDA events around back-to-back eager calls: the longer of CPU and GPU); then
-chorus.all_reduce with timing wrappers around the layers below it (Lanes.shot, the Shot,
+un-held (CUDA events around back-to-back eager calls: the longer of CPU and GPU); both
+again with the lane's CUDA-graph replays (chorus.cuda.replays) off and on, alternating,
+twice; then chorus.all_reduce with timing wrappers around the layers below it
+(Lanes.shot, its Replays (graph launches), the Shot,
 chorus.cuda.direct's parameter block and its cuLaunchKernel call, chorus.cuda.launchers.launch
 where a launch goes through it), each layer's share of a call; last, chorus.all_reduce
-with the launches stubbed out (chorus's Python alone; the group is then out of step, so
+with the launches stubbed out and replays off (chorus's Python alone; the group is then out of step, so
 this row is the last thing the ranks do).  Wraps module attributes and reads the
 component's private state: a diagnostic, not an API.  Each rank writes OUT/lane-rankR.txt.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -62,13 +65,26 @@ def body(rank: int, world: int, port: int, out: str) -> None:
         rows.append(("component.all_reduce_now", cpu_per_call(lambda: comp.all_reduce_now(t, op))))
     rows.append(("un-held GPU us/call: torch nccl", gpu_call(lambda: tdist.all_reduce(t), 3000, held=False)))
     rows.append(("un-held GPU us/call: chorus", gpu_call(lambda: dist.all_reduce(t), 3000, held=False)))
+    lanes = comp.lanes
+    for _ in range(2):  # replays (chorus.cuda.replays) off and on, alternating
+        for on in (False, True):
+            lanes.replay = on
+            for shot in lanes.shots.values():
+                shot.replays = None if on else False
+            which = "on" if on else "off"
+            rows.append((f"chorus.all_reduce, replays {which}", cpu_per_call(lambda: dist.all_reduce(t))))
+            rows.append((f"un-held GPU us/call: chorus, replays {which}",
+                         gpu_call(lambda: dist.all_reduce(t), 3000, held=False)))
 
     spent: collections.Counter = collections.Counter()
     from chorus.cuda.direct import Block, DirectLaunch
     from chorus.cuda.lanes import Lanes
 
     dist.all_reduce(t)
-    layers = ((Lanes, "shot", "Lanes.shot"), (launchers.Shot, "__call__", "Shot.__call__"),
+    from chorus.cuda.replays import Replays
+
+    layers = ((Lanes, "shot", "Lanes.shot"), (Replays, "__call__", "Replays.__call__ (cuGraphLaunch)"),
+              (launchers.Shot, "__call__", "Shot.__call__"),
               (DirectLaunch, "__call__", "DirectLaunch.__call__ (not a Shot's)"),
               (Block, "__call__", "Block.__call__ (cuLaunchKernel)"), (launchers, "launch", "launchers.launch"))
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in layers]
@@ -84,11 +100,18 @@ def body(rank: int, world: int, port: int, out: str) -> None:
         setattr(owner, name, fn)
     torch.cuda.synchronize()
     tdist.barrier()
+    lanes.replay = False
+    for shot in lanes.shots.values():
+        shot.replays = False
     launchers.launch = lambda *a, **k: None
     Block.__call__ = lambda self, grid, stream: None
     rows.append(("chorus.all_reduce, launch stubbed", cpu_per_call(lambda: dist.all_reduce(t), rounds=2)))
     with open(os.path.join(out, f"lane-rank{rank}.txt"), "w") as f:
         f.write(f"# {COUNT} bf16 elements, {world} ranks, {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
+        with open("/proc/self/stat") as stat:
+            cpu_now = stat.read().rsplit(")", 1)[1].split()[36]
+        f.write(f"# CPUs allowed {len(os.sched_getaffinity(0))}, on CPU {cpu_now}; threads: "
+                f"{', '.join(th.name for th in threading.enumerate())}\n")
         for k, v in rows:
             f.write(f"{k:44s} {v:8.2f} us/call\n")
     tdist.barrier()  # (torch's group: no rank leaves while another still times the stubbed calls)

@@ -173,7 +173,7 @@ class CudaComponent(Component):
             from chorus.cuda.lanes import Lanes
             from chorus.cuda.launchers import REDUCIBLE
 
-            self.lanes = Lanes(ws, pg.timeout)
+            self.lanes = Lanes(ws, pg.timeout, names=self.names)
             self._reducible = REDUCIBLE
             ring = flight.attach(pg)
             self._lane_log = None if ring is None else LaneLog(ring)  # the lane's ops, for the flight recorder
@@ -309,7 +309,7 @@ class CudaComponent(Component):
                         shot = A.all_reduce(lanes, tensor.data_ptr(), plan.count, plan.item, plan.algorithm)
                         if shot is not None:
                             if len(lanes.shots) >= PLANS:
-                                lanes.shots.clear()
+                                lanes.forget_shots()
                             lanes.shots[plan] = shot
         except BaseException as exc:
             if log is not None:
@@ -337,6 +337,7 @@ class CudaComponent(Component):
             self._beside.close()
         if self.ws is not None:
             self.pg.transport.remove_failure_listener(self._on_failure)
+            self.lanes.close()
             self.ws.close()
             self.ws = self.lanes = None
 

@@ -8,6 +8,8 @@ state, into the error the caller sees, naming the op, the group, the ranks and t
     names = OpNames("g3")
     op_id = names.add(None, seq=7, fprint=fp, name="all_reduce")   # -> 1
     names.entry(op_id)          # ("all_reduce (op #7 of group g3)", 7, fp)
+    names.replayed(epoch=40, op_id=op_id)   # a replayed kernel reports L.REPLAY_OP + 40
+    names.entry(L.REPLAY_OP + 40)           # the same entry
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class OpNames:
         self.ops: list[tuple | None] = [None] * KEPT
         self.last = 0
         self._ids = itertools.count(1)  # (next() is one step under the GIL: p2p may add from another thread)
+        # epoch % KEPT -> (epoch, op id) of the ops a lane replayed (chorus.cuda.replays)
+        self.epochs: list[tuple[int, int] | None] = [None] * KEPT
 
     def add(self, description: str | None, seq: int = -1, fprint: int = 0, name: str = "") -> int:
         """An id for the op being enqueued; ``description`` None: the collective
@@ -50,9 +54,18 @@ class OpNames:
         self.ops[op_id % KEPT] = (op_id, description, seq, fprint, name)
         return op_id
 
+    def replayed(self, epoch: int, op_id: int) -> None:
+        """Op ``op_id`` runs as a replayed kernel whose first epoch is ``epoch``: the id
+        it reports is L.REPLAY_OP + ``epoch``."""
+        self.epochs[epoch % KEPT] = (epoch, op_id)
+
     def entry(self, op_id: int):
         """(description, seq, fingerprint) of op ``op_id``, or None (unknown, or one of the
         KEPT ops before the last KEPT)."""
+        if op_id >= L.REPLAY_OP:
+            epoch = op_id - L.REPLAY_OP
+            known = self.epochs[epoch % KEPT]
+            op_id = known[1] if known is not None and known[0] == epoch else 0
         entry = self.ops[op_id % KEPT] if op_id > 0 else None
         if entry is None or entry[0] != op_id:
             return None

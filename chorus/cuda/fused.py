@@ -207,30 +207,45 @@ def _slice_range(s, piece, start, per, n):
 
 
 @triton.jit
-def graph_begin(base, slot_off, epoch, graph_slot, GRAPH: tl.constexpr):
-    """(slot offset, first epoch) of this launch.  Eager: the host's.  Captured in a CUDA
-    graph (``GRAPH``: its arguments are frozen at capture, and replayed): from the counts
-    in this rank's workspace, GRAPH_OPS % 2 choosing the graph slot (``slot_off`` is
-    parity 0's, ``graph_slot`` bytes from parity 1's) and GRAPH_EPOCH + 1 the epoch."""
-    if GRAPH:
+def graph_begin(base, slot_off, epoch, op_id, graph_slot, GRAPH: tl.constexpr):
+    """(slot offset, first epoch, op id) of this launch.  ``GRAPH`` 0, eager: the host's.
+    1, captured in a CUDA graph (its arguments are frozen at capture, and replayed): slot
+    and epoch from the counts in this rank's workspace, GRAPH_OPS % 2 choosing the graph
+    slot (``slot_off`` is parity 0's, ``graph_slot`` bytes from parity 1's) and
+    GRAPH_EPOCH + 1 the epoch.  2, a lane's replay (chorus.cuda.replays: an eager op
+    whose slot is frozen with its graph): the eager words and slots, the epoch from this
+    rank's EPOCH word (the barriers so far, kept by every eager kernel) + 1, and the op id
+    ``op_id`` + that epoch (the host names it by its epoch: chorus.cuda.failures)."""
+    if GRAPH == 1:
         ops = tl.load(as_ptr(base + 16, tl.int64), volatile=True)  # GRAPH_OPS
         slot_off = slot_off + (ops & 1) * graph_slot
         epoch = tl.load(as_ptr(base + 24, tl.int64), volatile=True) + 1  # GRAPH_EPOCH
-    return slot_off, epoch
+    if GRAPH == 2:
+        epoch = tl.load(as_ptr(base, tl.int64), volatile=True) + 1  # EPOCH
+        op_id = op_id + epoch
+    return slot_off, epoch, op_id
 
 
 @triton.jit
-def graph_end(base, BARRIERS: tl.constexpr, GRAPH: tl.constexpr):
-    """A captured launch's last block to finish advances GRAPH_OPS by one and GRAPH_EPOCH
-    by its ``BARRIERS`` (every block read them at its start; the next launch on the
-    stream starts after this one ended, and reads the new counts)."""
-    if GRAPH:
+def graph_end(base, epoch, BARRIERS: tl.constexpr, GRAPH: tl.constexpr):
+    """``GRAPH`` 1: the launch's last block to finish advances GRAPH_OPS by one and
+    GRAPH_EPOCH by its ``BARRIERS`` (every block read them at its start; the next launch
+    on the stream starts after this one ended, and reads the new counts).  2: its last
+    block stores its last epoch into EPOCH (which its block 0 leaves alone meanwhile, as
+    every block reads it at its start)."""
+    if GRAPH == 1:
         tl.debug_barrier()
         done = tl.atomic_add(as_ptr(base + 32, tl.int64), 1, sem="acq_rel", scope="gpu")  # GRAPH_DONE
         if done == tl.num_programs(0) - 1:
             tl.store(as_ptr(base + 32, tl.int64), 0)
             tl.store(as_ptr(base + 16, tl.int64), tl.load(as_ptr(base + 16, tl.int64), volatile=True) + 1)
             tl.store(as_ptr(base + 24, tl.int64), tl.load(as_ptr(base + 24, tl.int64), volatile=True) + BARRIERS)
+    if GRAPH == 2:
+        tl.debug_barrier()
+        done = tl.atomic_add(as_ptr(base + 48, tl.int64), 1, sem="acq_rel", scope="gpu")  # REPLAY_DONE
+        if done == tl.num_programs(0) - 1:
+            tl.store(as_ptr(base + 48, tl.int64), 0)
+            tl.store(as_ptr(base, tl.int64), (epoch + BARRIERS - 1).to(tl.int64))  # EPOCH
 
 
 @triton.jit
@@ -240,10 +255,11 @@ def block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_
     words of this block (release), spin on mine (acquire), compare the fingerprints.
     0: go on; else the block stops (block 0 reports a MISMATCH; a timeout or abort is
     reported by the block that saw it).  Needs at least W threads in the block.
-    ``GRAPH``: a captured kernel's words (GRAPH_BLOCKS), apart from the eager ones."""
+    ``GRAPH`` 1: a captured kernel's words (GRAPH_BLOCKS), apart from the eager ones; 2:
+    the eager ones, EPOCH left to graph_end."""
     lanes = tl.arange(0, WP)
     mask = lanes < W
-    if GRAPH:
+    if GRAPH == 1:
         bar = 199168 + blk.to(tl.int64) * 1536  # GRAPH_BLOCKS + b * BLOCK_STRIDE
         prints = bar + 512 + (epoch & 1) * 512
     else:
@@ -251,7 +267,7 @@ def block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_
         bar = tl.where(blk == 0, 512, extra)
         prints = tl.where(blk == 0, 2560, extra + 512) + (epoch & 1) * 512
     base = tl.load(controls + rank)
-    if (blk == 0) & (not GRAPH):
+    if (blk == 0) & (GRAPH == 0):
         tl.store(as_ptr(base, tl.int64), epoch.to(tl.int64))  # EPOCH: barriers so far
     mine = base + bar + lanes * 8
     e = tl.zeros([WP], tl.int64) + epoch
@@ -409,9 +425,10 @@ def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, 
     [b * per, (b + 1) * per)): copy them from ``inp`` into this rank's slot (at
     ``slot_off`` in its workspace), barrier of block b at ``epoch``, then
     ``out`` = op over every rank's slot, in rank order (the same bits on every rank).
-    ``GRAPH``: captured in a CUDA graph (graph_begin: slot and epoch from the device)."""
+    ``GRAPH``: captured in a CUDA graph, or a lane's replay (graph_begin: slot, epoch and
+    op id from the device)."""
     host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
-    slot_off, epoch = graph_begin(base, slot_off, epoch, graph_slot, GRAPH)
+    slot_off, epoch, op_id = graph_begin(base, slot_off, epoch, op_id, graph_slot, GRAPH)
     blk = tl.program_id(0)
     lo = blk.to(tl.int64) * per
     hi = tl.maximum(tl.minimum(lo + per, n), lo)
@@ -425,7 +442,7 @@ def one_shot_kernel(inp, out, controls_addr, slot_off, n, per, rank, host_addr, 
         if state == 0:
             _reduce_range(controls, slot_off, out, mine, lo, hi, W, OP, DT, RAW, ACC, BOOL, BLOCK, HINT_IO,
                           HINT_WS, False)
-    graph_end(base, 1, GRAPH)
+    graph_end(base, epoch, 1, GRAPH)
 
 
 @triton.jit(do_not_specialize=["inp", "out", "slot_off", "n", "per", "op_id", "fprint", "epoch", "graph_slot"])
@@ -450,7 +467,7 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
     Every slice is reduced once (by its owner) and copied: the same bits everywhere.
     ``GRAPH``: as one_shot_kernel's."""
     host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
-    slot_off, epoch = graph_begin(base, slot_off, epoch, graph_slot, GRAPH)
+    slot_off, epoch, op_id = graph_begin(base, slot_off, epoch, op_id, graph_slot, GRAPH)
     blk = tl.program_id(0)
     start = blk.to(tl.int64) * per
     mine = base + slot_off
@@ -476,7 +493,7 @@ def two_shot_kernel(inp, out, controls_addr, slot_off, n, per, piece, rank, host
                         lo, hi = _slice_range(s, piece, start, per, n)
                         src = mine if PUSH else tl.load(controls + s) + slot_off
                         _copy(src, out, lo, hi, RAW, BLOCK, HINT_WS, HINT_IO, True)
-    graph_end(base, 2, GRAPH)
+    graph_end(base, epoch, 2, GRAPH)
 
 
 @triton.jit
@@ -535,7 +552,7 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
     Twice the slot of two_shot per element (rows and gathers); the same bits everywhere:
     every slice is reduced once, by its owner."""
     host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
-    slot_off, epoch = graph_begin(base, slot_off, epoch, graph_slot, GRAPH)
+    slot_off, epoch, op_id = graph_begin(base, slot_off, epoch, op_id, graph_slot, GRAPH)
     blk = tl.program_id(0)
     start = blk.to(tl.int64) * per
     mine = base + slot_off
@@ -566,4 +583,4 @@ def two_shot_stores_kernel(inp, out, controls_addr, slot_off, n, per, piece, ran
                     if s != rank:
                         lo, hi = _slice_range(s, piece, start, per, n)
                         copy_shifted(mine, out, lo, hi, W * piece, 0, RAW, BLOCK, HINT_WS, HINT_IO, True)
-    graph_end(base, 2, GRAPH)
+    graph_end(base, epoch, 2, GRAPH)

@@ -22,9 +22,11 @@ class Lanes:
     """Rank ``rank``'s executor over ``workspace`` (a chorus.cuda.workspace.Workspace).
 
     ``kernels`` and ``memcpy`` default to chorus.cuda.launchers and
-    chorus.cuda.runtime.memcpy_async; tests pass stand-ins that run on the CPU."""
+    chorus.cuda.runtime.memcpy_async; tests pass stand-ins that run on the CPU.
+    ``names``: the group's OpNames (chorus.cuda.failures), where replayed kernels' op ids
+    are noted (None: no replays)."""
 
-    def __init__(self, workspace, timeout_s: float, kernels=None, memcpy=runtime.memcpy_async):
+    def __init__(self, workspace, timeout_s: float, kernels=None, memcpy=runtime.memcpy_async, names=None):
         import torch
 
         if kernels is None:
@@ -35,6 +37,7 @@ class Lanes:
         self.rank = workspace.rank
         self.world = workspace.world
         self.layout = workspace.layout
+        self.slot_offs = (self.layout.slot_at(0), self.layout.slot_at(1))  # (a round's slot, by parity)
         self.bases = workspace.bases  # every rank's workspace address, mapped here
         self.host = workspace.host_addr
         dev = workspace.device
@@ -79,6 +82,11 @@ class Lanes:
         self.unjoined = None
         # repeated all_reduces' launches, by the caller's plan (chorus.cuda.component)
         self.shots: dict = {}
+        # their CUDA graphs (chorus.cuda.replays), and a stream to capture them on
+        self.replay = config.get("CHORUS_CUDA_REPLAY") and not getattr(kernels, "INTERPRET", True)
+        self.names = names
+        self.capture_stream = None
+        self.kept_replays: list = []
 
     def begin(self, op_id: int, ctx, stream: int, dtype: str = "", reduce_op: str = "", fprint: int = 0,
               joins: bool = True) -> None:
@@ -167,21 +175,62 @@ class Lanes:
     def shot(self, shot, data: int) -> bool:
         """The op's all_reduce, in place on ``data``, as one launch of ``shot`` (a Shot
         that all_reduce_fused of these lanes returned) through the next round's slot, as
-        all_reduce_fused would launch it.  False, with nothing enqueued, where it cannot
-        (captured in a CUDA graph; a value outside the shot's kernel): the algorithm's
-        path then."""
+        all_reduce_fused would launch it; or, where ``data`` was seen before, a replay of
+        its CUDA graph (chorus.cuda.replays).  False, with nothing enqueued, where it
+        cannot (captured in a CUDA graph; a value outside the shot's kernel): the
+        algorithm's path then."""
         if self.graph:
             return False
-        t = time.perf_counter()
+        t = time.perf_counter() if recorder.current is not None else 0.0
         rounds = self.rounds + 1
-        used = shot(data, data, self.layout.slot_at(rounds & 1), self.op_id, self.epoch + 1, self.stream)
-        if not used:
-            return False
+        slot_off = self.slot_offs[rounds & 1]
+        replays = shot.replays
+        if replays is None and self.replay:
+            replays = shot.replays = self._replays(shot)
+        used = replays(data, rounds & 1, slot_off, self.stream) if replays else 0
+        if used:
+            self.names.replayed(self.epoch + 1, self.op_id)
+        else:
+            used = shot(data, data, slot_off, self.op_id, self.epoch + 1, self.stream)
+            if not used:
+                return False
         self.rounds = rounds
         self.epoch += used
-        if recorder.current is not None:
+        if t:
             recorder.transfer("reduce", self.ctx, "cuda", t, shot.n * self.ws.itemsize(self.dtype), algorithm=shot.kind)
         return True
+
+    def _replays(self, shot):
+        """A Replays of ``shot`` (False where this process's driver cannot capture)."""
+        from chorus.cuda import replays
+
+        graphs = replays.driver()
+        if graphs is None or self.names is None:
+            self.replay = False
+            return False
+        if self.capture_stream is None:
+            self.capture_stream = graphs.new_stream()
+        made = replays.Replays(shot, graphs, self.capture_stream)
+        self.kept_replays.append(made)
+        return made
+
+    def forget_shots(self) -> None:
+        """Drop the kept Shots (a full cache) and destroy their replay graphs."""
+        for shot in self.shots.values():
+            if shot.replays:
+                shot.replays.close()
+                self.kept_replays.remove(shot.replays)
+        self.shots.clear()
+
+    def close(self) -> None:
+        """Destroy the replay graphs (the workspace they point into is about to go) and
+        the stream they were captured on."""
+        for made in self.kept_replays:
+            made.close()
+        if self.kept_replays and self.capture_stream is not None:
+            self.kept_replays[0].graphs.destroy_stream(self.capture_stream)
+        self.kept_replays.clear()
+        self.capture_stream = None
 
     def rows_fused(self, kind: str, inp: int, out: int, m: int, stride: int, big_n: int, item: int) -> None:
         """One launch: a round of the fused ``kind`` ("all_gather" or "reduce_scatter":

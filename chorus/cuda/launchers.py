@@ -116,7 +116,8 @@ _SMALL = (1 << 31) - 2
 def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, slot_off: int, rank: int,
                      world: int, host_addr: int, op_id: int, fprint: int, epoch: int, timeout_ns: int, op: str,
                      dtype: str, max_spins: int = NEVER, stream: int | None = None, warps: int = 4,
-                     blocks: int = L.MAX_BLOCKS, per_thread: int = PER_THREAD, graph_slot: int = 0) -> int:
+                     blocks: int = L.MAX_BLOCKS, per_thread: int = PER_THREAD, graph_slot: int = 0,
+                     replay: bool = False) -> int:
     """Launch the one-shot (``kind`` "one_shot") or two-shot ("two_shot"; "two_shot_push":
     its all-gather by stores; "two_shot_stores": both halves by stores, through a slot
     twice the message's size) all_reduce kernel of ``n`` elements from
@@ -127,11 +128,13 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
     step (a power of two).  ``graph_slot`` > 0: the launch is captured in a CUDA graph;
     ``slot_off`` is then graph slot 0's and ``epoch`` unused (the kernel reads both from
     the device: chorus.cuda.fused.graph_begin), ``graph_slot`` the bytes of one graph slot.
+    ``replay``: the kernel of a lane's replay (chorus.cuda.replays): eager, but its epoch
+    from the device's EPOCH word (``epoch`` unused) and its op id ``op_id`` + that epoch.
     What depends only on the shape is planned once (geometry, types, the launch key's
     fixed part)."""
     aligned = not (inp | out) & 15
     pkey = (kind, n, dtype, op, world, aligned, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS, warps,
-            blocks, per_thread, graph_slot > 0)
+            blocks, per_thread, 2 if replay else int(graph_slot > 0))
     plan = _PLANS.get(pkey)
     if plan is None:
         plan = _fused_plan(pkey)
@@ -146,7 +149,8 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
             raise
         _no_hints(exc)
         return all_reduce_fused(kind, inp, out, n, controls_addr, slot_off, rank, world, host_addr, op_id, fprint,
-                                epoch, timeout_ns, op, dtype, max_spins, stream, warps, blocks, per_thread, graph_slot)
+                                epoch, timeout_ns, op, dtype, max_spins, stream, warps, blocks, per_thread, graph_slot,
+                                replay)
     return barriers
 
 
@@ -160,7 +164,7 @@ class Shot:
     ids): all_reduce_fused then.  Calls must not overlap (the lane's lock)."""
 
     __slots__ = ("kind", "n", "kernel", "key", "grid", "head", "tail", "barriers", "controls", "fprint", "warps",
-                 "block", "slots")
+                 "block", "slots", "replays")
 
     def __init__(self, kind: str, n: int, kernel, key: tuple, plan: tuple, controls_addr: int, fprint: int,
                  warps: int, direct):
@@ -168,6 +172,7 @@ class Shot:
         _, self.grid, self.head, self.tail, self.barriers = plan
         self.controls, self.fprint, self.warps = controls_addr, fprint, warps
         self.block = self.slots = None
+        self.replays = None  # its CUDA graphs (chorus.cuda.replays), made by the lane that repeats it
         if direct is not None:
             h = len(self.head)  # (inp, out, controls, slot_off, *head, op_id, fprint, epoch, graph_slot, *tail)
             self.block = direct.block(self._args(0, 0, 0, 0, 0))
@@ -199,7 +204,7 @@ def fused_shot(kind: str, n: int, controls_addr: int, rank: int, world: int, hos
     once such a launch has been compiled and cached (None before, and where launches go
     through Triton's JIT each time)."""
     pkey = (kind, n, dtype, op, world, True, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS, warps,
-            blocks, per_thread, False)
+            blocks, per_thread, 0)
     plan = _PLANS.get(pkey)
     fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
     key = (pkey, True, True, True, _fits(fprint))
@@ -207,6 +212,27 @@ def fused_shot(kind: str, n: int, controls_addr: int, rank: int, world: int, hos
     if plan is None or not entry:
         return None
     return Shot(kind, n, plan[0], key, plan, controls_addr, fprint, warps, entry[3])
+
+
+def replay(shot: Shot, data: int, slot_off: int, stream: int) -> int:
+    """Launch ``shot``'s all_reduce in place on ``data`` through the slot at ``slot_off``
+    as its replay kernel (chorus.cuda.replays: the epoch from the device, the op id
+    L.REPLAY_OP + that epoch); returns the barriers it used."""
+    kind, n, dtype, op, world, _, controls, rank, host, timeout_ns, max_spins, _, warps, blocks, per_thread, _ = \
+        shot.key[0]
+    return all_reduce_fused(kind, data, data, n, controls, slot_off, rank, world, host, L.REPLAY_OP, shot.fprint, 0,
+                            timeout_ns, op, dtype, max_spins, stream, warps, blocks, per_thread, replay=True)
+
+
+def replay_block(shot: Shot, data: int, slot_off: int):
+    """A parameter block (chorus.cuda.direct.Block) of the launch replay() makes, once
+    that launch was compiled and goes straight to the driver; else None."""
+    pkey = (*shot.key[0][:11], HINTS, *shot.key[0][12:15], 2)  # (as replay() plans it now)
+    plan, entry = _PLANS.get(pkey), _COMPILED.get((pkey, slot_off <= _SMALL, False, True, _fits(shot.fprint)))
+    if plan is None or not entry or entry[3] is None:
+        return None
+    _, _, head, tail, _ = plan
+    return entry[3].block((data, data, shot.controls, slot_off, *head, L.REPLAY_OP, shot.fprint, 0, 0, *tail))
 
 
 def _fused_plan(pkey: tuple) -> tuple:
@@ -373,4 +399,5 @@ assert (L.FPRINT, L.FPRINT_PARITY, L.FAIL_FP, L.MISMATCH) == (2560, 512, 7, 4)
 assert (L.BLOCKS, L.BLOCK_STRIDE) == (4096, 1536), "the fused kernels hard-code these offsets"
 assert (L.GRAPH_OPS, L.GRAPH_EPOCH, L.GRAPH_DONE, L.GRAPH_BLOCKS) == (16, 24, 32, 199168), "and these"
 assert (L.HOST_POLL - L.BROKEN, L.HOST_POLL_NS) == (32, 20000), "and these (chorus.cuda.fused._host_turn)"
+assert L.REPLAY_DONE == 48 and L.EPOCH == 0, "and these (chorus.cuda.fused.graph_begin, graph_end)"
 assert frozenset(_RAW_BY_SIZE) == GATHER_ITEMS, "the fused all_gather's element sizes"

@@ -28,6 +28,8 @@ for group size W::
                                  their launches so far (a launch's slot parity), GRAPH_EPOCH
                                  their barriers so far (a launch's epochs), GRAPH_DONE its
                                  blocks that finished (the last one advances both counts)
+    REPLAY_DONE 1 word           the blocks of a lane's replayed kernel that finished (the
+                                 last one stores EPOCH: chorus.cuda.fused.graph_end)
     HOST_POLL  1 word            the globaltimer time of the last read of the control page
                                  by a spinning block of this rank's fused kernels: one block
                                  claims each HOST_POLL_NS to read ABORT (chorus.cuda.fused)
@@ -74,13 +76,16 @@ CHANNEL_HEADER = 256
 ALIGN = 256
 GRAPH_OPS, GRAPH_EPOCH, GRAPH_DONE = 16, 24, 32
 HOST_POLL = 40
+REPLAY_DONE = 48
+#: a lane's replayed kernel reports op id REPLAY_OP + its first epoch (chorus.cuda.replays)
+REPLAY_OP = 1 << 40
 #: a rank's spinning fused kernels read the control page (pinned host memory, over PCIe)
 #: about once per this many ns, by whichever block claims the turn: every block reading it
 #: at once queues a kernel's blocks behind each other's reads (microseconds each)
 HOST_POLL_NS = 20_000
 GRAPH_BLOCKS = -(-(BLOCKS + (MAX_BLOCKS - 1) * BLOCK_STRIDE) // ALIGN) * ALIGN  # block b at + b * BLOCK_STRIDE
 CONTROL_BYTES = GRAPH_BLOCKS + MAX_BLOCKS * BLOCK_STRIDE
-assert CONTROL_BYTES % ALIGN == 0 and GRAPH_DONE < HOST_POLL and HOST_POLL + 8 <= BARRIER
+assert CONTROL_BYTES % ALIGN == 0 and GRAPH_DONE < HOST_POLL < REPLAY_DONE and REPLAY_DONE + 8 <= BARRIER
 #: elements one block of a fused kernel moves per step (the block count follows from it)
 FUSED_BLOCK = 1024
 #: block ranges and slices are multiples of this many elements: 16-byte aligned for every

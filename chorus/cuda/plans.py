@@ -93,13 +93,14 @@ class LaneLog:
     def __init__(self, ring: flight.Ring):
         self.ring = ring
         self.seqs, self.keys = ring.lanes[2], ring.keys[2]
-        self.last: tuple | None = None  # (plan, async_op, op, shape) of the last key noted
+        self.last: tuple | None = None  # (plan, async_op) of the last key noted
 
     def began(self, seq: int, plan: Plan, op, shape, async_op: bool) -> None:
-        """Lane op ``seq`` runs ``plan`` (a plan key noted where it changed)."""
+        """Lane op ``seq`` runs ``plan`` (a plan key noted where it changed: a plan object
+        is made for one (dtype, shape, op) alone, so the same plan means the same three)."""
         last = self.last
-        if last is None or last[0] is not plan or last[1] != async_op or last[2] is not op or last[3] != shape:
-            self.last = (plan, async_op, op, shape)
+        if last is None or last[0] is not plan or last[1] != async_op:
+            self.last = (plan, async_op)
             self.keys.append((len(self.seqs), (Dtype(plan.dtype, plan.item), op, tuple(shape),
                                                Noted(plan.fingerprint, plan.algorithm, async_op))))
         self.seqs.append(seq)

@@ -318,6 +318,34 @@ def case_graph(rank, world, pg, comp):
     torch.cuda.synchronize()
 
 
+def case_replay(rank, world, pg, comp):
+    """all_reduces repeated on the same tensors run, from a tensor's third call of a slot
+    parity on, as replays of their CUDA graphs (chorus.cuda.replays), between eager calls
+    on fresh tensors and an op of another kind: every result equals NCCL's."""
+    bufs = [data(rank, n, "float32") for n in (1000, 100_000)] + [data(rank, 5000, "bfloat16")]
+    for salt in range(7):
+        for b in bufs:
+            x = data(rank, b.numel(), str(b.dtype)[6:], salt)
+            want = x.clone()
+            tdist.all_reduce(want)
+            b.copy_(x)
+            chorus.all_reduce(b)
+            assert torch.equal(b, want), (salt, b.numel(), b.dtype)
+        fresh = data(rank, 3000 + salt, "float32", salt)  # (a new address, and a new shape, each time)
+        want = fresh.clone()
+        tdist.all_reduce(want)
+        chorus.all_reduce(fresh)
+        assert torch.equal(fresh, want), salt
+        if salt == 3:
+            root = data(rank, 64, "float32")
+            chorus.broadcast(root, src=0)
+            want = data(0, 64, "float32")
+            assert torch.equal(root, want)
+    lanes = pg.device_components["cuda"].lanes  # (the API's component: run() attached another)
+    replayed = [made for made in lanes.kept_replays if any(made.kept.values())]
+    assert len(replayed) == 3, [made.kept for made in lanes.kept_replays]
+
+
 def run(rank, world, ports, cases):
     pg, comp = init(rank, world, ports)
     staged = os.environ.get("CHORUS_CUDA_STAGING") == "1"
@@ -350,6 +378,35 @@ def run_timeout(rank, world, ports):
                 raise AssertionError("no timeout reported")
     tdist.barrier()
     comp.close()
+    chorus.destroy_process_group()
+    tdist.destroy_process_group()
+
+
+def run_replay_timeout(rank, world, ports):
+    """Rank 1 skips the sixth of an all_reduce repeated on one tensor: rank 0's replayed
+    kernel gives up at the group's timeout, reporting its op by its epoch, and the error
+    names that op (its sequence number), not the op the graph was captured for."""
+    from chorus.cuda import layout as L
+
+    pg, attached = init(rank, world, ports, timeout=3.0)
+    attached.close()
+    x = data(rank, 1000, "float32")
+    for _ in range(5):
+        chorus.all_reduce(x)
+    torch.cuda.synchronize()
+    comp = pg.device_components["cuda"]  # (the component the API made at its first CUDA op)
+    if rank == 0:
+        chorus.all_reduce(x)
+        failed = comp.names.entry(comp.names.last)
+        torch.cuda.synchronize()
+        assert int(comp.ws.words[L.FAIL_OP]) >= L.REPLAY_OP, int(comp.ws.words[L.FAIL_OP])
+        try:
+            chorus.all_reduce(x)
+        except chorus.CommTimeoutError as exc:
+            assert failed[0] in str(exc) and "[1]" in str(exc), (failed, exc)
+        else:
+            raise AssertionError("no timeout reported")
+    tdist.barrier()
     chorus.destroy_process_group()
     tdist.destroy_process_group()
 

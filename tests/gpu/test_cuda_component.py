@@ -57,6 +57,14 @@ def test_staging_fallback(small_workspace, monkeypatch):
     mp.spawn(gpu_workers.run, args=(2, ports(), ["rooted", "p2p"]), nprocs=2)
 
 
+def test_repeated_all_reduces_replay_cuda_graphs(small_workspace):
+    mp.spawn(gpu_workers.run, args=(2, ports(), ["replay"]), nprocs=2)
+
+
+def test_a_replayed_kernel_s_timeout_names_its_own_op(small_workspace):
+    mp.spawn(gpu_workers.run_replay_timeout, args=(2, ports()), nprocs=2)
+
+
 def test_spin_timeout_is_reported(small_workspace):
     mp.spawn(gpu_workers.run_timeout, args=(2, ports()), nprocs=2)
 
