@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from chorus.components.hierarchy import HIDDEN  # noqa: E402
-from chorus.cuda import component, nccl  # noqa: E402
+from chorus.cuda import nccl  # noqa: E402
 from chorus.cuda.component import CudaComponent  # noqa: E402
 from chorus.cuda.nccl import nccl_handoff  # noqa: E402
 
@@ -101,7 +101,7 @@ def _agree_on_threads(fingerprints):
 
     def body(rank, world):
         pg = current().default_group
-        sub = hidden_subgroup(pg, component.NCCL_INDEX, tuple(range(world)), "g0/nccl")
+        sub = hidden_subgroup(pg, nccl.NCCL_INDEX, tuple(range(world)), "g0/nccl")
         select.attach(sub, settings=False)
         peers = NcclPeers(pg, tuple(range(world)), sub, "cuda/0/nccl/address")
         try:
@@ -146,7 +146,7 @@ def test_the_watcher_aborts_the_communicator_once_its_word_is_set_and_stops_at_c
 
     def body(rank, world):
         pg = current().default_group
-        sub = hidden_subgroup(pg, component.NCCL_INDEX, tuple(range(world)), "g0/nccl")
+        sub = hidden_subgroup(pg, nccl.NCCL_INDEX, tuple(range(world)), "g0/nccl")
         select.attach(sub, settings=False)
         peers = nccl.NcclPeers(pg, tuple(range(world)), sub, "cuda/0/nccl/address")
         aborted = threading.Event()
@@ -176,7 +176,7 @@ def test_close_stops_a_watcher_that_never_fired():
 
     def body(rank, world):
         pg = current().default_group
-        sub = hidden_subgroup(pg, component.NCCL_INDEX, tuple(range(world)), "g0/nccl")
+        sub = hidden_subgroup(pg, nccl.NCCL_INDEX, tuple(range(world)), "g0/nccl")
         select.attach(sub, settings=False)
         peers = nccl.NcclPeers(pg, tuple(range(world)), sub, "cuda/0/nccl/address")
         peers.watch(np.zeros(8, dtype=np.int64), 1)

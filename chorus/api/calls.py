@@ -8,7 +8,7 @@ from typing import Any
 
 from chorus.api.groups import resolve, warn_not_in_group
 from chorus.api.state import current
-from chorus.buffers import Buffer, as_buffer
+from chorus.buffers import Buffer, as_buffer, is_torch_tensor
 from chorus.call import make
 from chorus.components.select import start
 from chorus.errors import InvalidArgumentError
@@ -84,3 +84,14 @@ def device_lane(group: Any, device: str):
         return None
     pg = world.default_group if group is None else group if type(group) is ProcessGroup else None
     return None if pg is None else pg.device_components.get(device)
+
+
+def cuda_rows_now(name: str, output: Any, input: Any, op: Any, group: Any, async_op: bool):
+    """all_gather_into_tensor / reduce_scatter_tensor (``name`` "all_gather" /
+    "reduce_scatter") of CUDA tensors through the group's CUDA lane where it takes them
+    (chorus.cuda.component.rows_now): True or its Work, else None (the general path)."""
+    if not (is_torch_tensor(input) and input.is_cuda and is_torch_tensor(output)):
+        return None
+    gpu = device_lane(group, "cuda")
+    done = False if gpu is None else gpu.rows_now(name, output, input, op, async_op)
+    return None if done is False else done

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from chorus.api.calls import collective, lane, member_group, not_member, same_dtype, writable
+from chorus.api.calls import (
+    collective,
+    cuda_rows_now,
+    lane,
+    member_group,
+    not_member,
+    same_dtype,
+    writable,
+)
 from chorus.buffers import as_buffer, clone, concat, empty
 from chorus.errors import InvalidArgumentError
 from chorus.reductions import ReduceOp, check_op, combiner, divide, scale
@@ -65,6 +73,10 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
 
     rank 0: in=[1, 2]   rank 1: in=[3, 4]   --SUM-->   rank 0: out=[4]   rank 1: out=[6]
     """
+    if algorithm is None:
+        done = cuda_rows_now("reduce_scatter", output, input, op, group, async_op)
+        if done is not None:
+            return done if async_op else None
     pg = member_group(group, "reduce_scatter_tensor")
     if pg is None:
         return not_member(async_op)

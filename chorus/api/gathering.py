@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from chorus.api.calls import collective, member_group, not_member, root_rank, same_dtype, writable
+from chorus.api.calls import (
+    collective,
+    cuda_rows_now,
+    member_group,
+    not_member,
+    root_rank,
+    same_dtype,
+    writable,
+)
 from chorus.buffers import Buffer, as_buffer, concat, empty
 from chorus.errors import InvalidArgumentError
 from chorus.work import Work
@@ -57,6 +65,10 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
 
     rank 0: in=[1, 2]   rank 1: in=[3, 4]   -->   both: out=[1, 2, 3, 4] (or [[1, 2], [3, 4]])
     """
+    if algorithm is None:
+        done = cuda_rows_now("all_gather", output_tensor, input_tensor, None, group, async_op)
+        if done is not None:
+            return done if async_op else None
     pg = member_group(group, "all_gather_into_tensor")
     if pg is None:
         return not_member(async_op)

@@ -18,7 +18,8 @@ Per call, with a mapped workspace::
                      (all_to_all), "barrier"; "staging" for reductions of dtypes the
                      kernels lack
     all_reduce_now   an all_reduce from a cached plan (chorus.cuda.plans), with none of
-                     the general path's per-call objects (the API's latency lane)
+                     the general path's per-call objects (the API's latency lane);
+    rows_now         the same for all_gather_into_tensor and reduce_scatter_tensor
     start(call)      enqueue the algorithm (chorus.cuda.algorithms) on the caller's
                      current stream, in issue order; return at once (async_op: a
                      CudaWork holding an event recorded after it); inside a CUDA graph
@@ -53,7 +54,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from functools import partial
 from types import SimpleNamespace
 
@@ -61,66 +61,30 @@ from chorus import config, recorder
 from chorus.call import Call
 from chorus.components import select
 from chorus.components.base import Component, run_in_order
-from chorus.components.hierarchy import hidden_subgroup
 from chorus.cuda import algorithms as A
-from chorus.cuda import capture, failures, staging
+from chorus.cuda import capture, failures, setup, staging
 from chorus.cuda import layout as L
 from chorus.cuda.beside import Beside
 from chorus.cuda.failures import OpNames
-from chorus.cuda.nccl import NcclPeers, nccl_handoff, nccl_reduces
-from chorus.cuda.plans import PLANS, LaneLog, cached_plan
+from chorus.cuda.nccl import NcclPeers, group_peers, nccl_handoff, nccl_reduces
+from chorus.cuda.plans import PLANS, LaneLog, cached_plan, rows_plan
+from chorus.cuda.staging import is_cuda
 from chorus.cuda.work import CudaWork
 from chorus.debug import flight
 from chorus.engine import OpContext
 
 log = logging.getLogger("chorus")
 
-DEFAULT_WORKSPACE_BYTES = 64 << 20
 _ALGORITHMS = {"all_to_all": "channels", "barrier": "barrier"}  # everything else: "one_shot"
-
-
-def setting(name: str, default: int) -> int:
-    """A CHORUS_CUDA_* setting (declared in chorus.config)."""
-    value = config.get(name)
-    if value in (None, ""):
-        return default
-    return int(value)
-
-
-def is_cuda(call: Call) -> bool:
-    device = getattr(call, "device", None)
-    if device is not None:
-        return device == "cuda"
-    return any(getattr(t, "is_cuda", False) for t in call.buffers.values())
 
 
 def attach(pg) -> CudaComponent:
     """The CUDA component of group ``pg`` (collective: every member calls it, at the same
-    call).  The caller puts it first in ``pg.components``."""
-    from chorus.api.state import current
-    from chorus.cuda.workspace import Unusable, Workspace
-
+    call): on its workspace (chorus.cuda.setup), else, across hosts, rails, else staged.
+    The caller puts it first in ``pg.components``."""
     if capture.capturing():
         raise capture.first_use_error(pg.name)
-    store = current().store
-    total = setting("CHORUS_CUDA_WORKSPACE_BYTES", DEFAULT_WORKSPACE_BYTES)
-    generation = (store.add(f"cuda/{pg.id}/attaches", 1) - 1) // pg.size()
-    prefix = f"cuda/{pg.id}/{generation}"
-    why = "CHORUS_CUDA_STAGING=1" if setting("CHORUS_CUDA_STAGING", 0) else ""
-    ws = None
-    if not why:
-        started = time.perf_counter()
-        try:
-            ws = Workspace.create(pg, store, prefix, total)
-        except (Unusable, ImportError) as exc:
-            why = str(exc)
-        else:
-            ws.setup_s = time.perf_counter() - started
-            lay = ws.layout
-            log.info("chorus rank %d: group %s's CUDA workspace: %.1f MiB on this GPU (slots 2 x %.1f MiB, graph "
-                     "slots 2 x %.1f MiB, channels 2 x %d x %.1f MiB), allocated, mapped by %d ranks and checked "
-                     "in %.3f s", pg.members[pg.rank()], pg.name, lay.total / 2**20, lay.slot / 2**20,
-                     lay.graph / 2**20, pg.size(), lay.channel / 2**20, pg.size(), ws.setup_s)
+    ws, why = setup.workspace(pg)
     if ws is None:
         from chorus.cuda.rails import attach as rails
 
@@ -130,11 +94,6 @@ def attach(pg) -> CudaComponent:
         log.warning("chorus rank %d: group %s stages CUDA tensors through host memory: %s",
                     pg.members[pg.rank()], pg.name, why)
     return CudaComponent(pg, ws, why)
-
-
-#: the hidden sub-group index of a group's NCCL fingerprint agreement (after the
-#: hierarchy's leaders, hosts and rails)
-NCCL_INDEX = (1 << 12) - 1
 
 
 class CudaComponent(Component):
@@ -330,6 +289,48 @@ class CudaComponent(Component):
         check = partial(self.check, "all_reduce")
         return CudaWork(partial(self._beside.event_after, native), check, [tensor], (tensor,), native)
 
+    def rows_now(self, name: str, output, input, op, async_op: bool = False):
+        """all_gather_into_tensor (``name`` "all_gather") or reduce_scatter_tensor
+        ("reduce_scatter") of CUDA tensors, now, as all_reduce_now does: False where the
+        general path must take it; else one round of the fused kernel enqueued from a
+        cached plan (chorus.cuda.plans.rows_plan), and True (``async_op``: its CudaWork)."""
+        lanes, key = self.lanes, (name, input.dtype, input.shape, output.shape, op)
+        if lanes is None or self.ws.stream is not None:
+            return False
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= PLANS:
+                self._plans.clear()
+            plan = self._plans[key] = rows_plan(name, output, input, op, self.pg.size(), self._reducible,
+                                                self._nccl_gather_from, lanes.layout.slot) or False
+        pg, stream = self.pg, self._last_raw
+        if (not plan or self.broken is not None or not input.is_contiguous() or not output.is_contiguous()
+                or input.get_device() != self._device_index or output.get_device() != self._device_index
+                or not self._inline(stream) or self._torch._C._cuda_isCurrentStreamCapturing()
+                or not pg.enter_lane()):
+            return False
+        seq, log = pg.take_seq(), self._lane_log
+        try:
+            if log is not None:
+                log.began(seq, plan, op, input.shape, async_op)
+            self.check(name)
+            op_id = self.names.add(None, seq, plan.fingerprint, name)
+            with self._lock:
+                lanes.begin(op_id, None, stream, plan.dtype, plan.reduce_op, plan.fingerprint)
+                lanes.round()
+                lanes.rows_fused(name, input.data_ptr(), output.data_ptr(), plan.m, plan.stride, plan.m, plan.item)
+        except BaseException as exc:
+            if log is not None:
+                log.failed(seq, exc)
+            raise
+        finally:
+            pg.leave()
+        if log is not None:
+            log.ring.done = seq
+        if plan.average:
+            output.div_(pg.size())  # AVG (floating dtypes only), as the general path
+        return self._work(self._last_stream, name, [output], output) if async_op else True
+
     def close(self) -> None:
         if self._nccl is not None:
             self._nccl.close()
@@ -415,10 +416,7 @@ class CudaComponent(Component):
         return self._work(stream, call.name, call.result, call.buffers)
 
     def _make_peers(self) -> NcclPeers:
-        """The group's NCCL communicator's members (collective: every rank at the same op)."""
-        sub = hidden_subgroup(self.pg, NCCL_INDEX, tuple(range(self.pg.size())), f"{self.pg.name}/nccl")
-        select.attach(sub, settings=False)
-        return NcclPeers(self.pg, tuple(range(self.pg.size())), sub, f"cuda/{self.pg.id}/nccl/address")
+        return group_peers(self.pg)  # (collective: every rank at the same op)
 
     def _hand_off(self, op_id: int, fprint: int, raw: int, nccl_op, wait: bool = True):
         """``nccl_op()`` (queues NCCL's op after the work of the caller's stream ``raw``;

@@ -43,7 +43,7 @@ import numpy as np
 from chorus import config
 from chorus.call import make
 from chorus.components import select
-from chorus.components.hierarchy import HIDDEN
+from chorus.components.hierarchy import HIDDEN, hidden_subgroup
 from chorus.errors import AbortedError, CollectiveMismatchError
 from chorus.reductions import ReduceOp
 from chorus.wire.fingerprint import describe
@@ -122,6 +122,19 @@ def nccl_handoff(pg) -> bool:
     and the group is not itself a hidden sub-group (whose ids leave no room for one more
     level: a host's sub-group under the rails, which already run NCCL between hosts)."""
     return bool(config.get("CHORUS_CUDA_NCCL_FROM_BYTES")) and not pg.id & HIDDEN and nccl_available()
+
+
+#: the hidden sub-group index of a group's NCCL fingerprint agreement (after the
+#: hierarchy's leaders, hosts and rails)
+NCCL_INDEX = (1 << 12) - 1
+
+
+def group_peers(pg) -> NcclPeers:
+    """Group ``pg``'s NCCL communicator's members, over a hidden sub-group of all of it
+    (collective: every rank at the same op)."""
+    sub = hidden_subgroup(pg, NCCL_INDEX, tuple(range(pg.size())), f"{pg.name}/nccl")
+    select.attach(sub, settings=False)
+    return NcclPeers(pg, tuple(range(pg.size())), sub, f"cuda/{pg.id}/nccl/address")
 
 
 class NcclPeers:

@@ -1,6 +1,7 @@
-"""The plans of a CUDA group's latency lane (``CudaComponent.all_reduce_now``): what a
-repeated all_reduce of one (dtype, shape, op) needs, worked out once; and ``LaneLog``,
-what the flight recorder keeps of the ops that ran them.
+"""The plans of a CUDA group's latency lane (``CudaComponent.all_reduce_now``,
+``rows_now``): what a repeated all_reduce of one (dtype, shape, op), or all_gather_into_tensor
+/ reduce_scatter_tensor of one (dtype, shapes, op), needs, worked out once; and
+``LaneLog``, what the flight recorder keeps of the ops that ran them.
 
 A plan says which dtype name and fingerprint the call carries (as the API would name
 them: every rank's fingerprints must agree whichever path it took), how many elements
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from chorus.buffers import dtype_name_of
 from chorus.cuda import algorithms as A
 from chorus.cuda import staging
+from chorus.cuda.layout import GRAIN
 from chorus.cuda.nccl import nccl_reduces
 from chorus.debug import flight
 from chorus.wire.fingerprint import fingerprint
@@ -67,6 +70,53 @@ def cached_plan(plans: dict, tensor, op, reducible: frozenset, nccl_from: int, w
         plans.clear()
     plan = plans[(tensor.dtype, tensor.shape, op)] = all_reduce_plan(tensor, op, reducible, nccl_from, world) or False
     return plan
+
+
+class RowsPlan(NamedTuple):
+    """A repeated all_gather_into_tensor or reduce_scatter_tensor (``name``: the Call's,
+    "all_gather" or "reduce_scatter") as one round of its fused kernel
+    (chorus.cuda.gather): ``m`` elements of each rank's block, rows ``stride`` apart."""
+
+    name: str
+    dtype: str
+    fingerprint: int
+    reduce_op: str
+    m: int
+    stride: int
+    item: int
+    average: bool
+    algorithm: str = "fused"
+
+
+def rows_plan(name: str, output, input, op, world: int, reducible: frozenset, nccl_from: int,
+              slot_bytes: int) -> RowsPlan | None:
+    """The plan of ``name`` ("all_gather" or "reduce_scatter") from ``input`` into
+    ``output`` on a group of ``world`` ranks whose kernels reduce ``reducible``, whose
+    all_gather / reduce_scatter go to NCCL from ``nccl_from`` bytes of the whole buffer
+    (0: never), through slots of ``slot_bytes``; None where the general path must decide
+    (it raises the errors, hands off to NCCL, takes several rounds, scales PREMUL_SUM)."""
+    import torch
+
+    gather = name == "all_gather"
+    m = input.numel() if gather else output.numel()
+    if input.dtype != output.dtype or m == 0 or (output if gather else input).numel() != world * m:
+        return None
+    dtype, item = dtype_name_of(input), input.element_size()
+    kind = "" if gather else getattr(op, "name", None)
+    if gather and item not in A.GATHER_ITEMS:
+        return None
+    if not gather and (kind not in LANE_OPS or dtype not in reducible
+                       or (kind == "AVG" and not input.is_floating_point())
+                       or (kind in ("BAND", "BOR", "BXOR")
+                           and (input.is_floating_point() or input.dtype == torch.bool))):
+        return None
+    if (nccl_from and world * m * item >= nccl_from) or m > A.rows_chunk(slot_bytes, item, world):
+        return None
+    try:
+        fp = fingerprint(name, dtype, m if gather else world * m, -1, kind)  # (as the API's Call)
+    except (KeyError, ValueError):
+        return None
+    return RowsPlan(name, dtype, fp, kind, m, -(-m // GRAIN) * GRAIN, item, kind == "AVG")
 
 
 class Dtype(NamedTuple):

@@ -29,6 +29,14 @@ _INTO = {"data", "input"}  # buffers copied to the host before the op
 _BACK = {"data", "output"}  # buffers copied back after it
 
 
+def is_cuda(call) -> bool:
+    """Whether chorus Call ``call`` moves CUDA tensors."""
+    device = getattr(call, "device", None)
+    if device is not None:
+        return device == "cuda"
+    return any(getattr(t, "is_cuda", False) for t in call.buffers.values())
+
+
 def torch_dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 

@@ -315,7 +315,7 @@ def _entry(seq: int, item, issued: float | None, ring: Ring) -> dict:
             "error": error[0] if error else None, "lost_rank": error[1] if error else None,
             "waiting_on": waiting_on(error[0]) if error else [], "fingerprint": fp, "call": describe(fp),
         }
-    plan = item[-1]  # a lane's plan key: (dtype, op, shape, plan) or (dtype, shape, plan)
+    plan = item[-1]  # a lane's plan key: (dtype, op or None, shape, plan) or (dtype, shape, plan)
     dtype = item[0]
     shape = item[2] if len(item) == 4 else item[1]
     count = 1
@@ -324,9 +324,9 @@ def _entry(seq: int, item, issued: float | None, ring: Ring) -> dict:
     failure = ring.errors.get(seq)
     state = FAILED if failure else DONE if seq <= ring.done else STARTED
     return {
-        "seq": seq, "op": "all_reduce" if len(item) == 4 else "all_to_all", "dtype": dtype.name,
+        "seq": seq, "op": decode(plan.fingerprint)["op"], "dtype": dtype.name,
         "count": count, "nbytes": count * dtype.itemsize,
-        "reduce_op": item[1].name if len(item) == 4 else "", "root": -1, "async": getattr(plan, "async_op", False),
+        "reduce_op": getattr(item[1], "name", "") if len(item) == 4 else "", "root": -1, "async": getattr(plan, "async_op", False),
         "component": getattr(plan, "component", "shm"), "algorithm": getattr(plan, "algorithm", "window"),
         "lane": True, "state": state, "issued": issued,
         "started": issued, "ended": failure[1] if failure else None, "timed": "sampled",

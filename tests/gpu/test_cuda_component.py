@@ -57,6 +57,10 @@ def test_staging_fallback(small_workspace, monkeypatch):
     mp.spawn(gpu_workers.run, args=(2, ports(), ["rooted", "p2p"]), nprocs=2)
 
 
+def test_all_gather_and_reduce_scatter_through_the_lane(small_workspace):
+    mp.spawn(gpu_workers.run, args=(2, ports(), ["rows"]), nprocs=2)
+
+
 def test_repeated_all_reduces_replay_cuda_graphs(small_workspace):
     mp.spawn(gpu_workers.run, args=(2, ports(), ["replay"]), nprocs=2)
 
