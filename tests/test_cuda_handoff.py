@@ -315,7 +315,8 @@ def test_the_lane_hands_a_repeated_large_all_reduce_to_nccl_then_queues_its_barr
             f"nccl {op} of {tensor.numel()}{'' if wait else ', not waited for'}") or native
         comp._last_raw = 123
         log.clear()
-        done = comp.all_reduce_now(t, ReduceOp.AVG)
+        leaf = torch.ones(8, requires_grad=True)  # (AVG divides a detached view, as the general path)
+        done = comp.all_reduce_now(leaf, ReduceOp.AVG) and torch.equal(leaf.detach(), torch.ones(8))
         sync = list(log)
         log.clear()
         comp._beside.join = lambda work: log.append("beside joins nccl's op")

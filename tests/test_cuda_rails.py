@@ -101,9 +101,9 @@ def test_the_rail_store_is_on_the_transports_host():
 
 
 def test_every_cuda_component_takes_the_lanes_async_argument():
-    """The API calls ``all_reduce_now(tensor, op, async_op)`` on whichever CUDA component
-    a group has (chorus.api.collectives): each must take it, or every second call of a
-    group across hosts raises TypeError."""
+    """The API calls ``all_reduce_now(tensor, op, async_op)`` and ``rows_now(name, output,
+    input, op, async_op)`` on whichever CUDA component a group has (chorus.api): each must
+    take them, or every call of a group across hosts after its first raises."""
     import inspect
 
     from chorus.cuda.component import CudaComponent
@@ -112,3 +112,7 @@ def test_every_cuda_component_takes_the_lanes_async_argument():
     for cls in (CudaComponent, RailsComponent):
         params = list(inspect.signature(cls.all_reduce_now).parameters)
         assert params[:4] == ["self", "tensor", "op", "async_op"], (cls.__name__, params)
+        params = list(inspect.signature(cls.rows_now).parameters)  # (all_gather_into_tensor, reduce_scatter_tensor)
+        assert params[:6] == ["self", "name", "output", "input", "op", "async_op"], (cls.__name__, params)
+    rails = RailsComponent.__new__(RailsComponent)
+    assert rails.rows_now("all_gather", None, None, None, True) is False  # (the general path runs the rails)

@@ -114,14 +114,14 @@ def test_the_lane_launches_what_the_general_path_s_algorithm_launches(monkeypatc
         lanes = comp.lanes
         m = 300
         small, big = torch.arange(m, dtype=torch.float32), torch.arange(WORLD * m, dtype=torch.float32)
-        out, inp = (big.clone(), small) if name == "all_gather" else (small.clone(), big)
-        op = None if name == "all_gather" else ReduceOp.AVG
+        out, inp = (big.clone(), small) if name == "all_gather" else (small.clone().requires_grad_(), big)
+        op = None if name == "all_gather" else ReduceOp.AVG  # (AVG into a leaf that requires grad, as the API)
         assert comp.rows_now(name, out, inp, op) is True
         by_lane, lane_count = list(seen), (lanes.epoch, lanes.rounds)
         seen.clear()
         other, _ = _lanes(monkeypatch)
         _, _, fprint = comp.names.entry(comp.names.last)
-        other.begin(comp.names.last, None, 123, "float32", "" if op is None else "AVG", fprint)
+        other.begin(comp.names.last, None, 123, lanes.dtype, lanes.reduce_op, fprint)
         if name == "all_gather":
             A.all_gather(other, inp.data_ptr(), out.data_ptr(), m, 4, -1, True)
         else:
@@ -133,12 +133,14 @@ def test_the_lane_launches_what_the_general_path_s_algorithm_launches(monkeypatc
         assert as_named[0][0][3] == 123  # (the op's stream: the group's last)
         assert lane_count == (other.epoch, other.rounds)
         if name == "reduce_scatter":
-            assert torch.equal(out, small / WORLD)  # (the faked launch reduced nothing: AVG's division alone)
+            assert torch.equal(out.detach(), small / WORLD)  # (the faked launch reduced nothing: AVG's division)
+        assert (lanes.dtype, lanes.reduce_op) == ("float32", "" if op is None else "AVG")
 
     _in_group(monkeypatch, test)
 
 
-def test_the_lane_steps_aside_for_a_non_contiguous_tensor_a_capture_or_a_broken_group(monkeypatch):
+def test_the_lane_steps_aside_for_a_non_contiguous_tensor_a_capture_a_broken_group_or_a_dtype_change(
+        monkeypatch):
     def test(comp, seen):
         x, x2 = torch.zeros(256), torch.zeros(512)
         assert comp.rows_now("all_gather", torch.zeros(2, 256).t(), torch.zeros(2, 128).t(), None) is False
@@ -149,5 +151,7 @@ def test_the_lane_steps_aside_for_a_non_contiguous_tensor_a_capture_or_a_broken_
         assert comp.rows_now("all_gather", x2, x, None) is False
         comp.broken = None
         assert seen == [] and comp.rows_now("all_gather", x2, x, None) is True and len(seen) == 1
+        # the same shapes, the output of another dtype: the general path (it raises), not the cached plan
+        assert comp.rows_now("all_gather", x2.bfloat16(), x, None) is False and len(seen) == 1
 
     _in_group(monkeypatch, test)

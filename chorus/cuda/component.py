@@ -279,7 +279,7 @@ class CudaComponent(Component):
         if log is not None:
             log.ring.done = seq
         if plan.average:
-            tensor.div_(pg.size())  # AVG (floating dtypes only: see chorus.cuda.plans)
+            tensor.detach().div_(pg.size())  # AVG (floating dtypes only: see chorus.cuda.plans)
         if not async_op:
             return True
         if native is None or plan.average:
@@ -294,7 +294,7 @@ class CudaComponent(Component):
         ("reduce_scatter") of CUDA tensors, now, as all_reduce_now does: False where the
         general path must take it; else one round of the fused kernel enqueued from a
         cached plan (chorus.cuda.plans.rows_plan), and True (``async_op``: its CudaWork)."""
-        lanes, key = self.lanes, (name, input.dtype, input.shape, output.shape, op)
+        lanes, key = self.lanes, (name, input.dtype, output.dtype, input.shape, output.shape, op)
         if lanes is None or self.ws.stream is not None:
             return False
         plan = self._plans.get(key)
@@ -303,7 +303,7 @@ class CudaComponent(Component):
                 self._plans.clear()
             plan = self._plans[key] = rows_plan(name, output, input, op, self.pg.size(), self._reducible,
                                                 self._nccl_gather_from, lanes.layout.slot) or False
-        pg, stream = self.pg, self._last_raw
+        pg, last_stream, stream = self.pg, self._last_stream, self._last_raw  # (once: see all_reduce_now)
         if (not plan or self.broken is not None or not input.is_contiguous() or not output.is_contiguous()
                 or input.get_device() != self._device_index or output.get_device() != self._device_index
                 or not self._inline(stream) or self._torch._C._cuda_isCurrentStreamCapturing()
@@ -328,8 +328,8 @@ class CudaComponent(Component):
         if log is not None:
             log.ring.done = seq
         if plan.average:
-            output.div_(pg.size())  # AVG (floating dtypes only), as the general path
-        return self._work(self._last_stream, name, [output], output) if async_op else True
+            output.detach().div_(pg.size())  # AVG (floating dtypes only), as the general path
+        return self._work(last_stream, name, [output], output) if async_op else True
 
     def close(self) -> None:
         if self._nccl is not None:
