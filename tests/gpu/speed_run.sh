@@ -18,8 +18,14 @@
 #      bf16, 1 KiB .. 64 MiB (x8)
 #   7. graph: all_reduce bf16, 4 B .. 4 MiB (x4), captured in a CUDA graph and replayed,
 #      chorus against NCCL (chorus bench --graph)
+#   8. unheld_all_reduce, unheld_all_gather, unheld_reduce_scatter: eager loops as they
+#      come (chorus bench --unheld: the longer of CPU and GPU time per call), bf16,
+#      all_reduce 8 B .. 2 MiB, the others 1 KiB .. 1 MiB (x4), against NCCL
+#   9. lane: the CPU time of a small eager all_reduce by layer, the CUDA-graph replays
+#      off and on alternating (tools/cuda_lane_cost.py; $LOGS/lane/lane-rank*.txt)
 # CHORUS_SPEED_PARTS="all_reduce graph ..." runs only the parts named (smoke, all_reduce,
-# calibrate, rails, ddp, all_gather, reduce_scatter, broadcast, all_to_all, graph).
+# calibrate, rails, ddp, all_gather, reduce_scatter, broadcast, all_to_all, graph,
+# unheld_all_reduce, unheld_all_gather, unheld_reduce_scatter, lane).
 # then a compact table per part: size, chorus us (GPU), chorus cpu us, nccl us, nccl/chorus,
 # symm us, #wrong.  Exits non-zero unless every part passed.
 set -uo pipefail
@@ -110,6 +116,13 @@ bench reduce_scatter 35 --collective reduce_scatter -b 1K -e 256M -f 4 -n 200 -w
 bench broadcast 30 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
 bench all_to_all 40 --collective all_to_all -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
 bench graph 40 --collective all_reduce -b 4 -e 4M -f 4 -n 200 -w 20 --graph --baseline nccl
+NCCL_RUNTIME_CONNECT=0 bench unheld_all_reduce 60 --collective all_reduce -b 8 -e 2M -f 4 -n 300 -w 30 --unheld \
+    --baseline all
+for c in all_gather reduce_scatter; do
+  NCCL_RUNTIME_CONNECT=0 bench "unheld_$c" 40 --collective "$c" -b 1K -e 1M -f 4 -n 300 -w 30 --unheld --baseline nccl
+done
+part lane 60 bash -c "cd tools && exec python cuda_lane_cost.py '$LOGS/lane' 29791 1024"
+[ -f "$LOGS/lane/lane-rank0.txt" ] && cat "$LOGS/lane/lane-rank0.txt"
 
 python - "$LOGS" <<'PY'
 import json, os, sys
@@ -128,7 +141,8 @@ def load(name):
     except (OSError, ValueError):
         return None
 
-for name in ("all_reduce", "graph", "rails", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
+for name in ("all_reduce", "graph", "rails", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
+             "unheld_all_reduce", "unheld_all_gather", "unheld_reduce_scatter"):
     doc = load(name)
     if doc is None:
         print(f"\n== {name}: no results (see {name}.log)")
