@@ -102,7 +102,7 @@ def test_a_repeated_all_reduce_becomes_graph_launches_that_count_as_the_kernels_
     lanes, data, lib, graphs = _replaying(monkeypatch)
     names = lanes.names
     lanes.begin(names.add(None, 1, 1234, "all_reduce"), None, 101, "bfloat16", "SUM", 1234)
-    shot = A.all_reduce(lanes, data, count, 2, algorithm)
+    shot = lanes.shots[("a plan",)] = A.all_reduce(lanes, data, count, 2, algorithm)  # (kept, as the component)
     epochs = [lanes.epoch]
     for seq in range(2, 9):
         lanes.begin(names.add(None, seq, 1234, "all_reduce"), None, 100 + seq, "bfloat16", "SUM", 1234)
@@ -184,7 +184,7 @@ def test_a_full_shot_cache_or_more_addresses_than_kept_destroy_the_graphs_they_d
     assert list(shot.replays.kept) == [(data, 1), (other, lanes.rounds & 1)] and sorted(graphs.graphs) == [1001]
     lanes.shots[("a plan",)] = shot
     lanes.forget_shots()
-    assert lanes.shots == {} and lanes.kept_replays == [] and graphs.graphs == {}
+    assert lanes.shots == {} and shot.replays.kept == {} and graphs.graphs == {}
     monkeypatch.setattr(launchers, "replay_block", lambda *a: None)
     lanes.begin(7, None, 101, "float32", "SUM", 99)
     shot = A.all_reduce(lanes, data, 256, 4, "one_shot")

@@ -16,24 +16,10 @@ import ctypes
 import io
 import os
 import pstats
-import time
 
 import torch
 from cuda_handoff_cost import init_both, spawn_per_gpu
-
-
-def cpu(fn, n=3000, rounds=3):
-    best = 1e9
-    for _ in range(rounds):
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n)
-        torch.cuda.synchronize()
-    return best * 1e6
+from cuda_lane_cost import cpu_per_call as cpu
 
 
 def body(rank, world, port, out):

@@ -82,11 +82,12 @@ class Lanes:
         self.unjoined = None
         # repeated all_reduces' launches, by the caller's plan (chorus.cuda.component)
         self.shots: dict = {}
-        # their CUDA graphs (chorus.cuda.replays), and a stream to capture them on
+        # their CUDA graphs (chorus.cuda.replays: each Shot's own), the driver that makes
+        # them and a stream to capture them on (made with the first)
         self.replay = config.get("CHORUS_CUDA_REPLAY") and not getattr(kernels, "INTERPRET", True)
         self.names = names
+        self.graphs = None
         self.capture_stream = None
-        self.kept_replays: list = []
 
     def begin(self, op_id: int, ctx, stream: int, dtype: str = "", reduce_op: str = "", fprint: int = 0,
               joins: bool = True) -> None:
@@ -204,33 +205,28 @@ class Lanes:
         """A Replays of ``shot`` (False where this process's driver cannot capture)."""
         from chorus.cuda import replays
 
-        graphs = replays.driver()
-        if graphs is None or self.names is None:
-            self.replay = False
-            return False
-        if self.capture_stream is None:
-            self.capture_stream = graphs.new_stream()
-        made = replays.Replays(shot, graphs, self.capture_stream)
-        self.kept_replays.append(made)
-        return made
+        if self.graphs is None:
+            self.graphs = replays.driver()
+            if self.graphs is None or self.names is None:
+                self.replay = False
+                return False
+            self.capture_stream = self.graphs.new_stream()
+        return replays.Replays(shot, self.graphs, self.capture_stream)
 
     def forget_shots(self) -> None:
         """Drop the kept Shots (a full cache) and destroy their replay graphs."""
         for shot in self.shots.values():
             if shot.replays:
                 shot.replays.close()
-                self.kept_replays.remove(shot.replays)
         self.shots.clear()
 
     def close(self) -> None:
         """Destroy the replay graphs (the workspace they point into is about to go) and
         the stream they were captured on."""
-        for made in self.kept_replays:
-            made.close()
-        if self.kept_replays and self.capture_stream is not None:
-            self.kept_replays[0].graphs.destroy_stream(self.capture_stream)
-        self.kept_replays.clear()
-        self.capture_stream = None
+        self.forget_shots()
+        if self.capture_stream is not None:
+            self.graphs.destroy_stream(self.capture_stream)
+            self.capture_stream = None
 
     def rows_fused(self, kind: str, inp: int, out: int, m: int, stride: int, big_n: int, item: int) -> None:
         """One launch: a round of the fused ``kind`` ("all_gather" or "reduce_scatter":

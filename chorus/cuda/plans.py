@@ -43,14 +43,9 @@ def all_reduce_plan(tensor, op, reducible: frozenset, nccl_from: int, world: int
     kernels reduce the dtypes ``reducible`` and which hands all_reduces of ``nccl_from``
     bytes and more to NCCL (0: never); None where the general path must decide (it
     raises the errors, scales PREMUL_SUM, takes empty tensors)."""
-    import torch
-
     name = staging.torch_dtype_name(tensor)
-    kind = getattr(op, "name", None)
-    if (kind not in LANE_OPS or name not in reducible or (kind == "AVG" and not tensor.is_floating_point())
-            or tensor.numel() == 0):
-        return None
-    if kind in ("BAND", "BOR", "BXOR") and (tensor.is_floating_point() or tensor.dtype == torch.bool):
+    kind = lane_reduction(op, name, tensor, reducible)
+    if kind is None or tensor.numel() == 0:
         return None
     count, item = tensor.numel(), tensor.element_size()
     try:
@@ -62,6 +57,20 @@ def all_reduce_plan(tensor, op, reducible: frozenset, nccl_from: int, world: int
     else:
         algorithm = A.all_reduce_algorithm(count * item, world)
     return Plan(name, fp, kind, count, item, algorithm, kind == "AVG")
+
+
+def lane_reduction(op, name: str, tensor, reducible: frozenset) -> str | None:
+    """The name of reduce op ``op`` where a lane takes it on ``tensor`` (dtype ``name``),
+    else None: PREMUL_SUM (scaled first), a dtype the kernels do not reduce, AVG of
+    integers and bitwise ops of floats or bools (the API's errors) are the general path's."""
+    import torch
+
+    kind = getattr(op, "name", None)
+    if kind not in LANE_OPS or name not in reducible or (kind == "AVG" and not tensor.is_floating_point()):
+        return None
+    if kind in ("BAND", "BOR", "BXOR") and (tensor.is_floating_point() or tensor.dtype == torch.bool):
+        return None
+    return kind
 
 
 def cached_plan(plans: dict, tensor, op, reducible: frozenset, nccl_from: int, world: int) -> Plan | bool:
@@ -95,20 +104,13 @@ def rows_plan(name: str, output, input, op, world: int, reducible: frozenset, nc
     all_gather / reduce_scatter go to NCCL from ``nccl_from`` bytes of the whole buffer
     (0: never), through slots of ``slot_bytes``; None where the general path must decide
     (it raises the errors, hands off to NCCL, takes several rounds, scales PREMUL_SUM)."""
-    import torch
-
     gather = name == "all_gather"
     m = input.numel() if gather else output.numel()
     if input.dtype != output.dtype or m == 0 or (output if gather else input).numel() != world * m:
         return None
     dtype, item = dtype_name_of(input), input.element_size()
-    kind = "" if gather else getattr(op, "name", None)
-    if gather and item not in A.GATHER_ITEMS:
-        return None
-    if not gather and (kind not in LANE_OPS or dtype not in reducible
-                       or (kind == "AVG" and not input.is_floating_point())
-                       or (kind in ("BAND", "BOR", "BXOR")
-                           and (input.is_floating_point() or input.dtype == torch.bool))):
+    kind = "" if gather else lane_reduction(op, dtype, input, reducible)
+    if (gather and item not in A.GATHER_ITEMS) or kind is None:
         return None
     if (nccl_from and world * m * item >= nccl_from) or m > A.rows_chunk(slot_bytes, item, world):
         return None

@@ -342,8 +342,9 @@ def case_replay(rank, world, pg, comp):
             want = data(0, 64, "float32")
             assert torch.equal(root, want)
     lanes = pg.device_components["cuda"].lanes  # (the API's component: run() attached another)
-    replayed = [made for made in lanes.kept_replays if any(made.kept.values())]
-    assert len(replayed) == 3, [made.kept for made in lanes.kept_replays]
+    made = [shot.replays for shot in lanes.shots.values() if shot.replays]
+    replayed = [one for one in made if any(one.kept.values())]
+    assert len(replayed) == 3, [one.kept for one in made]
 
 
 def case_rows(rank, world, pg, comp):
