@@ -5,11 +5,11 @@ switches, nothing left in /dev/shm, and a killed writer or reader -> PeerLostErr
 within 5 s.  The rings' byte counters prove the payloads really went through them."""
 
 import ast
+import contextlib
 import glob
 import mmap
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from proc_support import leftovers
+from proc_support import leftovers, reserved_port
 
 import chorus as dist
 from chorus.testing import run_processes
@@ -262,17 +262,22 @@ _KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@contextlib.contextmanager
 def _launch(tmp_path, role, world):
+    """The ranks of ``role``, killed when the block ends (the store's port held until then)."""
     script = tmp_path / "kill.py"
     script.write_text(_KILL_SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return [subprocess.Popen([sys.executable, str(script), role, str(tmp_path)],
-                             env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                      RANK=str(r), WORLD_SIZE=str(world)),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for r in range(world)]
+    with reserved_port() as port:
+        procs = [subprocess.Popen([sys.executable, str(script), role, str(tmp_path)],
+                                  env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                           RANK=str(r), WORLD_SIZE=str(world)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in range(world)]
+        try:
+            yield procs
+        finally:
+            for p in procs:
+                p.kill()
 
 
 def _survivor(tmp_path, rank, killed_at, victim):
@@ -283,12 +288,8 @@ def _survivor(tmp_path, rank, killed_at, victim):
 
 def test_a_writer_killed_mid_message_makes_the_reader_and_the_others_raise_peer_lost_within_5s(
         tmp_path, job):
-    procs = _launch(tmp_path, "writer-dies", 3)
-    try:
+    with _launch(tmp_path, "writer-dies", 3) as procs:
         outs = [p.communicate(timeout=90) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
     assert procs[0].returncode == -signal.SIGKILL
     killed_at = float((tmp_path / "killed").read_text())
     for rank in (1, 2):
@@ -300,8 +301,7 @@ def test_a_writer_killed_mid_message_makes_the_reader_and_the_others_raise_peer_
 
 
 def test_a_reader_killed_while_the_writer_waits_for_ring_space_fails_the_send_within_5s(tmp_path, job):
-    procs = _launch(tmp_path, "reader-dies", 2)
-    try:
+    with _launch(tmp_path, "reader-dies", 2) as procs:
         deadline = time.monotonic() + 60
         while not (tmp_path / "stopped").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -309,9 +309,6 @@ def test_a_reader_killed_while_the_writer_waits_for_ring_space_fails_the_send_wi
         killed_at = time.time()
         procs[1].kill()
         out, err = procs[0].communicate(timeout=60)
-    finally:
-        for p in procs:
-            p.kill()
     assert procs[0].returncode == 3, err
     stats = _survivor(tmp_path, 0, killed_at, 1)
     assert stats[1][0] >= 64 << 20

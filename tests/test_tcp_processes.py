@@ -58,12 +58,6 @@ def test_all_pairs_dtypes_any_source_and_a_large_message_over_tcp(monkeypatch):
     assert len(checks) == 4 * 3 * 6 + 2 and all(checks)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _INIT_SCRIPT = textwrap.dedent("""
     import sys, numpy as np, chorus as dist
     mode, rank, world, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -87,18 +81,19 @@ _INIT_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("mode", ["tcp", "file", "store", "env"])
 def test_init_methods(mode, tmp_path):
-    world, port = 2, _free_port()
-    where = str(tmp_path / "rdzv") if mode == "file" else f"127.0.0.1:{port}"
-    script = tmp_path / "init.py"
-    script.write_text(_INIT_SCRIPT)
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(world))
-        env.pop("CHORUS_TOKEN", None)
-        procs.append(subprocess.Popen([sys.executable, str(script), mode, str(rank), str(world), where],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-    outs = [p.communicate(timeout=60) for p in procs]
+    world = 2
+    with reserved_port() as port:
+        where = str(tmp_path / "rdzv") if mode == "file" else f"127.0.0.1:{port}"
+        script = tmp_path / "init.py"
+        script.write_text(_INIT_SCRIPT)
+        procs = []
+        for rank in range(world):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                       WORLD_SIZE=str(world))
+            env.pop("CHORUS_TOKEN", None)
+            procs.append(subprocess.Popen([sys.executable, str(script), mode, str(rank), str(world), where],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        outs = [p.communicate(timeout=60) for p in procs]
     for rank, (out, err) in enumerate(outs):
         assert procs[rank].returncode == 0, err
         assert out.strip() == f"OK {rank} {world} {(rank - 1) % world}"

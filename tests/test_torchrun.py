@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from proc_support import reserved_port
 
 pytest.importorskip("torch", reason="torchrun is torch's launcher")
 
@@ -35,19 +35,13 @@ def finish(proc: subprocess.Popen) -> str:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_over_loopback():
     """One rank per node: node 1's rank is global rank 1 with LOCAL_RANK 0, reached through
     the agents' store on node 0 (each rank under torchrun imports torch, the cost here)."""
-    port = str(free_port())
-    common = ["--nnodes=2", "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
-    nodes = [torchrun(*common, f"--node-rank={n}") for n in (0, 1)]
-    out = "".join(finish(p) for p in nodes)
+    with reserved_port() as port:
+        common = ["--nnodes=2", "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
+        nodes = [torchrun(*common, f"--node-rank={n}") for n in (0, 1)]
+        out = "".join(finish(p) for p in nodes)
     assert "rank 1 of 2 is up" in out and "gathered [0, 1]" in out and "all ranks passed the barrier" in out
 
 

@@ -36,7 +36,6 @@ import contextlib
 import gc
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -57,12 +56,6 @@ DRY = config.get("CHORUS_BENCH_CUDA_DRY")
 DEV = "cpu" if DRY else "cuda"
 SLEEP_CAP_S = 0.25  # the longest head start the GPU waits for the CPU to enqueue a batch
 CLOCK_HZ = 1.98e9  # sleep cycles per second (H100/H200 boost clock; slower clocks sleep longer)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def iterations(iters: int, warmup: int, nbytes: int, scale: bool) -> tuple[int, int]:
@@ -308,13 +301,13 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
 
     world = cfg["world"]
     if DRY:
-        tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['ports'][0]}", rank=rank,
+        tdist.init_process_group("gloo", init_method=f"file://{workdir}/torch.rdzv", rank=rank,
                                  world_size=world)
     else:
         torch.cuda.set_device(rank)
-        tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{cfg['ports'][0]}", rank=rank,
+        tdist.init_process_group("nccl", init_method=f"file://{workdir}/torch.rdzv", rank=rank,
                                  world_size=world, device_id=torch.device("cuda", rank))
-    chorus.init_process_group("chorus", init_method=f"tcp://127.0.0.1:{cfg['ports'][1]}", rank=rank,
+    chorus.init_process_group("chorus", init_method=f"file://{workdir}/chorus.rdzv", rank=rank,
                               world_size=world, timeout=cfg["timeout"])
     rows, notes = [], []
     libs = list(cfg["libraries"])
@@ -518,7 +511,7 @@ def run(args) -> int:
     order = list(dict.fromkeys(order))
     cfg = {"world": world, "counts": counts, "iters": args.iters, "warmup": args.warmup,
            "scale_iters": args.scale_iters, "collective": args.collective, "dtype": dtype, "op": args.op,
-           "algorithm": args.algorithm, "libraries": order, "ports": (_free_port(), _free_port()),
+           "algorithm": args.algorithm, "libraries": order,
            "timeout": float(args.cuda_timeout), "symm_max": parse_size(args.symm_max),
            "verbose": config.get("CHORUS_BENCH_VERBOSE"), "graph": bool(getattr(args, "graph", False)),
            "unheld": bool(getattr(args, "unheld", False))}
