@@ -65,7 +65,8 @@ def _handing_off(monkeypatch, log, barrier_finds=None):
                             broken=None, abort_soon=lambda: log.append("abort"))
     lanes = SimpleNamespace(begin=lambda op, ctx, raw, *a, joins=True: log.append(
                                 f"begin on {raw}{'' if joins else ', joining nothing'}"),
-                            barrier=lambda: log.append("barrier"), follow=None, unjoined=None, shots={})
+                            barrier=lambda: log.append("barrier"), follow=None, unjoined=None, shots={},
+                            repeat=lambda plan, inp, out, first: first())  # (no Shot kept: the algorithm each time)
 
     def make_peers():
         log.append("make communicator")

@@ -372,11 +372,15 @@ def test_two_shot_stores_kernel_rows_and_gathers(world):
                 assert torch.equal(theirs[(world + r) * piece: (world + r) * piece + g.numel()], g), (r, q)
 
 
-@pytest.mark.parametrize("dtype, world", [("float32", 2), ("bfloat16", 2), ("bfloat16", 3)])
-def test_fused_all_gather_and_reduce_scatter_kernels(world, dtype):
+@pytest.mark.parametrize("dtype, world, replay", [("float32", 2, False), ("bfloat16", 2, False),
+                                                  ("bfloat16", 3, False), ("bfloat16", 3, True)])
+def test_fused_all_gather_and_reduce_scatter_kernels(world, dtype, replay):
     """chorus.cuda.gather: rank r stores its part into row r of the peers' slots and reads
     the rows of its own.  Ranks run one at a time, so every slot's rows are laid out
-    first as the peers' kernels would leave them (rank r's own stores write the same)."""
+    first as the peers' kernels would leave them (rank r's own stores write the same).
+    ``replay``: the kernels' replay mode (chorus.cuda.replays): epoch 0 and op id
+    REPLAY_OP passed, the epoch read from the EPOCH word + 1, which the last block then
+    stores; a peer that never arrives is reported under REPLAY_OP + that epoch."""
     n = 2500  # three blocks of 1024, the last partial; rows GRAIN-aligned
     stride = -(-n // L.GRAIN) * L.GRAIN
     dt = getattr(torch, dtype)
@@ -392,19 +396,31 @@ def test_fused_all_gather_and_reduce_scatter_kernels(world, dtype):
         for p in range(world):
             for q in range(world):
                 rows(p)[q, :n] = ins[q] if kind == "all_gather" else rs_ins[q][p * n:(p + 1) * n]
-        f.arrive(blocks, [6 if kind == "all_gather" else 7], 31)
+        epoch = 6 if kind == "all_gather" else 7
+        f.arrive(blocks, [epoch], 31)
         want = reference(rs_ins, "SUM")
         for r in range(world):
             src = ins[r] if kind == "all_gather" else rs_ins[r]
             out = torch.full((world * n if kind == "all_gather" else n,), -9.0, dtype=dt)
+            f.ws[r][L.EPOCH // 8] = epoch - 1 if replay else 0
             assert K.rows_fused(kind, src.data_ptr(), out.data_ptr(), n, stride, n, f.controls.data_ptr(),
-                                L.CONTROL_BYTES, r, world, f.hosts[r].data_ptr(), 9, 31,
-                                6 if kind == "all_gather" else 7, 10**12, "SUM", dtype, dt.itemsize, 200) == 1
+                                L.CONTROL_BYTES, r, world, f.hosts[r].data_ptr(), L.REPLAY_OP if replay else 9, 31,
+                                0 if replay else epoch, 10**12, "SUM", dtype, dt.itemsize, 200, replay=replay) == 1
             assert f.hosts[r][L.STATUS] == 0, (kind, r)
+            # EPOCH: the eager kernel's block 0 stores its epoch at its start, the replay's last block at its end
+            assert (int(f.ws[r][L.EPOCH // 8]), int(f.ws[r][L.REPLAY_DONE // 8])) == (epoch, 0), (kind, r)
             if kind == "all_gather":
                 assert torch.equal(out, torch.cat(ins)), r
             else:
                 assert torch.equal(out, want[r * n:(r + 1) * n]), r
+        if replay:  # nobody arrives at the next epoch: a timeout, named by the replayed op's first epoch
+            g = Fused(world, slot=f.slot)
+            g.ws[0][L.EPOCH // 8] = epoch
+            out = torch.empty(world * n if kind == "all_gather" else n, dtype=dt)
+            K.rows_fused(kind, src.data_ptr(), out.data_ptr(), n, stride, n, g.controls.data_ptr(), L.CONTROL_BYTES,
+                         0, world, g.hosts[0].data_ptr(), L.REPLAY_OP, 31, 0, 10**12, "SUM", dtype, dt.itemsize, 50,
+                         replay=True)
+            assert g.hosts[0][L.STATUS] == L.TIMEOUT and int(g.hosts[0][L.FAIL_OP]) == L.REPLAY_OP + epoch + 1
 
 
 # -- captured in a CUDA graph: rounds and epochs counted on the device ---------------------------

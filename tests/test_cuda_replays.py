@@ -85,9 +85,9 @@ def _params(shot, launched) -> dict:
     fused kernels' arguments: inp, out, controls, slot_off, *head, op_id, fprint, epoch,
     graph_slot, ...)."""
     _, _, _, _, stream, values, _ = launched
-    h = len(shot.head)
-    return dict(stream=stream, inp=values[0], out=values[1], slot=values[3], op_id=values[4 + h],
-                epoch=values[6 + h])
+    inp, out, slot, op_id, epoch = shot.where
+    return dict(stream=stream, inp=values[inp], out=values[out], slot=values[slot], op_id=values[op_id],
+                epoch=values[epoch])
 
 
 @pytest.mark.parametrize("algorithm, count", [("one_shot", 1024), ("two_shot_push", 1 << 14)])
@@ -128,6 +128,54 @@ def test_a_repeated_all_reduce_becomes_graph_launches_that_count_as_the_kernels_
     assert graphs.graphs == {"stream destroyed": []}
 
 
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
+def test_a_repeated_all_gather_or_reduce_scatter_replays_per_input_output_and_parity(monkeypatch, kind):
+    """The lane's one-round all_gather / reduce_scatter (rows_once) leaves a Shot; its
+    repeats launch it as the rows kernel's replay mode, then as graphs kept per (input,
+    output, parity): another output address is another graph.  With replays off the
+    Shot's launch has exactly rows_once's arguments (slot by round, epoch by barrier)."""
+    lanes, data, lib, graphs = _replaying(monkeypatch)
+    names, m, item = lanes.names, 300, 2
+    out, other_out = data + (1 << 16), data + (1 << 17)
+    lanes.begin(names.add(None, 1, 55, kind), None, 101, "bfloat16", "SUM" if kind == "reduce_scatter" else "", 55)
+    shot = lanes.rows_once(kind, data, out, m, 320, item)
+    assert shot is not None and shot.kind == kind and shot.barriers == 1
+    eager = _params(shot, lib.launches[0])
+    assert (eager["inp"], eager["out"], eager["op_id"], eager["epoch"]) == (data, out, names.last, lanes.epoch)
+    epochs = [lanes.epoch]
+    for seq, o in zip(range(2, 9), (out,) * 6 + (other_out,), strict=True):
+        lanes.begin(names.add(None, seq, 55, kind), None, 100 + seq, "bfloat16", lanes.reduce_op, 55)
+        assert lanes.shot(shot, data, o)
+        epochs.append(lanes.epoch)
+    assert epochs == [epochs[0] + k for k in range(8)] and lanes.rounds == 8
+    kernels = [_params(shot, launched) for launched in lib.launches]
+    slots = [lanes.layout.slot_at(p) for p in (0, 1)]
+    # ops 2, 3 and 8 (a new output): the replay kernel; 4 and 5 captured; 4..7 graphs
+    assert [(k["stream"], k["slot"], k["op_id"], k["epoch"], k["out"]) for k in kernels[1:]] == [
+        (102, slots[0], L.REPLAY_OP, 0, out), (103, slots[1], L.REPLAY_OP, 0, out),
+        (108, slots[0], L.REPLAY_OP, 0, other_out)]
+    assert len(graphs.graphs) == 2 and graphs.launched == [(1000, 104), (1001, 105), (1000, 106), (1001, 107)]
+    assert list(shot.replays.kept) == [(data, out, 0), (data, out, 1), (data, other_out, 0)]
+    from chorus.cuda import launchers
+
+    assert sorted(key[0][-1] for key in launchers._COMPILED if key[0][0] == kind) == [0, 2]  # (GRAPH: eager, replay)
+    for seq in range(2, 9):
+        assert names.entry(L.REPLAY_OP + epochs[seq - 2] + 1)[1] == seq
+
+    shot.replays.close()
+    lanes.replay, shot.replays = False, None  # the Shot's own launch, against rows_once's
+    again, _ = _lanes(monkeypatch)
+    for lane, use_shot in ((lanes, True), (again, False)):
+        lane.replay, lane.names = False, names
+        del lib.launches[:]
+        for seq in (10, 11):
+            lane.begin(seq, None, 7, "bfloat16", lanes.reduce_op, 55)
+            fresh = lane.rows_once(kind, data, out, m, 320, item) if not use_shot else None
+            assert fresh is not None or lane.shot(shot, data, out)
+        launched = [(p["slot"], p["op_id"], p["epoch"] - lane.epoch) for p in (_params(shot, x) for x in lib.launches)]
+        assert launched == [(slots[(lane.rounds - 1) & 1], 10, -1), (slots[lane.rounds & 1], 11, 0)], use_shot
+
+
 def test_a_capture_the_driver_refuses_leaves_the_kernel_launch_for_good(monkeypatch, caplog):
     """A refused capture: that op and every later one launch the Shot's kernel (eager
     arguments), counted the same, and the warning says so once."""
@@ -164,7 +212,7 @@ def test_an_unaligned_address_or_a_capture_never_replays(monkeypatch):
 
 
 def test_a_full_shot_cache_or_more_addresses_than_kept_destroy_the_graphs_they_drop(monkeypatch):
-    """Past KEPT (address, parity) pairs the oldest pair's graph is destroyed; a Shot
+    """Past KEPT (input, output, parity) triples the oldest one's graph is destroyed; a Shot
     cache that starts over destroys every graph of the Shots it drops; an address whose
     replay launch is no longer cached goes back to first sight (it is tried again)."""
     from chorus.cuda import algorithms as A
@@ -181,7 +229,8 @@ def test_a_full_shot_cache_or_more_addresses_than_kept_destroy_the_graphs_they_d
     other = data + 4096
     lanes.begin(6, None, 101, "float32", "SUM", 99)  # (parity of round 6: the oldest pair's evicted)
     assert lanes.shot(shot, other)
-    assert list(shot.replays.kept) == [(data, 1), (other, lanes.rounds & 1)] and sorted(graphs.graphs) == [1001]
+    assert list(shot.replays.kept) == [(data, data, 1), (other, other, lanes.rounds & 1)]
+    assert sorted(graphs.graphs) == [1001]
     lanes.shots[("a plan",)] = shot
     lanes.forget_shots()
     assert lanes.shots == {} and shot.replays.kept == {} and graphs.graphs == {}
@@ -191,7 +240,7 @@ def test_a_full_shot_cache_or_more_addresses_than_kept_destroy_the_graphs_they_d
     for op_id in (8, 9, 10, 11):  # first sights, then no cached launch to capture: first sight again
         lanes.begin(op_id, None, 101, "float32", "SUM", 99)
         assert lanes.shot(shot, data)
-        assert ((data, lanes.rounds & 1) in shot.replays.kept) == (op_id < 10), op_id
+        assert ((data, data, lanes.rounds & 1) in shot.replays.kept) == (op_id < 10), op_id
     assert graphs.graphs == {} and shot.replays.on
 
 

@@ -263,13 +263,9 @@ class CudaComponent(Component):
             else:
                 with self._lock:
                     lanes.begin(op_id, None, stream, plan.dtype, plan.reduce_op, plan.fingerprint)
-                    shot = lanes.shots.get(plan)  # (the launch of this plan's last call, kept)
-                    if shot is None or not lanes.shot(shot, tensor.data_ptr()):
-                        shot = A.all_reduce(lanes, tensor.data_ptr(), plan.count, plan.item, plan.algorithm)
-                        if shot is not None:
-                            if len(lanes.shots) >= PLANS:
-                                lanes.forget_shots()
-                            lanes.shots[plan] = shot
+                    data = tensor.data_ptr()
+                    lanes.repeat(plan, data, data, lambda: A.all_reduce(lanes, data, plan.count, plan.item,
+                                                                        plan.algorithm))
         except BaseException as exc:
             if log is not None:
                 log.failed(seq, exc)
@@ -317,8 +313,8 @@ class CudaComponent(Component):
             op_id = self.names.add(None, seq, plan.fingerprint, name)
             with self._lock:
                 lanes.begin(op_id, None, stream, plan.dtype, plan.reduce_op, plan.fingerprint)
-                lanes.round()
-                lanes.rows_fused(name, input.data_ptr(), output.data_ptr(), plan.m, plan.stride, plan.m, plan.item)
+                inp, out = input.data_ptr(), output.data_ptr()
+                lanes.repeat(plan, inp, out, lambda: lanes.rows_once(name, inp, out, plan.m, plan.stride, plan.item))
         except BaseException as exc:
             if log is not None:
                 log.failed(seq, exc)

@@ -27,7 +27,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from chorus.cuda.fused import block_sync, copy_shifted, kernel_start, put_vec, reduce_local_rows
+from chorus.cuda.fused import (
+    block_sync,
+    copy_shifted,
+    graph_begin,
+    graph_end,
+    kernel_start,
+    put_vec,
+    reduce_local_rows,
+)
 from chorus.cuda.kernels import as_ptr
 
 
@@ -35,10 +43,13 @@ from chorus.cuda.kernels import as_ptr
 def all_gather_kernel(inp, out, controls_addr, slot_off, m, per, stride, big_n, rank, host_addr, op_id, fprint,
                       epoch, timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, RAW: tl.constexpr,
                       BLOCK: tl.constexpr, HINT_IN: tl.constexpr, HINT_OUT: tl.constexpr, HINT_WS: tl.constexpr,
-                      INTERPRET: tl.constexpr):
+                      INTERPRET: tl.constexpr, GRAPH: tl.constexpr):
     """One round of all_gather (module docstring): ``inp`` and ``out`` point at element
-    ``off`` of this rank's input and of the output's first block; ``big_n`` = N."""
+    ``off`` of this rank's input and of the output's first block; ``big_n`` = N.
+    ``GRAPH`` 2: a lane's replay (chorus.cuda.fused.graph_begin: epoch and op id from the
+    device); 0: eager."""
     host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
+    slot_off, epoch, op_id = graph_begin(base, slot_off, epoch, op_id, 0, GRAPH)
     blk = tl.program_id(0)
     lo = blk.to(tl.int64) * per
     hi = tl.maximum(tl.minimum(lo + per, m), lo)
@@ -50,13 +61,14 @@ def all_gather_kernel(inp, out, controls_addr, slot_off, m, per, stride, big_n, 
         copy_shifted(inp, out, lo, hi, 0, rank * big_n, RAW, BLOCK, HINT_IN, HINT_OUT, False)
         tl.debug_barrier()  # every thread's stores are done before the release
         state = block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
-                           INTERPRET)
+                           INTERPRET, GRAPH)
         tl.debug_barrier()
         if state == 0:
             mine = base + slot_off
             for q in tl.static_range(W):
                 if q != rank:
                     copy_shifted(mine, out, lo, hi, q * stride, q * big_n, RAW, BLOCK, HINT_WS, HINT_OUT, True)
+    graph_end(base, epoch, 1, GRAPH)
 
 
 @triton.jit
@@ -75,10 +87,12 @@ def reduce_scatter_kernel(inp, out, controls_addr, slot_off, m, per, stride, big
                           epoch, timeout_ns, max_spins, W: tl.constexpr, WP: tl.constexpr, OP: tl.constexpr,
                           DT: tl.constexpr, RAW: tl.constexpr, ACC: tl.constexpr, BOOL: tl.constexpr,
                           BLOCK: tl.constexpr, HINT_IN: tl.constexpr, HINT_OUT: tl.constexpr,
-                          HINT_WS: tl.constexpr, INTERPRET: tl.constexpr):
+                          HINT_WS: tl.constexpr, INTERPRET: tl.constexpr, GRAPH: tl.constexpr):
     """One round of reduce_scatter (module docstring): ``inp`` and ``out`` point at element
-    ``off`` of the input's first block and of this rank's output; ``big_n`` = N."""
+    ``off`` of the input's first block and of this rank's output; ``big_n`` = N.
+    ``GRAPH``: as all_gather_kernel's."""
     host, controls, base, mirror, broken = kernel_start(host_addr, controls_addr, rank, INTERPRET)
+    slot_off, epoch, op_id = graph_begin(base, slot_off, epoch, op_id, 0, GRAPH)
     blk = tl.program_id(0)
     lo = blk.to(tl.int64) * per
     hi = tl.maximum(tl.minimum(lo + per, m), lo)
@@ -88,7 +102,7 @@ def reduce_scatter_kernel(inp, out, controls_addr, slot_off, m, per, stride, big
                          HINT_WS, False)
         tl.debug_barrier()
         state = block_sync(controls, rank, blk, epoch, fprint, host, mirror, op_id, timeout_ns, max_spins, W, WP,
-                           INTERPRET)
+                           INTERPRET, GRAPH)
         tl.debug_barrier()
         if state == 0:
             mine = base + slot_off
@@ -99,3 +113,4 @@ def reduce_scatter_kernel(inp, out, controls_addr, slot_off, m, per, stride, big
             if lo + full * BLOCK < hi:
                 _reduce_rows_into(mine, out, lo + full * BLOCK, hi, stride, True, W, OP, DT, RAW, ACC, BOOL, BLOCK,
                                   HINT_OUT, HINT_WS)
+    graph_end(base, epoch, 1, GRAPH)

@@ -17,6 +17,9 @@ from chorus import config, recorder
 from chorus.cuda import layout as L
 from chorus.cuda import runtime
 
+#: the Shots a group's lanes keep (one per plan) before the cache starts over
+SHOTS = 256
+
 
 class Lanes:
     """Rank ``rank``'s executor over ``workspace`` (a chorus.cuda.workspace.Workspace).
@@ -173,33 +176,57 @@ class Lanes:
             kind, n, self.controls_addr, self.rank, self.world, self.host, self.fprint, self.timeout_ns,
             self.reduce_op, self.dtype, warps=self.fused[0], blocks=self.fused[1], per_thread=per_thread)
 
-    def shot(self, shot, data: int) -> bool:
-        """The op's all_reduce, in place on ``data``, as one launch of ``shot`` (a Shot
-        that all_reduce_fused of these lanes returned) through the next round's slot, as
-        all_reduce_fused would launch it; or, where ``data`` was seen before, a replay of
-        its CUDA graph (chorus.cuda.replays).  False, with nothing enqueued, where it
-        cannot (captured in a CUDA graph; a value outside the shot's kernel): the
-        algorithm's path then."""
+    def shot(self, shot, inp: int, out: int | None = None) -> bool:
+        """The op, from ``inp`` into ``out`` (None: in place), as one launch of ``shot``
+        (a Shot that all_reduce_fused or rows_fused of these lanes returned) through the
+        next round's slot, as those would launch it; or, where the addresses were seen
+        before, a replay of its CUDA graph (chorus.cuda.replays).  False, with nothing
+        enqueued, where it cannot (captured in a CUDA graph; a value outside the shot's
+        kernel): the algorithm's path then."""
         if self.graph:
             return False
         t = time.perf_counter() if recorder.current is not None else 0.0
+        if out is None:
+            out = inp
         rounds = self.rounds + 1
         slot_off = self.slot_offs[rounds & 1]
         replays = shot.replays
         if replays is None and self.replay:
             replays = shot.replays = self._replays(shot)
-        used = replays(data, rounds & 1, slot_off, self.stream) if replays else 0
+        used = replays(inp, out, rounds & 1, slot_off, self.stream) if replays else 0
         if used:
             self.names.replayed(self.epoch + 1, self.op_id)
         else:
-            used = shot(data, data, slot_off, self.op_id, self.epoch + 1, self.stream)
+            used = shot(inp, out, slot_off, self.op_id, self.epoch + 1, self.stream)
             if not used:
                 return False
         self.rounds = rounds
         self.epoch += used
         if t:
-            recorder.transfer("reduce", self.ctx, "cuda", t, shot.n * self.ws.itemsize(self.dtype), algorithm=shot.kind)
+            gather = shot.kind == "all_gather"
+            recorder.transfer("copy" if gather else "reduce", self.ctx, "cuda", t, shot.n * self.ws.itemsize(self.dtype),
+                              algorithm="fused" if shot.kind in ("all_gather", "reduce_scatter") else shot.kind)
         return True
+
+    def repeat(self, plan, inp: int, out: int, first) -> None:
+        """The op of ``plan`` (a lane plan: chorus.cuda.plans) from ``inp`` into ``out``:
+        a launch (or replay) of the Shot its last call left, else ``first()`` (the
+        algorithm's launches), whose Shot, if it returns one, is kept for the next call.
+        After begin(), under the group's lock."""
+        shot = self.shots.get(plan)
+        if shot is not None and self.shot(shot, inp, out):
+            return
+        shot = first()
+        if shot is not None:
+            if len(self.shots) >= SHOTS:
+                self.forget_shots()
+            self.shots[plan] = shot
+
+    def rows_once(self, kind: str, inp: int, out: int, m: int, stride: int, item: int):
+        """A lane's all_gather_into_tensor or reduce_scatter_tensor (``kind``) in one round
+        (``m`` elements a rank): rows_fused's launch, and its Shot (or None)."""
+        self.round()
+        return self.rows_fused(kind, inp, out, m, stride, m, item, keep=True)
 
     def _replays(self, shot):
         """A Replays of ``shot`` (False where this process's driver cannot capture)."""
@@ -228,12 +255,14 @@ class Lanes:
             self.graphs.destroy_stream(self.capture_stream)
             self.capture_stream = None
 
-    def rows_fused(self, kind: str, inp: int, out: int, m: int, stride: int, big_n: int, item: int) -> None:
+    def rows_fused(self, kind: str, inp: int, out: int, m: int, stride: int, big_n: int, item: int,
+                   keep: bool = False):
         """One launch: a round of the fused ``kind`` ("all_gather" or "reduce_scatter":
         chorus.cuda.gather) through this round's slots, with its barrier at the group's
-        next epoch."""
+        next epoch.  ``keep``: returns the launch's Shot, for ``shot`` to repeat, where
+        the kernels make one (else None)."""
         if m <= 0:
-            return
+            return None
         t = time.perf_counter()
         self.epoch += self.k.rows_fused(
             kind, inp, out, m, stride, big_n, self.controls_addr, self.layout.slot_at(self.rounds & 1), self.rank,
@@ -242,6 +271,10 @@ class Lanes:
         if recorder.current is not None:
             recorder.transfer("copy" if kind == "all_gather" else "reduce", self.ctx, "cuda", t, m * item,
                               algorithm="fused")
+        make = getattr(self.k, "rows_shot", None) if keep else None
+        return None if make is None else make(
+            kind, m, stride, big_n, self.controls_addr, self.rank, self.world, self.host, self.fprint, self.timeout_ns,
+            self.reduce_op, self.dtype, item, warps=self.fused[0], blocks=self.fused[1])
 
     def send_chunk(self, peer: int, src: int, nbytes: int, tag: int, total: int) -> None:
         """Chunk s of my channel to ``peer`` (parity s % 2): wait until ``peer`` took

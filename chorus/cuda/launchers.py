@@ -155,31 +155,36 @@ def all_reduce_fused(kind: str, inp: int, out: int, n: int, controls_addr: int, 
 
 
 class Shot:
-    """One fused all_reduce launch of a fixed (kind, n, dtype, op) on a fixed group, as
-    all_reduce_fused makes it, with everything but the addresses, the slot, the op id and
-    the epoch worked out once (a lane's repeated call: chorus.cuda.lanes.Lanes.shot): on
-    the driver, a parameter block of its own in which a call writes those five.  A call
-    launches and returns the barriers it used, or 0, with nothing launched, where its
-    values fall outside the compiled kernel's specialisation (unaligned addresses, 64-bit
-    ids): all_reduce_fused then.  Calls must not overlap (the lane's lock)."""
+    """One fused launch of a fixed plan on a fixed group, with everything but the
+    addresses, the slot, the op id and the epoch worked out once (a lane's repeated call:
+    chorus.cuda.lanes.Lanes.shot): an all_reduce of (``kind``, ``n``, dtype, op), as
+    all_reduce_fused makes it, or a round of all_gather / reduce_scatter (``kind``) of
+    fixed shapes, as rows_fused makes it.  On the driver it has a parameter block of its
+    own in which a call writes those five values (``where``: their places in the
+    kernel's arguments, ``template``).  A call launches and returns the barriers it
+    used, or 0, with nothing launched, where its values fall outside the compiled
+    kernel's specialisation (unaligned addresses, 64-bit ids): the plan's launch
+    function then.  Calls must not overlap (the lane's lock)."""
 
-    __slots__ = ("kind", "n", "kernel", "key", "grid", "head", "tail", "barriers", "controls", "fprint", "warps",
-                 "block", "slots", "replays")
+    __slots__ = ("kind", "n", "kernel", "key", "grid", "barriers", "template", "where", "warps", "block", "slots",
+                 "replays")
 
-    def __init__(self, kind: str, n: int, kernel, key: tuple, plan: tuple, controls_addr: int, fprint: int,
-                 warps: int, direct):
+    def __init__(self, kind: str, n: int, kernel, key: tuple, grid: int, barriers: int, template: tuple,
+                 where: tuple, warps: int, direct):
         self.kind, self.n, self.kernel, self.key = kind, n, kernel, key
-        _, self.grid, self.head, self.tail, self.barriers = plan
-        self.controls, self.fprint, self.warps = controls_addr, fprint, warps
+        self.grid, self.barriers, self.template, self.where, self.warps = grid, barriers, template, where, warps
         self.block = self.slots = None
         self.replays = None  # its CUDA graphs (chorus.cuda.replays), made by the lane that repeats it
         if direct is not None:
-            h = len(self.head)  # (inp, out, controls, slot_off, *head, op_id, fprint, epoch, graph_slot, *tail)
-            self.block = direct.block(self._args(0, 0, 0, 0, 0))
-            self.slots = tuple(self.block.slot[i] for i in (0, 1, 3, 4 + h, 6 + h))
+            self.block = direct.block(template)
+            self.slots = tuple(self.block.slot[i] for i in where)
 
-    def _args(self, inp: int, out: int, slot_off: int, op_id: int, epoch: int) -> tuple:
-        return (inp, out, self.controls, slot_off, *self.head, op_id, self.fprint, epoch, 0, *self.tail)
+    def args(self, inp: int, out: int, slot_off: int, op_id: int, epoch: int) -> tuple:
+        """The kernel's arguments for these five values."""
+        args = list(self.template)
+        for at, value in zip(self.where, (inp, out, slot_off, op_id, epoch), strict=True):
+            args[at] = value
+        return tuple(args)
 
     def __call__(self, inp: int, out: int, slot_off: int, op_id: int, epoch: int, stream: int) -> int:
         if (inp | out) & 15 or op_id > _SMALL or epoch > _SMALL or slot_off > _SMALL:
@@ -193,8 +198,24 @@ class Shot:
                 return self.barriers
             except LaunchFailed:  # nothing enqueued: launch() below (Triton's JIT)
                 self.block = None
-        launch(self.kernel, self.key, self.grid, self._args(inp, out, slot_off, op_id, epoch), self.warps, stream)
+        launch(self.kernel, self.key, self.grid, self.args(inp, out, slot_off, op_id, epoch), self.warps, stream)
         return self.barriers
+
+    def replay_key(self) -> tuple:
+        """The launch key of this Shot's replay kernel (as replay() plans it now: the
+        hints may have been turned off since)."""
+        pkey = self.key[0]
+        if self.kind in FUSED_KINDS:
+            pkey = (*pkey[:11], HINTS, *pkey[12:15], 2)
+        else:
+            pkey = (*pkey[:15], HINTS, *pkey[16:18], 2)
+        return pkey, self.key[1], False, True, self.key[4]
+
+
+#: the places of (inp, out, slot_off, op_id, epoch) in a fused kernel's arguments, by the
+#: length of its plan's head: (inp, out, controls, slot_off, *head, op_id, fprint, epoch, ...)
+def _where(head: int) -> tuple:
+    return 0, 1, 3, 4 + head, 6 + head
 
 
 def fused_shot(kind: str, n: int, controls_addr: int, rank: int, world: int, host_addr: int, fprint: int,
@@ -211,28 +232,57 @@ def fused_shot(kind: str, n: int, controls_addr: int, rank: int, world: int, hos
     entry = _COMPILED.get(key) if FAST else None
     if plan is None or not entry:
         return None
-    return Shot(kind, n, plan[0], key, plan, controls_addr, fprint, warps, entry[3])
+    kernel, grid, head, tail, barriers = plan
+    template = (0, 0, controls_addr, 0, *head, 0, fprint, 0, 0, *tail)
+    return Shot(kind, n, kernel, key, grid, barriers, template, _where(len(head)), warps, entry[3])
 
 
-def replay(shot: Shot, data: int, slot_off: int, stream: int) -> int:
-    """Launch ``shot``'s all_reduce in place on ``data`` through the slot at ``slot_off``
-    as its replay kernel (chorus.cuda.replays: the epoch from the device, the op id
+def rows_shot(kind: str, m: int, stride: int, big_n: int, controls_addr: int, rank: int, world: int,
+              host_addr: int, fprint: int, timeout_ns: int, op: str, dtype: str, item: int, max_spins: int = NEVER,
+              warps: int = 4, blocks: int = L.MAX_BLOCKS) -> Shot | None:
+    """The Shot of rows_fused(``kind``, ``m``, ...) on 16-byte-aligned addresses, once
+    such a launch has been compiled and cached (else None, as fused_shot)."""
+    pkey = (kind, m, stride, big_n, dtype, item, op, world, *_aligned(kind, 0, 0, big_n), controls_addr, rank,
+            host_addr, timeout_ns, max_spins, HINTS, warps, blocks, 0)
+    plan = _PLANS.get(pkey)
+    fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
+    key = (pkey, True, True, True, _fits(fprint))
+    entry = _COMPILED.get(key) if FAST else None
+    if plan is None or not entry:
+        return None
+    kernel, grid, head, tail = plan
+    template = (0, 0, controls_addr, 0, *head, 0, fprint, 0, *tail)
+    return Shot(kind, m, kernel, key, grid, 1, template, _where(len(head)), warps, entry[3])
+
+
+def replay(shot: Shot, inp: int, out: int, slot_off: int, stream: int) -> int:
+    """Launch ``shot``'s op from ``inp`` into ``out`` through the slot at ``slot_off`` as
+    its replay kernel (chorus.cuda.replays: the epoch from the device, the op id
     L.REPLAY_OP + that epoch); returns the barriers it used."""
-    kind, n, dtype, op, world, _, controls, rank, host, timeout_ns, max_spins, _, warps, blocks, per_thread, _ = \
-        shot.key[0]
-    return all_reduce_fused(kind, data, data, n, controls, slot_off, rank, world, host, L.REPLAY_OP, shot.fprint, 0,
-                            timeout_ns, op, dtype, max_spins, stream, warps, blocks, per_thread, replay=True)
+    pkey = shot.key[0]
+    fprint = shot.template[shot.where[3] + 1]
+    if shot.kind in FUSED_KINDS:
+        kind, n, dtype, op, world, _, controls, rank, host, timeout_ns, max_spins, _, warps, blocks, per_thread, _ = \
+            pkey
+        return all_reduce_fused(kind, inp, out, n, controls, slot_off, rank, world, host, L.REPLAY_OP, fprint, 0,
+                                timeout_ns, op, dtype, max_spins, stream, warps, blocks, per_thread, replay=True)
+    kind, m, stride, big_n, dtype, item, op, world, _, _, controls, rank, host, timeout_ns, max_spins, _, warps, \
+        blocks, _ = pkey
+    return rows_fused(kind, inp, out, m, stride, big_n, controls, slot_off, rank, world, host, L.REPLAY_OP, fprint, 0,
+                      timeout_ns, op, dtype, item, max_spins, stream, warps, blocks, replay=True)
 
 
-def replay_block(shot: Shot, data: int, slot_off: int):
+def replay_block(shot: Shot, inp: int, out: int, slot_off: int):
     """A parameter block (chorus.cuda.direct.Block) of the launch replay() makes, once
     that launch was compiled and goes straight to the driver; else None."""
-    pkey = (*shot.key[0][:11], HINTS, *shot.key[0][12:15], 2)  # (as replay() plans it now)
-    plan, entry = _PLANS.get(pkey), _COMPILED.get((pkey, slot_off <= _SMALL, False, True, _fits(shot.fprint)))
+    key = shot.replay_key()
+    plan, entry = _PLANS.get(key[0]), _COMPILED.get(key)
     if plan is None or not entry or entry[3] is None:
         return None
-    _, _, head, tail, _ = plan
-    return entry[3].block((data, data, shot.controls, slot_off, *head, L.REPLAY_OP, shot.fprint, 0, 0, *tail))
+    fprint = shot.template[shot.where[3] + 1]
+    head, tail = plan[2], plan[3]
+    frozen = (inp, out, shot.template[2], slot_off, *head, L.REPLAY_OP, fprint, 0)
+    return entry[3].block((*frozen, 0, *tail) if shot.kind in FUSED_KINDS else (*frozen, *tail))
 
 
 def _fused_plan(pkey: tuple) -> tuple:
@@ -272,19 +322,18 @@ _RAW_BY_SIZE = {1: tl.uint8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 def rows_fused(kind: str, inp: int, out: int, m: int, stride: int, big_n: int, controls_addr: int, slot_off: int,
                rank: int, world: int, host_addr: int, op_id: int, fprint: int, epoch: int, timeout_ns: int, op: str,
                dtype: str, item: int, max_spins: int = NEVER, stream: int | None = None, warps: int = 4,
-               blocks: int = L.MAX_BLOCKS) -> int:
+               blocks: int = L.MAX_BLOCKS, replay: bool = False) -> int:
     """Launch one round of the fused ``kind`` ("all_gather" or "reduce_scatter",
     chorus.cuda.gather): ``m`` elements of each rank's block, rows ``stride`` elements
     apart in the slot at ``slot_off``, blocks of ``big_n`` elements in the op's
     W-block buffer; ``inp``/``out`` already point at the round's first element.  One
-    barrier, at ``epoch``; returns 1."""
-    aligned_in = not inp & 15 and (kind == "all_gather" or big_n % L.GRAIN == 0)
-    aligned_out = not out & 15 and (kind == "reduce_scatter" or big_n % L.GRAIN == 0)
-    pkey = (kind, m, stride, big_n, dtype, op, world, aligned_in, aligned_out, controls_addr, rank, host_addr,
-            timeout_ns, max_spins, HINTS, warps, blocks)
+    barrier, at ``epoch``; returns 1.  ``replay``: a lane's replay kernel, as
+    all_reduce_fused's."""
+    pkey = (kind, m, stride, big_n, dtype, item, op, world, *_aligned(kind, inp, out, big_n), controls_addr, rank,
+            host_addr, timeout_ns, max_spins, HINTS, warps, blocks, 2 if replay else 0)
     plan = _PLANS.get(pkey)
     if plan is None:
-        plan = _rows_plan(pkey, item)
+        plan = _rows_plan(pkey)
     kernel, grid, head, tail = plan
     fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
     args = (inp, out, controls_addr, slot_off, *head, op_id, fprint, epoch, *tail)
@@ -293,9 +342,16 @@ def rows_fused(kind: str, inp: int, out: int, m: int, stride: int, big_n: int, c
     return 1
 
 
-def _rows_plan(pkey: tuple, item: int) -> tuple:
-    kind, m, stride, big_n, dtype, op, world, aligned_in, aligned_out, controls_addr, rank, host_addr, timeout_ns, \
-        max_spins, hints, warps, blocks = pkey
+def _aligned(kind: str, inp: int, out: int, big_n: int) -> tuple[bool, bool]:
+    """Whether a round's input and output are 16-byte aligned at every block's start
+    (the W-block side moves by ``big_n`` elements a block)."""
+    even = big_n % L.GRAIN == 0
+    return not inp & 15 and (kind == "all_gather" or even), not out & 15 and (kind == "reduce_scatter" or even)
+
+
+def _rows_plan(pkey: tuple) -> tuple:
+    kind, m, stride, big_n, dtype, item, op, world, aligned_in, aligned_out, controls_addr, rank, host_addr, \
+        timeout_ns, max_spins, hints, warps, blocks, graph = pkey
     if len(_PLANS) >= 4096:
         _PLANS.clear()
     if warps * 32 < world or not 1 <= blocks <= L.MAX_BLOCKS:
@@ -308,12 +364,12 @@ def _rows_plan(pkey: tuple, item: int) -> tuple:
     if kind == "all_gather":
         raw = _TYPES[dtype][1] if dtype in _TYPES else _RAW_BY_SIZE[item]
         tail = (timeout_ns, max_spins, world, wp, raw, step, hints and aligned_in, hints and aligned_out, hints,
-                INTERPRET)
+                INTERPRET, graph)
         plan = (all_gather_kernel, grid, head, tail)
     else:
         dt, raw, acc, is_bool, red = _ops(op, dtype)
         tail = (timeout_ns, max_spins, world, wp, red, dt, raw, acc, is_bool, step, hints and aligned_in,
-                hints and aligned_out, hints, INTERPRET)
+                hints and aligned_out, hints, INTERPRET, graph)
         plan = (reduce_scatter_kernel, grid, head, tail)
     _PLANS[pkey] = plan
     return plan

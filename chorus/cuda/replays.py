@@ -8,13 +8,15 @@ fused kernel's third mode (``GRAPH`` = 2, chorus.cuda.fused.graph_begin): the ea
 words, slots and protocol, but the epoch read from this rank's EPOCH word on the device
 (the barriers so far, which every eager kernel keeps) and the op id reported on failure
 ``layout.REPLAY_OP + epoch`` (OpNames.replayed maps it back to the call).  What stays
-frozen is the buffer's address and the slot's parity, so a Shot keeps a graph per
-(address, parity):
+frozen is the buffers' addresses and the slot's parity, so a Shot keeps a graph per
+(input, output, parity):
 
     replays = Replays(shot, driver)          # one per Shot (a plan of the lane)
-    used = replays(data, parity, slot_off, stream)   # barriers used, or 0: nothing launched
+    used = replays(inp, out, parity, slot_off, stream)   # barriers used, or 0: nothing launched
 
-The first call of an (address, parity) launches the replay kernel as a kernel (compiling
+A lane's all_gather_into_tensor and reduce_scatter_tensor replay the same way (their
+kernels' ``GRAPH`` = 2 mode: chorus.cuda.gather); an all_reduce's input is its output.
+The first call of an (input, output, parity) launches the replay kernel as a kernel (compiling
 it once); the second captures it into a graph (relaxed stream capture on a stream of the
 group's own) and launches the graph; later ones launch the graph.  A call with nothing
 launched (no driver, a capture refused) leaves the caller its kernel launch; so does a
@@ -31,7 +33,7 @@ from chorus.cuda import launchers
 
 log = logging.getLogger("chorus")
 
-#: (address, parity) pairs kept per Shot; a new one beyond them evicts the oldest (and
+#: (input, output, parity) triples kept per Shot; a new one beyond them evicts the oldest (and
 #: destroys its graph: each holds one kernel node)
 KEPT = 64
 _RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
@@ -102,17 +104,17 @@ def driver() -> GraphDriver | None:
 
 
 class Replays:
-    """The replay graphs of one Shot (a lane plan's fused all_reduce, in place), by
-    (address, slot parity).  Calls must not overlap (the lane's lock)."""
+    """The replay graphs of one Shot (a lane plan's fused launch), by (input address,
+    output address, slot parity).  Calls must not overlap (the lane's lock)."""
 
     def __init__(self, shot, graphs: GraphDriver, capture_stream: int):
         self.shot, self.graphs, self.capture_stream = shot, graphs, capture_stream
-        self.kept: dict[tuple[int, int], object] = {}  # (address, parity) -> CUgraphExec (0: seen once)
+        self.kept: dict[tuple[int, int, int], object] = {}  # (inp, out, parity) -> CUgraphExec (0: seen once)
         self.on = True
         self._stream = (None, None)  # (raw stream, its ctypes argument)
 
-    def __call__(self, data: int, parity: int, slot_off: int, stream: int) -> int:
-        exe = self.kept.get((data, parity))
+    def __call__(self, inp: int, out: int, parity: int, slot_off: int, stream: int) -> int:
+        exe = self.kept.get((inp, out, parity))
         if exe:
             raw, arg = self._stream
             if raw != stream:
@@ -121,24 +123,24 @@ class Replays:
             if self.graphs.launch(exe, arg) == 0:
                 return self.shot.barriers
             return self._off("cuGraphLaunch refused a kept graph")
-        if not self.on or data & 15:
+        if not self.on or (inp | out) & 15:
             return 0
         try:
             if exe is None:  # first sight: the replay kernel, launched (and compiled once)
                 if len(self.kept) >= KEPT:
                     self._evict()
-                self.kept[(data, parity)] = 0
-                return launchers.replay(self.shot, data, slot_off, stream)
-            block = launchers.replay_block(self.shot, data, slot_off)
+                self.kept[(inp, out, parity)] = 0
+                return launchers.replay(self.shot, inp, out, slot_off, stream)
+            block = launchers.replay_block(self.shot, inp, out, slot_off)
             if block is None:  # (its launch no longer cached: first sight again)
-                del self.kept[(data, parity)]
+                del self.kept[(inp, out, parity)]
                 return 0
             grid = self.shot.grid
             exe = self.graphs.capture(self.capture_stream, lambda: block(grid, self.capture_stream))
         except Exception as exc:  # noqa: BLE001 - nothing launched: the kernel launch, from now on
             return self._off(f"{type(exc).__name__}: {exc}")
-        self.kept[(data, parity)] = exe
-        return self(data, parity, slot_off, stream)
+        self.kept[(inp, out, parity)] = exe
+        return self(inp, out, parity, slot_off, stream)
 
     def _off(self, why: str) -> int:
         log.warning("chorus.cuda: replaying the lane's all_reduce as a CUDA graph failed (%s); launching its "

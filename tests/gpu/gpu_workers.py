@@ -347,6 +347,37 @@ def case_replay(rank, world, pg, comp):
     assert len(replayed) == 3, [one.kept for one in made]
 
 
+def case_rows_replay(rank, world, pg, comp):
+    """all_gather_into_tensor and reduce_scatter_tensor repeated on the same buffers (fresh
+    data each time) replay their CUDA graphs from a buffer pair's third call of a slot
+    parity on, between calls on fresh buffers and an all_reduce: every result equals
+    NCCL's, and each repeated plan kept a graph."""
+    n = 2048
+    ins = {"all_gather": data(rank, n, "bfloat16"), "reduce_scatter": data(rank, world * n, "float32")}
+    outs = {"all_gather": torch.empty(world * n, dtype=torch.bfloat16, device="cuda"),
+            "reduce_scatter": torch.empty(n, dtype=torch.float32, device="cuda")}
+    for salt in range(7):
+        for name, inp in ins.items():
+            inp.copy_(data(rank, inp.numel(), str(inp.dtype)[6:], salt))
+            want = torch.empty_like(outs[name])
+            if name == "all_gather":
+                tdist.all_gather_into_tensor(want, inp.clone())
+                chorus.all_gather_into_tensor(outs[name], inp)
+            else:
+                tdist.reduce_scatter_tensor(want, inp.clone())
+                chorus.reduce_scatter_tensor(outs[name], inp)
+            assert torch.equal(outs[name], want), (name, salt)
+        fresh = data(rank, 300 + salt, "float32", salt)  # (another plan, on fresh buffers)
+        gathered, want = (torch.empty(world * fresh.numel(), device="cuda") for _ in range(2))
+        tdist.all_gather_into_tensor(want, fresh)
+        chorus.all_gather_into_tensor(gathered, fresh)
+        assert torch.equal(gathered, want), salt
+        chorus.all_reduce(fresh)
+    lanes = pg.device_components["cuda"].lanes
+    kinds = [shot.kind for shot in lanes.shots.values() if shot.replays and any(shot.replays.kept.values())]
+    assert sorted(kinds) == ["all_gather", "reduce_scatter"], kinds
+
+
 def case_rows(rank, world, pg, comp):
     """all_gather_into_tensor and reduce_scatter_tensor repeated (bf16 and float32; SUM,
     AVG, MAX), sync and async, through the API's CUDA lane (rows_now) on even ranks and

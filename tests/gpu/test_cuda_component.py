@@ -65,6 +65,11 @@ def test_repeated_all_reduces_replay_cuda_graphs(small_workspace):
     mp.spawn(gpu_workers.run, args=(2, ports(), ["replay"]), nprocs=2)
 
 
+def test_repeated_all_gathers_and_reduce_scatters_replay_cuda_graphs(small_workspace):
+    world = min(4, torch.cuda.device_count())
+    mp.spawn(gpu_workers.run, args=(world, ports(), ["rows_replay"]), nprocs=world)
+
+
 def test_a_replayed_kernel_s_timeout_names_its_own_op(small_workspace):
     mp.spawn(gpu_workers.run_replay_timeout, args=(2, ports()), nprocs=2)
 
