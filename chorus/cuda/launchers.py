@@ -226,15 +226,8 @@ def fused_shot(kind: str, n: int, controls_addr: int, rank: int, world: int, hos
     through Triton's JIT each time)."""
     pkey = (kind, n, dtype, op, world, True, controls_addr, rank, host_addr, timeout_ns, max_spins, HINTS, warps,
             blocks, per_thread, 0)
-    plan = _PLANS.get(pkey)
-    fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
-    key = (pkey, True, True, True, _fits(fprint))
-    entry = _COMPILED.get(key) if FAST else None
-    if plan is None or not entry:
-        return None
-    kernel, grid, head, tail, barriers = plan
-    template = (0, 0, controls_addr, 0, *head, 0, fprint, 0, 0, *tail)
-    return Shot(kind, n, kernel, key, grid, barriers, template, _where(len(head)), warps, entry[3])
+    return _shot(kind, n, pkey, fprint, warps, lambda fp, head, tail: (0, 0, controls_addr, 0, *head, 0, fp, 0, 0,
+                                                                      *tail))
 
 
 def rows_shot(kind: str, m: int, stride: int, big_n: int, controls_addr: int, rank: int, world: int,
@@ -244,15 +237,24 @@ def rows_shot(kind: str, m: int, stride: int, big_n: int, controls_addr: int, ra
     such a launch has been compiled and cached (else None, as fused_shot)."""
     pkey = (kind, m, stride, big_n, dtype, item, op, world, *_aligned(kind, 0, 0, big_n), controls_addr, rank,
             host_addr, timeout_ns, max_spins, HINTS, warps, blocks, 0)
+    return _shot(kind, m, pkey, fprint, warps, lambda fp, head, tail: (0, 0, controls_addr, 0, *head, 0, fp, 0,
+                                                                      *tail))
+
+
+def _shot(kind: str, n: int, pkey: tuple, fprint: int, warps: int, template) -> Shot | None:
+    """The Shot of the launch planned under ``pkey`` (32-bit slot, op id and epoch), its
+    arguments ``template(fingerprint, head, tail)``; None before that launch was compiled
+    and cached."""
     plan = _PLANS.get(pkey)
     fprint = fprint - (1 << 64) if fprint >= 1 << 63 else fprint
     key = (pkey, True, True, True, _fits(fprint))
     entry = _COMPILED.get(key) if FAST else None
     if plan is None or not entry:
         return None
-    kernel, grid, head, tail = plan
-    template = (0, 0, controls_addr, 0, *head, 0, fprint, 0, *tail)
-    return Shot(kind, m, kernel, key, grid, 1, template, _where(len(head)), warps, entry[3])
+    kernel, grid, head, tail = plan[:4]
+    barriers = plan[4] if len(plan) > 4 else 1  # (a rows round: one barrier)
+    return Shot(kind, n, kernel, key, grid, barriers, template(fprint, head, tail), _where(len(head)), warps,
+                entry[3])
 
 
 def replay(shot: Shot, inp: int, out: int, slot_off: int, stream: int) -> int:
