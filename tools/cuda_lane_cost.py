@@ -8,7 +8,9 @@ again with the lane's CUDA-graph replays (chorus.cuda.replays) off and on, alter
 twice; then chorus.all_reduce with timing wrappers around the layers below it
 (Lanes.shot, its Replays (graph launches), the Shot,
 chorus.cuda.direct's parameter block and its cuLaunchKernel call, chorus.cuda.launchers.launch
-where a launch goes through it), each layer's share of a call; last, chorus.all_reduce
+where a launch goes through it), each layer's share of a call; the lane's per-call
+queries of torch and the CUDA runtime, each alone; all_gather_into_tensor and
+reduce_scatter_tensor (COUNT elements a rank) against NCCL's, CPU and un-held; last, chorus.all_reduce
 with the launches stubbed out and replays off (chorus's Python alone; the group is then out of step, so
 this row is the last thing the ranks do).  Wraps module attributes and reads the
 component's private state: a diagnostic, not an API.  Each rank writes OUT/lane-rankR.txt.
@@ -75,6 +77,30 @@ def body(rank: int, world: int, port: int, out: str) -> None:
             rows.append((f"chorus.all_reduce, replays {which}", cpu_per_call(lambda: dist.all_reduce(t))))
             rows.append((f"un-held GPU us/call: chorus, replays {which}",
                          gpu_call(lambda: dist.all_reduce(t), 3000, held=False)))
+
+    # the lane's per-call queries, alone (each a C call into torch or the CUDA runtime)
+    torch_c, dev, raw = torch._C, torch.cuda.current_device(), comp._last_raw
+    for label, fn in (("  torch: _cuda_isCurrentStreamCapturing", torch_c._cuda_isCurrentStreamCapturing),
+                      ("  torch: _cuda_getDevice", torch_c._cuda_getDevice),
+                      ("  torch: _cuda_getCurrentRawStream", lambda: torch_c._cuda_getCurrentRawStream(dev)),
+                      ("  torch: tensor.shape", lambda: t.shape),
+                      ("  torch: is_contiguous + get_device + data_ptr",
+                       lambda: (t.is_contiguous(), t.get_device(), t.data_ptr())),
+                      ("  component.check", lambda: comp.check("all_reduce")),
+                      ("  component._inline", lambda: comp._inline(raw))):
+        rows.append((label, cpu_per_call(fn, 20000)))
+    # all_gather_into_tensor / reduce_scatter_tensor through the lane (rows_now), replays on
+    part = torch.ones(COUNT, dtype=torch.bfloat16, device="cuda")
+    blocks = torch.ones(world * COUNT, dtype=torch.bfloat16, device="cuda")
+    for name, nccl, mine in (
+            ("all_gather", lambda: tdist.all_gather_into_tensor(blocks, part),
+             lambda: dist.all_gather_into_tensor(blocks, part)),
+            ("reduce_scatter", lambda: tdist.reduce_scatter_tensor(part, blocks),
+             lambda: dist.reduce_scatter_tensor(part, blocks))):
+        rows.append((f"torch nccl {name}", cpu_per_call(nccl)))
+        rows.append((f"chorus {name}", cpu_per_call(mine)))
+        rows.append((f"un-held GPU us/call: torch nccl {name}", gpu_call(nccl, 3000, held=False)))
+        rows.append((f"un-held GPU us/call: chorus {name}", gpu_call(mine, 3000, held=False)))
 
     spent: collections.Counter = collections.Counter()
     from chorus.cuda.direct import Block, DirectLaunch
