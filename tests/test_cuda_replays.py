@@ -133,7 +133,8 @@ def test_a_repeated_all_gather_or_reduce_scatter_replays_per_input_output_and_pa
     """The lane's one-round all_gather / reduce_scatter (rows_once) leaves a Shot; its
     repeats launch it as the rows kernel's replay mode, then as graphs kept per (input,
     output, parity): another output address is another graph.  With replays off the
-    Shot's launch has exactly rows_once's arguments (slot by round, epoch by barrier)."""
+    Shot's launch has exactly rows_once's arguments (slot by round, epoch by barrier);
+    the replay kernel and its graph have them too, but for the slot, op id and epoch."""
     lanes, data, lib, graphs = _replaying(monkeypatch)
     names, m, item = lanes.names, 300, 2
     out, other_out = data + (1 << 16), data + (1 << 17)
@@ -156,6 +157,11 @@ def test_a_repeated_all_gather_or_reduce_scatter_replays_per_input_output_and_pa
         (108, slots[0], L.REPLAY_OP, 0, other_out)]
     assert len(graphs.graphs) == 2 and graphs.launched == [(1000, 104), (1001, 105), (1000, 106), (1001, 107)]
     assert list(shot.replays.kept) == [(data, out, 0), (data, out, 1), (data, other_out, 0)]
+    every = [list(launched[5]) for launched in lib.launches]  # (each launch's whole argument list)
+    want, (_, _, slot_at, op_at, epoch_at) = list(every[0]), shot.where  # (rows_once's launch)
+    assert want[op_at + 1] == 55  # the op's fingerprint
+    want[slot_at], want[op_at], want[epoch_at] = slots[0], L.REPLAY_OP, 0
+    assert every[1] == want and list(graphs.graphs[1000][0][5]) == want
     from chorus.cuda import launchers
 
     assert sorted(key[0][-1] for key in launchers._COMPILED if key[0][0] == kind) == [0, 2]  # (GRAPH: eager, replay)
@@ -165,6 +171,7 @@ def test_a_repeated_all_gather_or_reduce_scatter_replays_per_input_output_and_pa
     shot.replays.close()
     lanes.replay, shot.replays = False, None  # the Shot's own launch, against rows_once's
     again, _ = _lanes(monkeypatch)
+    seen = []
     for lane, use_shot in ((lanes, True), (again, False)):
         lane.replay, lane.names = False, names
         del lib.launches[:]
@@ -174,6 +181,35 @@ def test_a_repeated_all_gather_or_reduce_scatter_replays_per_input_output_and_pa
             assert fresh is not None or lane.shot(shot, data, out)
         launched = [(p["slot"], p["op_id"], p["epoch"] - lane.epoch) for p in (_params(shot, x) for x in lib.launches)]
         assert launched == [(slots[(lane.rounds - 1) & 1], 10, -1), (slots[lane.rounds & 1], 11, 0)], use_shot
+        named = {lane.controls_addr: "controls", lane.host: "host"}
+        seen.append([[named.get(v, v) if i != epoch_at else v - lane.epoch for i, v in enumerate(x[5])]
+                     for x in lib.launches])
+    assert seen[0] == seen[1]  # (every argument: the fingerprint, the geometry, the constants)
+
+
+def test_a_shot_that_steps_aside_stays_kept_and_one_replaced_has_its_graphs_destroyed(monkeypatch):
+    """An unaligned address steps the kept Shot aside; the algorithm's launch makes the
+    same Shot again, and the kept one (with its graphs) stays.  A Shot replaced by
+    another launch (as after the hints were turned off) has its graphs destroyed."""
+    lanes, data, lib, graphs = _replaying(monkeypatch)
+    out, plan = data + (1 << 16), ("a plan",)
+
+    def gather(seq, inp):
+        lanes.begin(lanes.names.add(None, seq, 55, "all_gather"), None, 100 + seq, "bfloat16", "", 55)
+        lanes.repeat(plan, inp, out, lambda: lanes.rows_once("all_gather", inp, out, 300, 320, 2))
+
+    for seq in range(1, 6):
+        gather(seq, data)
+    kept = lanes.shots[plan]
+    assert sorted(graphs.graphs) == [1000, 1001]
+    gather(6, data + 2)
+    assert lanes.shots[plan] is kept and sorted(graphs.graphs) == [1000, 1001]
+    other = kept.__class__(kept.kind, kept.n, kept.kernel, ("another key",), kept.grid, 1, kept.template, kept.where,
+                           kept.warps, None)
+    lanes.repeat(plan, data + 2, out, lambda: other)
+    assert lanes.shots[plan] is other and graphs.graphs == {}
+    lanes.close()
+    assert graphs.graphs == {"stream destroyed": []}
 
 
 def test_a_capture_the_driver_refuses_leaves_the_kernel_launch_for_good(monkeypatch, caplog):

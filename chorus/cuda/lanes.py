@@ -211,16 +211,22 @@ class Lanes:
     def repeat(self, plan, inp: int, out: int, first) -> None:
         """The op of ``plan`` (a lane plan: chorus.cuda.plans) from ``inp`` into ``out``:
         a launch (or replay) of the Shot its last call left, else ``first()`` (the
-        algorithm's launches), whose Shot, if it returns one, is kept for the next call.
-        After begin(), under the group's lock."""
-        shot = self.shots.get(plan)
-        if shot is not None and self.shot(shot, inp, out):
+        algorithm's launches), whose Shot, if it returns one, is kept for the next call
+        (the kept one stays where it is the same launch: an unaligned address stepped
+        aside; one replaced has its graphs destroyed).  After begin(), under the group's
+        lock."""
+        kept = self.shots.get(plan)
+        if kept is not None and self.shot(kept, inp, out):
             return
         shot = first()
-        if shot is not None:
-            if len(self.shots) >= SHOTS:
-                self.forget_shots()
-            self.shots[plan] = shot
+        if shot is None or (kept is not None and kept.key == shot.key):
+            return
+        if kept is not None:
+            if kept.replays:
+                kept.replays.close()
+        elif len(self.shots) >= SHOTS:
+            self.forget_shots()
+        self.shots[plan] = shot
 
     def rows_once(self, kind: str, inp: int, out: int, m: int, stride: int, item: int):
         """A lane's all_gather_into_tensor or reduce_scatter_tensor (``kind``) in one round

@@ -143,8 +143,9 @@ class Replays:
         return self(inp, out, parity, slot_off, stream)
 
     def _off(self, why: str) -> int:
-        log.warning("chorus.cuda: replaying the lane's all_reduce as a CUDA graph failed (%s); launching its "
-                    "kernel instead", why)
+        log.warning("chorus.cuda: replaying the lane's %s as a CUDA graph failed (%s); launching its kernel "
+                    "instead", self.shot.kind if self.shot.kind in ("all_gather", "reduce_scatter") else "all_reduce",
+                    why)
         self.on = False
         self.close()
         return 0
