@@ -449,26 +449,35 @@ def run_timeout(rank, world, ports):
     tdist.destroy_process_group()
 
 
-def run_replay_timeout(rank, world, ports):
-    """Rank 1 skips the sixth of an all_reduce repeated on one tensor: rank 0's replayed
-    kernel gives up at the group's timeout, reporting its op by its epoch, and the error
-    names that op (its sequence number), not the op the graph was captured for."""
+def run_replay_timeout(rank, world, ports, name="all_reduce"):
+    """Rank 1 skips the sixth of an op (``name``: all_reduce, or all_gather_into_tensor)
+    repeated on one tensor: rank 0's replayed kernel gives up at the group's timeout,
+    reporting its op by its epoch, and the error names that op (its sequence number), not
+    the op the graph was captured for."""
     from chorus.cuda import layout as L
 
     pg, attached = init(rank, world, ports, timeout=3.0)
     attached.close()
     x = data(rank, 1000, "float32")
+    out = torch.empty(world * 1000, device="cuda")
+
+    def op():
+        if name == "all_reduce":
+            chorus.all_reduce(x)
+        else:
+            chorus.all_gather_into_tensor(out, x)
+
     for _ in range(5):
-        chorus.all_reduce(x)
+        op()
     torch.cuda.synchronize()
     comp = pg.device_components["cuda"]  # (the component the API made at its first CUDA op)
     if rank == 0:
-        chorus.all_reduce(x)
+        op()
         failed = comp.names.entry(comp.names.last)
         torch.cuda.synchronize()
         assert int(comp.ws.words[L.FAIL_OP]) >= L.REPLAY_OP, int(comp.ws.words[L.FAIL_OP])
         try:
-            chorus.all_reduce(x)
+            op()
         except chorus.CommTimeoutError as exc:
             assert failed[0] in str(exc) and "[1]" in str(exc), (failed, exc)
         else:

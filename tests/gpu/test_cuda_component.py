@@ -70,8 +70,9 @@ def test_repeated_all_gathers_and_reduce_scatters_replay_cuda_graphs(small_works
     mp.spawn(gpu_workers.run, args=(world, ports(), ["rows_replay"]), nprocs=world)
 
 
-def test_a_replayed_kernel_s_timeout_names_its_own_op(small_workspace):
-    mp.spawn(gpu_workers.run_replay_timeout, args=(2, ports()), nprocs=2)
+@pytest.mark.parametrize("name", ["all_reduce", "all_gather"])
+def test_a_replayed_kernel_s_timeout_names_its_own_op(small_workspace, name):
+    mp.spawn(gpu_workers.run_replay_timeout, args=(2, ports(), name), nprocs=2)
 
 
 def test_spin_timeout_is_reported(small_workspace):
