@@ -58,3 +58,31 @@ def test_bad_arguments(args, monkeypatch):
     except SystemExit as exc:
         code = exc.code
     assert code == 2
+
+
+def test_bind_puts_a_rank_on_its_gpu_s_cpus(tmp_path, monkeypatch):
+    """``--bind gpu``: the kernel's CPU list of the GPU's PCI device (domain:bus:device.0),
+    as far as this process may use them; a GPU the system lists no CPUs for is left
+    unbound, and says so."""
+    from types import SimpleNamespace
+
+    from chorus.bench import cuda as bench_cuda
+    from chorus.host import cpus
+
+    device = tmp_path / "0000:1b:00.0"
+    device.mkdir()
+    (device / "local_cpulist").write_text("0-3,8,10-11\n")
+    assert cpus.parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert cpus.pci_local_cpus(0, 0x1B, 0, root=str(tmp_path)) == {0, 1, 2, 3, 8, 10, 11}
+    assert cpus.pci_local_cpus(0, 0x1C, 0, root=str(tmp_path)) is None
+    monkeypatch.setattr(cpus, "pci_local_cpus", lambda *ids: cpus.parse_cpulist("0-3,8,10-11")
+                        if ids == (0, 0x1B, 0) else None)
+    monkeypatch.setattr(cpus, "affinity", lambda: set(range(10)))
+    bound: list = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, allowed: bound.append((pid, set(allowed))))
+    props = {0: SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1B, pci_device_id=0),
+             1: SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1C, pci_device_id=0)}
+    torch = SimpleNamespace(cuda=SimpleNamespace(get_device_properties=props.__getitem__))
+    assert bench_cuda._bind(torch, 0) == "rank 0: bound to the 5 CPUs local to GPU 0 (0-8)"
+    assert bound == [(0, {0, 1, 2, 3, 8})]
+    assert "not bound" in bench_cuda._bind(torch, 1) and len(bound) == 1

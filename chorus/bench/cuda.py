@@ -44,6 +44,7 @@ import traceback
 from chorus import config
 from chorus.bench import progress
 from chorus.bench.progress import Progress
+from chorus.host import cpus
 
 CUDA_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 CUDA_DTYPES = ("bfloat16", "float16", "float32", "float64", "int32", "int64", "int8", "uint8")
@@ -293,6 +294,19 @@ def _agree(chorus, ok: bool) -> bool:
     return bool(flag[0])
 
 
+def _bind(torch, rank: int) -> str:
+    """Bind this process to the CPUs local to GPU ``rank`` (``--bind gpu``, before any
+    thread of NCCL's or chorus's starts: they inherit it); a note of what it did."""
+    props = torch.cuda.get_device_properties(rank)
+    ids = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+    allowed = (None if None in ids else cpus.pci_local_cpus(*ids)) or set()
+    allowed &= cpus.affinity()
+    if not allowed:
+        return f"rank {rank}: not bound (the system lists no CPUs of GPU {rank} that this process may use)"
+    os.sched_setaffinity(0, allowed)
+    return f"rank {rank}: bound to the {len(allowed)} CPUs local to GPU {rank} ({min(allowed)}-{max(allowed)})"
+
+
 def rank_main(rank: int, cfg: dict, workdir: str) -> None:
     import torch
     import torch.distributed as tdist
@@ -300,6 +314,7 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
     import chorus
 
     world = cfg["world"]
+    bound = _bind(torch, rank) if cfg.get("bind") == "gpu" and not DRY else None
     if DRY:
         tdist.init_process_group("gloo", init_method=f"file://{workdir}/torch.rdzv", rank=rank,
                                  world_size=world)
@@ -309,7 +324,7 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
                                  world_size=world, device_id=torch.device("cuda", rank))
     chorus.init_process_group("chorus", init_method=f"file://{workdir}/chorus.rdzv", rank=rank,
                               world_size=world, timeout=cfg["timeout"])
-    rows, notes = [], []
+    rows, notes = [], ([] if bound is None else [bound])
     libs = list(cfg["libraries"])
     out_path = os.path.join(workdir, f"rows-{rank}.json")
 
@@ -514,7 +529,7 @@ def run(args) -> int:
            "algorithm": args.algorithm, "libraries": order,
            "timeout": float(args.cuda_timeout), "symm_max": parse_size(args.symm_max),
            "verbose": config.get("CHORUS_BENCH_VERBOSE"), "graph": bool(getattr(args, "graph", False)),
-           "unheld": bool(getattr(args, "unheld", False))}
+           "unheld": bool(getattr(args, "unheld", False)), "bind": getattr(args, "bind", "none")}
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     device = "CPU (dry run)" if DRY else torch.cuda.get_device_name(0)
     reducing = args.collective in ("all_reduce", "reduce_scatter")
@@ -523,7 +538,8 @@ def run(args) -> int:
           f"{args.algorithm or 'auto'}; libraries {', '.join(order)}; {args.iters} iterations "
           f"(+{args.warmup} warm-up){', scaled down above 1 MiB' if args.scale_iters else ''}"
           f"{', captured in a CUDA graph and replayed' if cfg['graph'] else ', eager'}"
-          f"{', the GPU not held' if cfg['unheld'] and not cfg['graph'] else ''}; "
+          f"{', the GPU not held' if cfg['unheld'] and not cfg['graph'] else ''}"
+          f"{', each rank on the CPUs of its GPU' if cfg['bind'] == 'gpu' else ''}; "
           f"torch {torch.__version__}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}", flush=True)
     deadline = time.monotonic() + args.time_limit
     timed_out = False

@@ -38,3 +38,25 @@ def ranks_here(job_world: int) -> int:
     only, it decides no correctness), else all ``job_world`` of them."""
     local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
     return int(local) if local.isdigit() and int(local) > 0 else job_world
+
+
+def parse_cpulist(text: str) -> set[int]:
+    """The CPUs of a kernel CPU list ("0-3,8,10-11" -> {0, 1, 2, 3, 8, 10, 11})."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def pci_local_cpus(domain: int, bus: int, device: int, root: str = "/sys/bus/pci/devices") -> set[int] | None:
+    """The CPUs local to PCI device ``domain:bus:device`` (its NUMA node's, as the kernel
+    lists them), or None where the system does not say."""
+    try:
+        with open(os.path.join(root, f"{domain:04x}:{bus:02x}:{device:02x}.0", "local_cpulist")) as f:
+            return parse_cpulist(f.read()) or None
+    except (OSError, ValueError):
+        return None
+

@@ -23,9 +23,12 @@
 #      all_reduce 8 B .. 2 MiB, the others 1 KiB .. 1 MiB (x4), against NCCL
 #   9. lane: the CPU time of a small eager all_reduce by layer, the CUDA-graph replays
 #      off and on alternating (tools/cuda_lane_cost.py; $LOGS/lane/lane-rank*.txt)
+#  10. bound_all_reduce, bound_all_gather, bound_reduce_scatter: part 8's loops up to
+#      256 KiB with each rank on the CPUs of its GPU (chorus bench --bind gpu)
 # CHORUS_SPEED_PARTS="all_reduce graph ..." runs only the parts named (smoke, all_reduce,
 # calibrate, rails, ddp, all_gather, reduce_scatter, broadcast, all_to_all, graph,
-# unheld_all_reduce, unheld_all_gather, unheld_reduce_scatter, lane).
+# unheld_all_reduce, unheld_all_gather, unheld_reduce_scatter, lane, bound_all_reduce,
+# bound_all_gather, bound_reduce_scatter).
 # then a compact table per part: size, chorus us (GPU), chorus cpu us, nccl us, nccl/chorus,
 # symm us, #wrong.  Exits non-zero unless every part passed.
 set -uo pipefail
@@ -123,6 +126,10 @@ for c in all_gather reduce_scatter; do
 done
 part lane 60 bash -c "cd tools && exec python cuda_lane_cost.py '$LOGS/lane' 29791 1024"
 [ -f "$LOGS/lane/lane-rank0.txt" ] && cat "$LOGS/lane/lane-rank0.txt"
+for c in all_reduce all_gather reduce_scatter; do
+  NCCL_RUNTIME_CONNECT=0 bench "bound_$c" 40 --collective "$c" -b 1K -e 256K -f 4 -n 300 -w 30 --unheld \
+      --baseline nccl --bind gpu
+done
 
 python - "$LOGS" <<'PY'
 import json, os, sys
@@ -142,7 +149,8 @@ def load(name):
         return None
 
 for name in ("all_reduce", "graph", "rails", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
-             "unheld_all_reduce", "unheld_all_gather", "unheld_reduce_scatter"):
+             "unheld_all_reduce", "unheld_all_gather", "unheld_reduce_scatter", "bound_all_reduce",
+             "bound_all_gather", "bound_reduce_scatter"):
     doc = load(name)
     if doc is None:
         print(f"\n== {name}: no results (see {name}.log)")
