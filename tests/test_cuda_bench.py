@@ -36,6 +36,36 @@ def test_dry_run_table_and_json(tmp_path, collective):
     assert all(r["wrong"] == 0 and r["seconds"] > 0 and r["cpu_seconds"] > 0 for r in doc["rows"])
 
 
+def test_rounds_give_medians_and_the_range_of_each_round(tmp_path):
+    """--rounds 2: the sweep twice in the same ranks; the table's times are the medians,
+    a second table gives the lowest-highest of NCCL's time over chorus's across the rounds
+    (and how many were below 1), and the JSON keeps every round's rows."""
+    out = tmp_path / "r.json"
+    p = bench("--collective", "all_reduce", "-b", "1K", "-e", "4K", "-f", "4", "-n", "3", "-w", "1",
+              "--world", "1", "--rounds", "2", "--json", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "2 rounds" in p.stdout and "each of the 2 rounds" in p.stdout and "of 2 below 1)" in p.stdout
+    doc = json.loads(out.read_text())
+    assert doc["rounds"] == 2 and len(doc["rows"]) == 4 and len(doc["rows_by_round"]) == 8
+    for row in doc["rows"]:
+        mine = sorted(r["seconds"] for r in doc["rows_by_round"]
+                      if (r["library"], r["nbytes"]) == (row["library"], row["nbytes"]))
+        assert row["seconds"] == pytest.approx(sum(mine) / 2)  # (the median of two)
+
+
+def test_median_rows_and_round_ranges():
+    from chorus.bench.cuda_report import format_rounds, median_rows
+
+    def row(lib, us, wrong=0):
+        return dict(library=lib, nbytes=1024, count=256, seconds=us * 1e-6, cpu_seconds=us * 1e-6, wrong=wrong)
+
+    rows, times = median_rows([row("chorus", 10), row("nccl", 30), row("chorus", 20), row("nccl", 15, wrong=2),
+                               row("chorus", 12), row("nccl", 36)])
+    assert {r["library"]: (round(r["seconds"] * 1e6, 3), r["wrong"]) for r in rows} == {"chorus": (12.0, 0),
+                                                                                         "nccl": (30.0, 2)}
+    assert "0.75-3.00x (1 of 3 below 1)" in format_rounds(times)
+
+
 def test_format_table_and_iterations():
     from chorus.bench import cuda
 

@@ -264,8 +264,6 @@ def chosen_transport(flag: str | None) -> tuple[str, str | None]:
 def run(args: argparse.Namespace) -> int:
     rounds = getattr(args, "rounds", 1)
     if getattr(args, "device", "cpu") == "cuda":
-        if rounds != 1:
-            return _fail("--rounds is for --device cpu (run the command again for more GPU rounds)")
         from chorus.bench import cuda
 
         return cuda.run(args)

@@ -43,13 +43,12 @@ import traceback
 
 from chorus import config
 from chorus.bench import progress
+from chorus.bench.cuda_report import format_rounds, format_table, median_rows, merge
 from chorus.bench.progress import Progress
 from chorus.host import cpus
 
 CUDA_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 CUDA_DTYPES = ("bfloat16", "float16", "float32", "float64", "int32", "int64", "int8", "uint8")
-BUS = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
-       "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w, "broadcast": lambda w: 1.0}
 OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
 #: CHORUS_BENCH_CUDA_DRY=1: the same code on CPU tensors with gloo for NCCL (the tests'
 #: way to run it without a GPU; times are CPU times then)
@@ -403,76 +402,6 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
 
 
 # -- the parent -----------------------------------------------------------------------------------
-def _merge(workdir: str, world: int) -> tuple[list[dict], list[str]]:
-    per_rank = {}
-    notes: list[str] = []
-    for r in range(world):
-        try:
-            with open(os.path.join(workdir, f"rows-{r}.json")) as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            continue
-        per_rank[r] = data["rows"]
-        notes += [n for n in data["notes"] if n not in notes]
-    wrong: dict = {}
-    for rows in per_rank.values():
-        for row in rows:
-            k = (row["library"], row["nbytes"])
-            wrong[k] = -1 if row["wrong"] < 0 or wrong.get(k, 0) < 0 else wrong.get(k, 0) + row["wrong"]
-    rows = [dict(row, wrong=wrong[(row["library"], row["nbytes"])]) for row in per_rank.get(0, [])]
-    if len(per_rank) < world:
-        notes.append(f"only {len(per_rank)} of {world} ranks wrote results")
-    return rows, notes
-
-
-def _human(nbytes: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
-
-
-def _label(lib: str) -> str:
-    """A library's name in a column of 9 (symm-mem's as s1shot / s2shot; a chorus
-    algorithm by its own name, "c:nccl" for chorus's hand-off to NCCL, next to NCCL's own)."""
-    if lib == "chorus:nccl":
-        return "c:nccl"
-    return lib.replace("symm-", "s").replace("chorus:", "")[:9]
-
-
-def format_table(rows: list[dict], collective: str, world: int, dtype: str) -> str:
-    """One line per size, within 100 columns for chorus, NCCL and torch's two symm-mem
-    ops: each library's GPU time per call (us), chorus's bus bandwidth (GB/s) and CPU
-    time per call (us), each baseline's time over chorus's ("x nccl" > 1: chorus is
-    faster), and #wrong, every library's wrong elements together.  The rest (count,
-    algbw, every library's busbw, CPU time and #wrong) is in the ``--json`` document."""
-    if not rows:
-        return f"(no results for {collective})"
-    libs = list(dict.fromkeys(r["library"] for r in rows))
-    libs.sort(key=lambda lib: (not lib.startswith("chorus"), lib != "chorus", lib))
-    by = {(r["library"], r["nbytes"]): r for r in rows}
-    mine = "chorus" if any(lib == "chorus" for lib in libs) else libs[0]
-    others = [lib for lib in libs if not lib.startswith("chorus")]
-    head = (f"{'size':>6}" + "".join(f" {_label(lib) + ' us':>9}" for lib in libs) + f" {'busbw':>6} {'cpu us':>6}"
-            + "".join(f" {'x ' + _label(lib)[:6]:>8}" for lib in others) + f" {'#wrong':>6}")
-    lines = [head, "-" * len(head)]
-    factor = BUS[collective](world)
-    for size in sorted({r["nbytes"] for r in rows}):
-        line = f"{_human(size):>6}"
-        for lib in libs:
-            r = by.get((lib, size))
-            line += f" {r['seconds'] * 1e6:>9.1f}" if r else f" {'-':>9}"
-        c = by.get((mine, size))
-        busbw = size / c["seconds"] / 1e9 * factor if c and c["seconds"] else None
-        line += f" {busbw:>6.1f} {c['cpu_seconds'] * 1e6:>6.1f}" if busbw is not None else f" {'-':>6} {'-':>6}"
-        for lib in others:
-            r = by.get((lib, size))
-            line += f" {r['seconds'] / c['seconds']:>7.2f}x" if r and c and c["seconds"] else f" {'-':>8}"
-        checked = [by[(lib, size)]["wrong"] for lib in libs if (lib, size) in by and by[(lib, size)]["wrong"] >= 0]
-        lines.append(line + (f" {sum(checked):>6}" if checked else f" {'-':>6}"))  # (-1: not checked)
-    return "\n".join(lines)
-
-
 def run(args) -> int:
     """``chorus bench --device cuda`` (see the module docstring); 1 if any result was
     wrong or chorus failed, 2 on bad arguments."""
@@ -524,7 +453,8 @@ def run(args) -> int:
     # NCCL first at every size: the others are checked against its result
     order = [lib for lib in ("nccl", *libs) if lib in libs]
     order = list(dict.fromkeys(order))
-    cfg = {"world": world, "counts": counts, "iters": args.iters, "warmup": args.warmup,
+    rounds = getattr(args, "rounds", 1)
+    cfg = {"world": world, "counts": counts * rounds, "iters": args.iters, "warmup": args.warmup,
            "scale_iters": args.scale_iters, "collective": args.collective, "dtype": dtype, "op": args.op,
            "algorithm": args.algorithm, "libraries": order,
            "timeout": float(args.cuda_timeout), "symm_max": parse_size(args.symm_max),
@@ -539,14 +469,15 @@ def run(args) -> int:
           f"(+{args.warmup} warm-up){', scaled down above 1 MiB' if args.scale_iters else ''}"
           f"{', captured in a CUDA graph and replayed' if cfg['graph'] else ', eager'}"
           f"{', the GPU not held' if cfg['unheld'] and not cfg['graph'] else ''}"
-          f"{', each rank on the CPUs of its GPU' if cfg['bind'] == 'gpu' else ''}; "
+          f"{', each rank on the CPUs of its GPU' if cfg['bind'] == 'gpu' else ''}"
+          f"{f', {rounds} rounds (each size once a round)' if rounds > 1 else ''}; "
           f"torch {torch.__version__}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}", flush=True)
     deadline = time.monotonic() + args.time_limit
     timed_out = False
     with tempfile.TemporaryDirectory(prefix="chorus-bench-cuda-") as workdir:
         ctx = mp.start_processes(rank_main, args=(cfg, workdir), nprocs=world, join=False, start_method="spawn")
         error = None
-        shown = Progress(workdir, ["chorus"], [c * item for c in counts])
+        shown = Progress(workdir, ["chorus"], [c * item for c in cfg["counts"]])
         shown.waiting(f"starting {world} ranks ...")
         try:
             while True:
@@ -567,7 +498,7 @@ def run(args) -> int:
                     p.kill()
             for p in ctx.processes:
                 p.join(5)
-        rows, notes = _merge(workdir, world)
+        rows, notes = merge(workdir, world)
     if timed_out:
         notes.append(f"stopped after --time-limit {args.time_limit} s; the ranks were killed")
     if error is not None:
@@ -581,7 +512,14 @@ def run(args) -> int:
           "NCCL's result (-1: no NCCL result to compare); x B: B's time / chorus's")
     for note in notes:
         print(f"# {note}")
+    every, times = rows, None
+    if rounds > 1:
+        rows, times = median_rows(rows)
+        print(f"# the medians over {rounds} rounds of each size's GPU and CPU time per call")
     print(format_table(rows, args.collective, world, dtype), flush=True)
+    if times is not None:
+        print(f"# each baseline's time over chorus's in each of the {rounds} rounds: lowest-highest")
+        print(format_rounds(times), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"collective": args.collective, "dtype": dtype, "op": args.op, "world": world,
@@ -593,7 +531,8 @@ def run(args) -> int:
                                  + (" (the GPU not held: the longer of CPU and GPU time per call)"
                                     if cfg["unheld"] and not cfg["graph"] else "")
                                  + "; cpu_seconds: CPU time per call",
-                       "rows": rows}, f, indent=1)
+                       "rounds": rounds, "rows": rows, **({"rows_by_round": every} if rounds > 1 else {})},
+                      f, indent=1)
         print(f"# wrote {args.json}")
     bad = any(r["wrong"] > 0 for r in rows) or not any(r["library"].split(":")[0] == "chorus" for r in rows)
     bad = bad or any(n.startswith("chorus") and "dropped" in n for n in notes) or timed_out or error is not None
