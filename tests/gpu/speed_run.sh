@@ -25,10 +25,13 @@
 #      off and on alternating (tools/cuda_lane_cost.py; $LOGS/lane/lane-rank*.txt)
 #  10. bound_all_reduce, bound_all_gather, bound_reduce_scatter: part 8's loops up to
 #      256 KiB with each rank on the CPUs of its GPU (chorus bench --bind gpu)
+#  11. bars: all_reduce 8 MiB .. 128 MiB (x2) against NCCL, three rounds
+# Parts 8, 10 and 11 run three rounds each (chorus bench --rounds 3: medians, and the
+# range of NCCL's time over chorus's across the rounds).
 # CHORUS_SPEED_PARTS="all_reduce graph ..." runs only the parts named (smoke, all_reduce,
 # calibrate, rails, ddp, all_gather, reduce_scatter, broadcast, all_to_all, graph,
 # unheld_all_reduce, unheld_all_gather, unheld_reduce_scatter, lane, bound_all_reduce,
-# bound_all_gather, bound_reduce_scatter).
+# bound_all_gather, bound_reduce_scatter, bars).
 # then a compact table per part: size, chorus us (GPU), chorus cpu us, nccl us, nccl/chorus,
 # symm us, #wrong.  Exits non-zero unless every part passed.
 set -uo pipefail
@@ -120,16 +123,19 @@ bench broadcast 30 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale
 bench all_to_all 40 --collective all_to_all -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
 bench graph 40 --collective all_reduce -b 4 -e 4M -f 4 -n 200 -w 20 --graph --baseline nccl
 NCCL_RUNTIME_CONNECT=0 bench unheld_all_reduce 60 --collective all_reduce -b 8 -e 2M -f 4 -n 300 -w 30 --unheld \
-    --baseline all
+    --baseline all --rounds 3
 for c in all_gather reduce_scatter; do
-  NCCL_RUNTIME_CONNECT=0 bench "unheld_$c" 40 --collective "$c" -b 1K -e 1M -f 4 -n 300 -w 30 --unheld --baseline nccl
+  NCCL_RUNTIME_CONNECT=0 bench "unheld_$c" 40 --collective "$c" -b 1K -e 1M -f 4 -n 300 -w 30 --unheld --baseline nccl \
+      --rounds 3
 done
 part lane 60 bash -c "cd tools && exec python cuda_lane_cost.py '$LOGS/lane' 29791 1024"
 [ -f "$LOGS/lane/lane-rank0.txt" ] && cat "$LOGS/lane/lane-rank0.txt"
 for c in all_reduce all_gather reduce_scatter; do
   NCCL_RUNTIME_CONNECT=0 bench "bound_$c" 40 --collective "$c" -b 1K -e 256K -f 4 -n 300 -w 30 --unheld \
-      --baseline nccl --bind gpu
+      --baseline nccl --bind gpu --rounds 3
 done
+# the bandwidth bars' sizes (8-16 MiB: at most NCCL's time; 128 MiB: 0.95x its bus bandwidth), three rounds
+bench bars 90 --collective all_reduce -b 8M -e 128M -f 2 -n 50 -w 5 --scale-iters --baseline nccl --rounds 3
 
 python - "$LOGS" <<'PY'
 import json, os, sys
@@ -150,7 +156,7 @@ def load(name):
 
 for name in ("all_reduce", "graph", "rails", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
              "unheld_all_reduce", "unheld_all_gather", "unheld_reduce_scatter", "bound_all_reduce",
-             "bound_all_gather", "bound_reduce_scatter"):
+             "bound_all_gather", "bound_reduce_scatter", "bars"):
     doc = load(name)
     if doc is None:
         print(f"\n== {name}: no results (see {name}.log)")
