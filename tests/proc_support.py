@@ -53,6 +53,20 @@ def reserved_port():
         yield s.getsockname()[1]
 
 
+_HELD: list[socket.socket] = []
+
+
+def held_port() -> int:
+    """A port of 127.0.0.1 reserved as ``reserved_port`` does, held until this test process
+    ends: for a test that listens on it later, or needs it refused (nothing listening),
+    without a block around the whole test."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return s.getsockname()[1]
+
+
 def run_ranks(argv: list[str], world: int, env: dict | None = None, timeout: float = 60.0):
     """Run ``argv`` as ``world`` ranks with torchrun's variables (rank 0 hosts the store on a
     reserved port) until all exit; return the Popens and their (stdout, stderr)."""

@@ -53,8 +53,27 @@ def test_rounds_give_medians_and_the_range_of_each_round(tmp_path):
         assert row["seconds"] == pytest.approx(sum(mine) / 2)  # (the median of two)
 
 
+def test_merge_counts_wrong_elements_per_round_and_rounds_skip_the_unchecked(tmp_path):
+    """Two ranks, two rounds: each round's row carries the wrong elements of both ranks in
+    that round (not of every round); a round that could not be checked (-1) does not
+    hide another round's wrong elements."""
+    from chorus.bench.cuda_report import median_rows, merge
+
+    def row(lib, rnd, wrong):
+        return dict(library=lib, nbytes=1024, count=256, seconds=1e-5, cpu_seconds=1e-5, wrong=wrong, round=rnd)
+
+    for rank, wrongs in ((0, (1, 0)), (1, (2, -1))):
+        rows = [row("chorus", rnd, w) for rnd, w in enumerate(wrongs)]
+        (tmp_path / f"rows-{rank}.json").write_text(json.dumps({"rows": rows, "notes": [f"note {rank}"]}))
+    rows, notes = merge(str(tmp_path), 2)
+    assert [r["wrong"] for r in rows] == [3, -1] and notes == ["note 0", "note 1"]
+    medians, _ = median_rows(rows)
+    assert [(r["wrong"], "round" in r) for r in medians] == [(3, False)]
+    assert median_rows([dict(rows[1])])[0][0]["wrong"] == -1
+
+
 def test_median_rows_and_round_ranges():
-    from chorus.bench.cuda_report import format_rounds, median_rows
+    from chorus.bench.cuda_report import format_round_ranges, median_rows
 
     def row(lib, us, wrong=0):
         return dict(library=lib, nbytes=1024, count=256, seconds=us * 1e-6, cpu_seconds=us * 1e-6, wrong=wrong)
@@ -63,7 +82,7 @@ def test_median_rows_and_round_ranges():
                                row("chorus", 12), row("nccl", 36)])
     assert {r["library"]: (round(r["seconds"] * 1e6, 3), r["wrong"]) for r in rows} == {"chorus": (12.0, 0),
                                                                                          "nccl": (30.0, 2)}
-    assert "0.75-3.00x (1 of 3 below 1)" in format_rounds(times)
+    assert "0.75-3.00x (1 of 3 below 1)" in format_round_ranges(times)
 
 
 def test_format_table_and_iterations():
@@ -90,10 +109,11 @@ def test_bad_arguments(args, monkeypatch):
     assert code == 2
 
 
-def test_bind_puts_a_rank_on_its_gpu_s_cpus(tmp_path, monkeypatch):
+def test_bind_puts_every_thread_of_a_rank_on_its_gpu_s_cpus(tmp_path, monkeypatch):
     """``--bind gpu``: the kernel's CPU list of the GPU's PCI device (domain:bus:device.0),
-    as far as this process may use them; a GPU the system lists no CPUs for is left
-    unbound, and says so."""
+    as far as this process may use them, for every thread the process has; a GPU the
+    system lists no CPUs for, or a torch without the PCI address, is left unbound and
+    says why."""
     from types import SimpleNamespace
 
     from chorus.bench import cuda as bench_cuda
@@ -103,6 +123,7 @@ def test_bind_puts_a_rank_on_its_gpu_s_cpus(tmp_path, monkeypatch):
     device.mkdir()
     (device / "local_cpulist").write_text("0-3,8,10-11\n")
     assert cpus.parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert cpus.format_cpulist({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11" and cpus.format_cpulist({5}) == "5"
     assert cpus.pci_local_cpus(0, 0x1B, 0, root=str(tmp_path)) == {0, 1, 2, 3, 8, 10, 11}
     assert cpus.pci_local_cpus(0, 0x1C, 0, root=str(tmp_path)) is None
     monkeypatch.setattr(cpus, "pci_local_cpus", lambda *ids: cpus.parse_cpulist("0-3,8,10-11")
@@ -111,8 +132,28 @@ def test_bind_puts_a_rank_on_its_gpu_s_cpus(tmp_path, monkeypatch):
     bound: list = []
     monkeypatch.setattr(os, "sched_setaffinity", lambda pid, allowed: bound.append((pid, set(allowed))))
     props = {0: SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1B, pci_device_id=0),
-             1: SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1C, pci_device_id=0)}
-    torch = SimpleNamespace(cuda=SimpleNamespace(get_device_properties=props.__getitem__))
-    assert bench_cuda._bind(torch, 0) == "rank 0: bound to the 5 CPUs local to GPU 0 (0-8)"
-    assert bound == [(0, {0, 1, 2, 3, 8})]
-    assert "not bound" in bench_cuda._bind(torch, 1) and len(bound) == 1
+             1: SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1C, pci_device_id=0), 2: SimpleNamespace()}
+    torch = SimpleNamespace(cuda=SimpleNamespace(get_device_properties=props.__getitem__), __version__="2.0")
+    before = {int(t) for t in os.listdir("/proc/self/task")}
+    assert bench_cuda._bind(torch, 0) == "rank 0: bound to the CPUs local to GPU 0: 0-3,8"
+    lasting = before & {int(t) for t in os.listdir("/proc/self/task")}
+    assert os.getpid() in lasting and lasting <= {pid for pid, _ in bound}
+    assert all(cpu_set == {0, 1, 2, 3, 8} for _, cpu_set in bound)
+    bound.clear()
+    assert "not bound (the system lists no CPUs" in bench_cuda._bind(torch, 1)
+    assert "not bound (torch 2.0 does not give" in bench_cuda._bind(torch, 2) and bound == []
+
+
+def test_bind_reaches_the_ranks_and_is_refused_on_cpus(monkeypatch):
+    """A dry run's ranks are asked to bind (and say they cannot: no GPU); ``--bind`` of
+    the CPU bench is refused before anything starts."""
+    p = bench("--collective", "all_reduce", "-b", "1K", "-e", "1K", "-n", "2", "-w", "1", "--world", "1",
+              "--bind", "gpu")
+    assert p.returncode == 0 and "rank 0: not bound (a dry run has no GPU)" in p.stdout, p.stdout + p.stderr
+    from chorus.cli import main
+
+    try:
+        code = main(["bench", "--bind", "gpu", "--world", "2"])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2

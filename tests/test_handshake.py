@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from proc_support import held_port
 
 from chorus import net
 from chorus.errors import AuthenticationError, ProtocolError, RendezvousError
@@ -325,8 +326,7 @@ def test_listen_on_a_foreign_address_says_so():
 
 
 def test_connect_retries_until_the_server_appears():
-    with net.listen("127.0.0.1", 0) as probe:
-        port = probe.getsockname()[1]
+    port = held_port()
     holder = {}
 
     def start_later():
@@ -346,8 +346,7 @@ def test_connect_retries_until_the_server_appears():
 
 
 def test_connect_gives_up_at_the_deadline_naming_the_address():
-    with net.listen("127.0.0.1", 0) as probe:
-        port = probe.getsockname()[1]
+    port = held_port()
     start = time.monotonic()
     with pytest.raises(RendezvousError) as info:
         net.connect("127.0.0.1", port, timeout=0.3)

@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from proc_support import held_port
 
 from chorus import net
 from chorus.errors import (
@@ -19,11 +20,6 @@ from chorus.rendezvous import RendezvousInfo, detect_environment, expand_nodelis
 from chorus.store import HashStore, TCPStoreServer
 
 TIMEOUT = timedelta(seconds=10)
-
-
-def free_port() -> int:
-    with net.listen("127.0.0.1", 0) as sock:
-        return sock.getsockname()[1]
 
 
 def run_ranks(world: int, make_info) -> list[RendezvousInfo]:
@@ -162,7 +158,7 @@ def test_expand_nodelist_errors(nodelist, message):
 # -- every init method, 4 ranks as threads ---------------------------------------------
 
 def test_env_rendezvous_four_ranks():
-    port = free_port()
+    port = held_port()
     base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "4",
             "LOCAL_WORLD_SIZE": "4", "CHORUS_TOKEN": "rdzv-token"}
     infos = run_ranks(4, lambda r: rendezvous(
@@ -177,7 +173,7 @@ def test_env_rendezvous_four_ranks():
 
 
 def test_tcp_rendezvous_four_ranks_with_query_or_arguments():
-    port = free_port()
+    port = held_port()
 
     def make(rank):
         if rank % 2:
@@ -322,7 +318,7 @@ def test_address_in_use():
 
 
 def test_non_master_gives_up_when_nobody_hosts():
-    port = free_port()
+    port = held_port()
     env = dict(ENV, MASTER_PORT=str(port), RANK="1")
     start = time.monotonic()
     with pytest.raises(RendezvousError, match=f"could not connect to 127.0.0.1:{port}"):
@@ -356,7 +352,7 @@ def fail_each(world: int, make_info) -> dict[int, tuple[BaseException, float]]:
 
 @pytest.mark.parametrize("sizes", [(2, 3), (3, 2)])
 def test_a_world_size_mismatch_fails_every_rank_naming_both_sizes(sizes):
-    port = free_port()
+    port = held_port()
     errors = fail_each(2, lambda r: rendezvous(f"tcp://127.0.0.1:{port}", rank=r, world_size=sizes[r],
                                                timeout=timedelta(seconds=600), environ={}))
     for error, seconds in errors.values():
@@ -367,7 +363,7 @@ def test_a_world_size_mismatch_fails_every_rank_naming_both_sizes(sizes):
 
 
 def test_a_token_mismatch_fails_every_rank_naming_the_token():
-    port = free_port()
+    port = held_port()
     tokens = ["ours", "another"]
     errors = fail_each(2, lambda r: rendezvous(None, timeout=timedelta(seconds=600), environ={
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": "2",

@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from proc_support import held_port
 from store_support import TOKEN, tcp_client
 
 from chorus import config, net
@@ -39,8 +40,7 @@ def test_tcp_store_master_reports_real_port_and_host():
 
 
 def test_tcp_store_waits_for_workers():
-    with net.listen("127.0.0.1", 0) as probe:
-        port = probe.getsockname()[1]
+    port = held_port()
     clients = []
 
     def join_later():
@@ -81,8 +81,7 @@ def test_tcp_store_address_in_use(server):
 
 
 def test_multi_tenant_masters_share_one_server():
-    with net.listen("127.0.0.1", 0) as probe:
-        port = probe.getsockname()[1]
+    port = held_port()
     a = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, timeout=5, token=TOKEN)
     b = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, timeout=5, token=TOKEN)
     a.set("shared", b"yes")

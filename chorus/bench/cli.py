@@ -267,6 +267,9 @@ def run(args: argparse.Namespace) -> int:
         from chorus.bench import cuda
 
         return cuda.run(args)
+    if getattr(args, "bind", "none") != "none":
+        return _fail("--bind is for --device cuda (it places each rank on its GPU's CPUs); on CPUs, bind the "
+                     "ranks with taskset or numactl around the command")
     if args.dtype is None:
         args.dtype = "float32"
     if args.world is None:

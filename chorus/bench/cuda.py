@@ -43,7 +43,7 @@ import traceback
 
 from chorus import config
 from chorus.bench import progress
-from chorus.bench.cuda_report import format_rounds, format_table, median_rows, merge
+from chorus.bench.cuda_report import format_round_ranges, format_table, median_rows, merge
 from chorus.bench.progress import Progress
 from chorus.host import cpus
 
@@ -294,16 +294,20 @@ def _agree(chorus, ok: bool) -> bool:
 
 
 def _bind(torch, rank: int) -> str:
-    """Bind this process to the CPUs local to GPU ``rank`` (``--bind gpu``, before any
-    thread of NCCL's or chorus's starts: they inherit it); a note of what it did."""
+    """Bind this process to the CPUs local to GPU ``rank`` (``--bind gpu``): every thread
+    it has (torch's too), and so every thread started later (NCCL's, chorus's); a note of
+    what it did."""
     props = torch.cuda.get_device_properties(rank)
     ids = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
-    allowed = (None if None in ids else cpus.pci_local_cpus(*ids)) or set()
-    allowed &= cpus.affinity()
+    if None in ids:
+        return f"rank {rank}: not bound (torch {torch.__version__} does not give the GPU's PCI address)"
+    allowed = (cpus.pci_local_cpus(*ids) or set()) & cpus.affinity()
     if not allowed:
         return f"rank {rank}: not bound (the system lists no CPUs of GPU {rank} that this process may use)"
-    os.sched_setaffinity(0, allowed)
-    return f"rank {rank}: bound to the {len(allowed)} CPUs local to GPU {rank} ({min(allowed)}-{max(allowed)})"
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # (a thread that ended meanwhile)
+            os.sched_setaffinity(int(task), allowed)
+    return f"rank {rank}: bound to the CPUs local to GPU {rank}: {cpus.format_cpulist(allowed)}"
 
 
 def rank_main(rank: int, cfg: dict, workdir: str) -> None:
@@ -313,7 +317,9 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
     import chorus
 
     world = cfg["world"]
-    bound = _bind(torch, rank) if cfg.get("bind") == "gpu" and not DRY else None
+    bound = None
+    if cfg.get("bind") == "gpu":
+        bound = f"rank {rank}: not bound (a dry run has no GPU)" if DRY else _bind(torch, rank)
     if DRY:
         tdist.init_process_group("gloo", init_method=f"file://{workdir}/torch.rdzv", rank=rank,
                                  world_size=world)
@@ -334,8 +340,10 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
 
     item = torch.empty(0, dtype=getattr(torch, cfg["dtype"])).element_size()
     graphed = cfg.get("graph", False) and not DRY
+    per_round = len(cfg["counts"]) // cfg.get("rounds", 1)
     for index, count in enumerate(cfg["counts"], start=1):
-        nbytes = count * item
+        nbytes, round_ = count * item, (index - 1) // per_round
+        first = len(rows)
         iters, warmup = iterations(cfg["iters"], cfg["warmup"], nbytes, cfg["scale_iters"])
         cases = _Cases(torch, tdist, chorus, cfg, rank, world, count)
         reference = None
@@ -369,7 +377,7 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
                 else:
                     gpu, cpu = _time(torch, chorus, run, iters, warmup, held=not cfg.get("unheld", False))
                 row = {"library": lib, "nbytes": nbytes, "count": count, "seconds": gpu, "cpu_seconds": cpu,
-                       "wrong": wrong, "iters": iters}
+                       "wrong": wrong, "iters": iters, "round": round_}
                 del run, result, reset, once
             except Exception as exc:  # noqa: BLE001 - agreed on below, reported in the notes
                 ok = False
@@ -379,7 +387,8 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
                     traceback.print_exc()
             if not _agree(chorus, ok):  # raises if chorus's group broke: the rank ends, the parent reports
                 libs.remove(lib)
-                notes.append(f"{lib} dropped from {nbytes} B on (a rank failed)")
+                which = f" (round {round_ + 1})" if per_round < len(cfg["counts"]) else ""
+                notes.append(f"{lib} dropped at {nbytes} B{which} and left out from then on (a rank failed)")
                 try:
                     _sync(torch)
                 except Exception:  # noqa: BLE001 - a broken context: the next library fails too
@@ -390,8 +399,7 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
                 notes.append(f"rank {rank}: {_workspace_note(chorus)}")
         save()
         if rank == 0:
-            progress.record(workdir, "chorus", index, {r["library"]: r["seconds"] for r in rows
-                                                        if r["nbytes"] == nbytes})
+            progress.record(workdir, "chorus", index, {r["library"]: r["seconds"] for r in rows[first:]})
         if not libs:
             break
     save()
@@ -454,7 +462,7 @@ def run(args) -> int:
     order = [lib for lib in ("nccl", *libs) if lib in libs]
     order = list(dict.fromkeys(order))
     rounds = getattr(args, "rounds", 1)
-    cfg = {"world": world, "counts": counts * rounds, "iters": args.iters, "warmup": args.warmup,
+    cfg = {"world": world, "counts": counts * rounds, "rounds": rounds, "iters": args.iters, "warmup": args.warmup,
            "scale_iters": args.scale_iters, "collective": args.collective, "dtype": dtype, "op": args.op,
            "algorithm": args.algorithm, "libraries": order,
            "timeout": float(args.cuda_timeout), "symm_max": parse_size(args.symm_max),
@@ -512,14 +520,14 @@ def run(args) -> int:
           "NCCL's result (-1: no NCCL result to compare); x B: B's time / chorus's")
     for note in notes:
         print(f"# {note}")
-    every, times = rows, None
+    rows_by_round, times_by_round = rows, None
     if rounds > 1:
-        rows, times = median_rows(rows)
+        rows, times_by_round = median_rows(rows)
         print(f"# the medians over {rounds} rounds of each size's GPU and CPU time per call")
     print(format_table(rows, args.collective, world, dtype), flush=True)
-    if times is not None:
+    if times_by_round is not None:
         print(f"# each baseline's time over chorus's in each of the {rounds} rounds: lowest-highest")
-        print(format_rounds(times), flush=True)
+        print(format_round_ranges(times_by_round), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"collective": args.collective, "dtype": dtype, "op": args.op, "world": world,
@@ -531,7 +539,7 @@ def run(args) -> int:
                                  + (" (the GPU not held: the longer of CPU and GPU time per call)"
                                     if cfg["unheld"] and not cfg["graph"] else "")
                                  + "; cpu_seconds: CPU time per call",
-                       "rounds": rounds, "rows": rows, **({"rows_by_round": every} if rounds > 1 else {})},
+                       "rounds": rounds, "rows": rows, **({"rows_by_round": rows_by_round} if rounds > 1 else {})},
                       f, indent=1)
         print(f"# wrote {args.json}")
     bad = any(r["wrong"] > 0 for r in rows) or not any(r["library"].split(":")[0] == "chorus" for r in rows)

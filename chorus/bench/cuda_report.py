@@ -1,7 +1,8 @@
 """The report of ``chorus bench --device cuda`` (chorus.bench.cuda): the ranks' rows
 merged (rank 0's times, every rank's wrong elements), rounds reduced to their medians,
 and the tables.  A row is a dict: library, nbytes, count, seconds (GPU time per call),
-cpu_seconds (CPU time per call), wrong (-1: not checked), iters."""
+cpu_seconds (CPU time per call), wrong (-1: not checked), iters, round (0 without
+``--rounds``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ BUS = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) 
 
 
 def merge(workdir: str, world: int) -> tuple[list[dict], list[str]]:
+    """Rank 0's rows from the ranks' files in ``workdir``, each with the wrong elements
+    of every rank for that library, size and round (-1 where a rank could not check),
+    and every rank's notes once."""
     per_rank = {}
     notes: list[str] = []
     for r in range(world):
@@ -27,15 +31,20 @@ def merge(workdir: str, world: int) -> tuple[list[dict], list[str]]:
     wrong: dict = {}
     for rows in per_rank.values():
         for row in rows:
-            k = (row["library"], row["nbytes"])
+            k = _key(row)
             wrong[k] = -1 if row["wrong"] < 0 or wrong.get(k, 0) < 0 else wrong.get(k, 0) + row["wrong"]
-    rows = [dict(row, wrong=wrong[(row["library"], row["nbytes"])]) for row in per_rank.get(0, [])]
+    rows = [dict(row, wrong=wrong[_key(row)]) for row in per_rank.get(0, [])]
     if len(per_rank) < world:
         notes.append(f"only {len(per_rank)} of {world} ranks wrote results")
     return rows, notes
 
 
+def _key(row: dict) -> tuple:
+    return row["library"], row["nbytes"], row.get("round", 0)
+
+
 def _human(nbytes: int) -> str:
+    """``nbytes`` as the tables write sizes: 4, 1K, 16M, 1G."""
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale}{unit}"
@@ -86,8 +95,8 @@ def format_table(rows: list[dict], collective: str, world: int, dtype: str) -> s
 def median_rows(rows: list[dict]) -> tuple[list[dict], dict[tuple[str, int], list[float]]]:
     """Rows of several rounds (a size's row once per round) as one row per (library,
     size): the median of the rounds' GPU and CPU times per call (an even number of rounds:
-    the mean of the middle two) and every round's wrong elements; and each (library,
-    size)'s GPU times, round by round."""
+    the mean of the middle two) and the wrong elements of the rounds that were checked
+    (-1 only where none was); and each (library, size)'s GPU times, round by round."""
     times: dict[tuple[str, int], list[float]] = {}
     cpu: dict[tuple[str, int], list[float]] = {}
     first: dict[tuple[str, int], dict] = {}
@@ -97,12 +106,15 @@ def median_rows(rows: list[dict]) -> tuple[list[dict], dict[tuple[str, int], lis
         times.setdefault(key, []).append(r["seconds"])
         cpu.setdefault(key, []).append(r["cpu_seconds"])
         first.setdefault(key, r)
-        wrong[key] = -1 if r["wrong"] < 0 or wrong.get(key, 0) < 0 else wrong.get(key, 0) + r["wrong"]
-    return ([dict(r, seconds=statistics.median(times[key]), cpu_seconds=statistics.median(cpu[key]),
-                  wrong=wrong[key]) for key, r in first.items()], times)
+        if r["wrong"] >= 0:
+            wrong[key] = max(wrong.get(key, 0), 0) + r["wrong"]
+        else:
+            wrong.setdefault(key, -1)
+    return ([{**{k: v for k, v in r.items() if k != "round"}, "seconds": statistics.median(times[key]),
+              "cpu_seconds": statistics.median(cpu[key]), "wrong": wrong[key]} for key, r in first.items()], times)
 
 
-def format_rounds(times: dict[tuple[str, int], list[float]]) -> str:
+def format_round_ranges(times: dict[tuple[str, int], list[float]]) -> str:
     """Per size, the lowest and highest over the rounds of each baseline's time over
     chorus's (above 1: chorus is faster), and how many rounds were below 1."""
     mine = "chorus" if any(lib == "chorus" for lib, _ in times) else min(lib for lib, _ in times)

@@ -51,6 +51,19 @@ def parse_cpulist(text: str) -> set[int]:
     return cpus
 
 
+def format_cpulist(cpus: set[int]) -> str:
+    """``cpus`` as a kernel CPU list ({0, 1, 2, 3, 8} -> "0-3,8")."""
+    out, run = [], []
+    for cpu in sorted(cpus):
+        if run and cpu != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(cpu)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
 def pci_local_cpus(domain: int, bus: int, device: int, root: str = "/sys/bus/pci/devices") -> set[int] | None:
     """The CPUs local to PCI device ``domain:bus:device`` (its NUMA node's, as the kernel
     lists them), or None where the system does not say."""

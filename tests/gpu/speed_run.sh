@@ -122,16 +122,16 @@ bench reduce_scatter 35 --collective reduce_scatter -b 1K -e 256M -f 4 -n 200 -w
 bench broadcast 30 --collective broadcast -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
 bench all_to_all 40 --collective all_to_all -b 1K -e 64M -f 8 -n 100 -w 10 --scale-iters
 bench graph 40 --collective all_reduce -b 4 -e 4M -f 4 -n 200 -w 20 --graph --baseline nccl
-NCCL_RUNTIME_CONNECT=0 bench unheld_all_reduce 60 --collective all_reduce -b 8 -e 2M -f 4 -n 300 -w 30 --unheld \
+NCCL_RUNTIME_CONNECT=0 bench unheld_all_reduce 90 --collective all_reduce -b 8 -e 2M -f 4 -n 300 -w 30 --unheld \
     --baseline all --rounds 3
 for c in all_gather reduce_scatter; do
-  NCCL_RUNTIME_CONNECT=0 bench "unheld_$c" 40 --collective "$c" -b 1K -e 1M -f 4 -n 300 -w 30 --unheld --baseline nccl \
+  NCCL_RUNTIME_CONNECT=0 bench "unheld_$c" 60 --collective "$c" -b 1K -e 1M -f 4 -n 300 -w 30 --unheld --baseline nccl \
       --rounds 3
 done
 part lane 60 bash -c "cd tools && exec python cuda_lane_cost.py '$LOGS/lane' 29791 1024"
 [ -f "$LOGS/lane/lane-rank0.txt" ] && cat "$LOGS/lane/lane-rank0.txt"
 for c in all_reduce all_gather reduce_scatter; do
-  NCCL_RUNTIME_CONNECT=0 bench "bound_$c" 40 --collective "$c" -b 1K -e 256K -f 4 -n 300 -w 30 --unheld \
+  NCCL_RUNTIME_CONNECT=0 bench "bound_$c" 60 --collective "$c" -b 1K -e 256K -f 4 -n 300 -w 30 --unheld \
       --baseline nccl --bind gpu --rounds 3
 done
 # the bandwidth bars' sizes (8-16 MiB: at most NCCL's time; 128 MiB: 0.95x its bus bandwidth), three rounds

@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ports import free_port  # noqa: E402
 
 
 def _data(torch, n, dtype, rank, salt):
@@ -129,7 +124,8 @@ def main() -> int:
         return 1
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    ports = (_port(), _port())  # one pair for every rank: they rendezvous there
+    first = free_port(pair=True)  # (outside the ephemeral range: tests/gpu/ports.py)
+    ports = (first, first + 1)  # one pair for every rank: they rendezvous there
     procs = [ctx.Process(target=rank_main, args=(r, a.world, ports, parse_size(a.max), queue, a.time_limit))
              for r in range(a.world)]
     for proc in procs:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,15 +13,12 @@ pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed (pip
 
 import gpu_workers  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from ports import free_port  # noqa: E402
 
 
 def ports() -> tuple[int, int]:
-    out = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            out.append(s.getsockname()[1])
-    return tuple(out)
+    first = free_port(pair=True)  # (NCCL's store, then chorus's)
+    return first, first + 1
 
 
 WORLDS = [w for w in (2, 3, 4) if w <= torch.cuda.device_count()]
