@@ -103,10 +103,11 @@ fi
 if wants e; then
     part floor $LIMIT_E bash -c "
         for pin in '' --pin; do
-            $PY tools/latency_loop.py --floor \$pin $W 1 $FLOOR_ITERS
-            $PY tools/latency_loop.py \$pin $W 1 $FLOOR_ITERS
-            $PY tools/latency_loop.py --floor \$pin $W 1024 $FLOOR_ITERS
-            $PY tools/latency_loop.py \$pin $W 1024 $FLOOR_ITERS
+            for n in 1 1024; do
+                $PY tools/latency_loop.py --floor \$pin $W \$n $FLOOR_ITERS
+                $PY tools/latency_loop.py --native \$pin $W \$n $FLOOR_ITERS
+                $PY tools/latency_loop.py \$pin $W \$n $FLOOR_ITERS
+            done
         done"
     part call-cost $LIMIT_E "$PY" tools/call_cost.py "${COST[@]}" --json "$OUT/call-cost.json"
 fi
