@@ -10,6 +10,9 @@ import json
 import os
 import statistics
 
+from chorus.bench.report import round_speedups
+from chorus.bench.sizes import human
+
 BUS = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
        "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w, "broadcast": lambda w: 1.0}
 
@@ -43,14 +46,6 @@ def _key(row: dict) -> tuple:
     return row["library"], row["nbytes"], row.get("round", 0)
 
 
-def _human(nbytes: int) -> str:
-    """``nbytes`` as the tables write sizes: 4, 1K, 16M, 1G."""
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
-
-
 def _label(lib: str) -> str:
     """A library's name in a column of 9 (symm-mem's as s1shot / s2shot; a chorus
     algorithm by its own name, "c:nccl" for chorus's hand-off to NCCL, next to NCCL's own)."""
@@ -77,7 +72,7 @@ def format_table(rows: list[dict], collective: str, world: int, dtype: str) -> s
     lines = [head, "-" * len(head)]
     factor = BUS[collective](world)
     for size in sorted({r["nbytes"] for r in rows}):
-        line = f"{_human(size):>6}"
+        line = f"{human(size):>6}"
         for lib in libs:
             r = by.get((lib, size))
             line += f" {r['seconds'] * 1e6:>9.1f}" if r else f" {'-':>9}"
@@ -121,11 +116,11 @@ def format_round_ranges(times: dict[tuple[str, int], list[float]]) -> str:
     others = sorted({lib for lib, _ in times if not lib.startswith("chorus")})
     head = f"{'size':>6}" + "".join(f" {'x ' + _label(lib) + ', each round':>26}" for lib in others)
     lines = [head, "-" * len(head)]
+    speedups = {lib: round_speedups(times, lib, mine) for lib in others}
     for size in sorted({n for _, n in times}):
-        line = f"{_human(size):>6}"
+        line = f"{human(size):>6}"
         for lib in others:
-            ratios = [b / c for b, c in zip(times.get((lib, size), []), times.get((mine, size), []), strict=False)
-                      if c]
+            ratios = speedups[lib].get(size, [])
             below = sum(x < 1 for x in ratios)
             line += (f" {f'{min(ratios):.2f}-{max(ratios):.2f}x ({below} of {len(ratios)} below 1)':>26}"
                      if ratios else f" {'-':>26}")

@@ -83,10 +83,11 @@ def medians(rows: list[Row]) -> tuple[list[Row], dict[tuple[str, int], list[floa
              for key, r in first.items()], times)
 
 
-def round_speedups(times: dict[tuple[str, int], list[float]], baseline: str) -> dict[int, list[float]]:
-    """chorus's speed-up over ``baseline`` per size, round by round (``medians``' times)."""
-    return {n: [b / c for b, c in zip(seconds, times[("chorus", n)], strict=False) if c]
-            for (lib, n), seconds in times.items() if lib == baseline and ("chorus", n) in times}
+def round_speedups(times: dict[tuple[str, int], list[float]], baseline: str,
+                   mine: str = "chorus") -> dict[int, list[float]]:
+    """``mine``'s speed-up over ``baseline`` per size, round by round (``medians``' times)."""
+    return {n: [b / c for b, c in zip(seconds, times[(mine, n)], strict=False) if c]
+            for (lib, n), seconds in times.items() if lib == baseline and (mine, n) in times}
 
 
 def format_rounds(times: dict[tuple[str, int], list[float]]) -> str:

@@ -305,6 +305,8 @@ class CudaComponent(Component):
                 or not self._inline(stream) or self._torch._C._cuda_isCurrentStreamCapturing()
                 or not pg.enter_lane()):
             return False
+        # (all_reduce_now's steps, written out: a shared helper taking the enqueue as a
+        # closure cost both lanes 0.4-0.5 us a call with the GPU side faked)
         seq, log = pg.take_seq(), self._lane_log
         try:
             if log is not None:

@@ -107,10 +107,20 @@ class Driver:
 
 
 @functools.cache
-def _driver() -> Driver | None:
+def libcuda() -> ctypes.CDLL | None:
+    """This process's CUDA driver library, or None where it does not load."""
     try:
-        return Driver(ctypes.CDLL("libcuda.so.1"))
-    except (OSError, AttributeError):
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+@functools.cache
+def _driver() -> Driver | None:
+    lib = libcuda()
+    try:
+        return None if lib is None else Driver(lib)
+    except AttributeError:  # (a driver without these entry points)
         return None
 
 

@@ -201,6 +201,11 @@ class Shot:
         launch(self.kernel, self.key, self.grid, self.args(inp, out, slot_off, op_id, epoch), self.warps, stream)
         return self.barriers
 
+    @property
+    def fprint(self) -> int:
+        """The fingerprint its launches carry (the argument after the op id)."""
+        return self.template[self.where[3] + 1]
+
     def replay_key(self) -> tuple:
         """The launch key of this Shot's replay kernel (as replay() plans it now: the
         hints may have been turned off since)."""
@@ -261,8 +266,7 @@ def replay(shot: Shot, inp: int, out: int, slot_off: int, stream: int) -> int:
     """Launch ``shot``'s op from ``inp`` into ``out`` through the slot at ``slot_off`` as
     its replay kernel (chorus.cuda.replays: the epoch from the device, the op id
     L.REPLAY_OP + that epoch); returns the barriers it used."""
-    pkey = shot.key[0]
-    fprint = shot.template[shot.where[3] + 1]
+    pkey, fprint = shot.key[0], shot.fprint
     if shot.kind in FUSED_KINDS:
         kind, n, dtype, op, world, _, controls, rank, host, timeout_ns, max_spins, _, warps, blocks, per_thread, _ = \
             pkey
@@ -281,10 +285,8 @@ def replay_block(shot: Shot, inp: int, out: int, slot_off: int):
     plan, entry = _PLANS.get(key[0]), _COMPILED.get(key)
     if plan is None or not entry or entry[3] is None:
         return None
-    fprint = shot.template[shot.where[3] + 1]
-    head, tail = plan[2], plan[3]
-    frozen = (inp, out, shot.template[2], slot_off, *head, L.REPLAY_OP, fprint, 0)
-    return entry[3].block((*frozen, 0, *tail) if shot.kind in FUSED_KINDS else (*frozen, *tail))
+    args, tail = shot.args(inp, out, slot_off, L.REPLAY_OP, 0), plan[3]
+    return entry[3].block((*args[:len(args) - len(tail)], *tail))  # (the replay plan's constants)
 
 
 def _fused_plan(pkey: tuple) -> tuple:

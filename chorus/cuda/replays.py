@@ -29,7 +29,7 @@ import ctypes
 import functools
 import logging
 
-from chorus.cuda import launchers
+from chorus.cuda import direct, launchers
 
 log = logging.getLogger("chorus")
 
@@ -97,9 +97,10 @@ def _check(err: int, what: str) -> None:
 @functools.cache
 def driver() -> GraphDriver | None:
     """The process's GraphDriver, or None (no libcuda, or one without these entry points)."""
+    lib = direct.libcuda()
     try:
-        return GraphDriver(ctypes.CDLL("libcuda.so.1"))
-    except (OSError, AttributeError):
+        return None if lib is None else GraphDriver(lib)
+    except AttributeError:
         return None
 
 
