@@ -144,6 +144,34 @@ def test_bind_puts_every_thread_of_a_rank_on_its_gpu_s_cpus(tmp_path, monkeypatc
     assert "not bound (torch 2.0 does not give" in bench_cuda._bind(torch, 2) and bound == []
 
 
+def test_bind_exclusive_splits_a_gpu_s_cpus_among_the_ranks_sharing_them(monkeypatch):
+    """``--bind exclusive``: ranks whose GPUs list the same CPUs take equal contiguous
+    runs of them in rank order (no CPU twice); a GPU with CPUs of its own keeps them all;
+    fewer CPUs than sharing ranks leaves the rank unbound, saying so."""
+    from types import SimpleNamespace
+
+    from chorus.bench import cuda as bench_cuda
+    from chorus.host import cpus
+
+    local = {0x1B: set(range(8)), 0x1C: set(range(8)), 0x1D: set(range(8)), 0x2A: {20, 21}}
+    monkeypatch.setattr(cpus, "pci_local_cpus", lambda domain, bus, device: set(local[bus]))
+    monkeypatch.setattr(cpus, "affinity", lambda: set(range(64)))
+    bound: dict = {}
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, allowed: bound.__setitem__("cpus", set(allowed)))
+    buses = [0x1B, 0x2A, 0x1C, 0x1D]
+    props = [SimpleNamespace(pci_domain_id=0, pci_bus_id=b, pci_device_id=0) for b in buses]
+    torch = SimpleNamespace(cuda=SimpleNamespace(get_device_properties=props.__getitem__), __version__="2.0")
+    got = {}
+    for rank in range(4):
+        note = bench_cuda._bind(torch, rank, 4, exclusive=True)
+        got[rank] = bound.pop("cpus")
+        assert note.startswith(f"rank {rank}: bound to"), note
+    assert got == {0: {0, 1}, 1: {20, 21}, 2: {2, 3}, 3: {4, 5}}
+    assert "its 1/3 of the CPUs local to GPU 2: 2-3" in bench_cuda._bind(torch, 2, 4, exclusive=True)
+    local[0x1B] = local[0x1C] = local[0x1D] = {0, 1}
+    assert bench_cuda._bind(torch, 3, 4, exclusive=True) == "rank 3: not bound (2 CPUs local to GPU 3 for 3 ranks)"
+
+
 def test_bind_reaches_the_ranks_and_is_refused_on_cpus(monkeypatch):
     """A dry run's ranks are asked to bind (and say they cannot: no GPU); ``--bind`` of
     the CPU bench is refused before anything starts."""

@@ -124,10 +124,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unheld", action="store_true",
                    help="--device cuda, eager: do not hold the GPU while the CPU enqueues the timed calls, so "
                         "each call's time is the longer of its CPU and GPU costs (an eager loop's view)")
-    p.add_argument("--bind", choices=("none", "gpu"), default="none",
+    p.add_argument("--bind", choices=("none", "gpu", "exclusive"), default="none",
                    help="--device cuda: gpu: each rank's process on the CPUs local to its GPU (the kernel's "
                         "CPU list of the GPU's PCI device), as numactl or a scheduler's CPU binding would place "
-                        "it; both libraries run in those processes")
+                        "it; exclusive: on its own equal share of those CPUs (ranks whose GPUs have the same "
+                        "CPUs split them in rank order: no two ranks on one CPU); both libraries run in those "
+                        "processes")
     p.add_argument("--lane", action="store_true",
                    help="--device cuda, all_reduce: also time the component's cached-plan lane (all_reduce_now)")
     p.add_argument("--time-limit", type=float, default=600.0,

@@ -280,8 +280,10 @@ def _workspace_note(chorus) -> str:
     ws = getattr(device_component(current().default_group, "cuda"), "ws", None)
     if ws is None:
         return "chorus's CUDA workspace: none of this group's own (staged, or rails across hosts)"
+    from chorus.cuda.setup import phase_note
+
     return (f"chorus's CUDA workspace: {ws.layout.total / 2**20:.1f} MiB per GPU, allocated, mapped and checked in "
-            f"{ws.setup_s:.3f} s")
+            f"{ws.setup_s:.3f} s ({phase_note(ws.phases)})")
 
 
 def _agree(chorus, ok: bool) -> bool:
@@ -293,21 +295,42 @@ def _agree(chorus, ok: bool) -> bool:
     return bool(flag[0])
 
 
-def _bind(torch, rank: int) -> str:
-    """Bind this process to the CPUs local to GPU ``rank`` (``--bind gpu``): every thread
-    it has (torch's too), and so every thread started later (NCCL's, chorus's); a note of
-    what it did."""
+#: what the header line says of each --bind
+BIND_NOTES = {"none": "", "gpu": ", each rank on the CPUs of its GPU",
+              "exclusive": ", each rank on its own share of its GPU's CPUs"}
+
+
+def _gpu_cpus(torch, rank: int):
+    """The CPUs local to GPU ``rank`` that this process may use, or why there are none."""
     props = torch.cuda.get_device_properties(rank)
     ids = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
     if None in ids:
-        return f"rank {rank}: not bound (torch {torch.__version__} does not give the GPU's PCI address)"
+        return f"torch {torch.__version__} does not give the GPU's PCI address"
     allowed = (cpus.pci_local_cpus(*ids) or set()) & cpus.affinity()
-    if not allowed:
-        return f"rank {rank}: not bound (the system lists no CPUs of GPU {rank} that this process may use)"
+    return allowed or f"the system lists no CPUs of GPU {rank} that this process may use"
+
+
+def _bind(torch, rank: int, world: int = 1, exclusive: bool = False) -> str:
+    """Bind this process to the CPUs local to GPU ``rank`` (``--bind gpu``), or to its
+    share of them (``--bind exclusive``: the ranks whose GPUs have the same CPUs split
+    them into equal runs, in rank order, so that no two ranks share a CPU): every thread
+    it has (torch's too), and so every thread started later (NCCL's, chorus's); a note
+    of what it did."""
+    allowed = _gpu_cpus(torch, rank)
+    if isinstance(allowed, str):
+        return f"rank {rank}: not bound ({allowed})"
+    what = "the CPUs local to GPU"
+    if exclusive:
+        sharers = [r for r in range(world) if r == rank or _gpu_cpus(torch, r) == allowed]
+        ordered, k = sorted(allowed), len(sharers)
+        if len(ordered) < k:
+            return f"rank {rank}: not bound ({len(ordered)} CPUs local to GPU {rank} for {k} ranks)"
+        i, per = sharers.index(rank), len(ordered) // k
+        allowed, what = set(ordered[i * per:(i + 1) * per]), f"its 1/{k} of the CPUs local to GPU"
     for task in os.listdir("/proc/self/task"):
         with contextlib.suppress(OSError):  # (a thread that ended meanwhile)
             os.sched_setaffinity(int(task), allowed)
-    return f"rank {rank}: bound to the CPUs local to GPU {rank}: {cpus.format_cpulist(allowed)}"
+    return f"rank {rank}: bound to {what} {rank}: {cpus.format_cpulist(allowed)}"
 
 
 def rank_main(rank: int, cfg: dict, workdir: str) -> None:
@@ -318,8 +341,9 @@ def rank_main(rank: int, cfg: dict, workdir: str) -> None:
 
     world = cfg["world"]
     bound = None
-    if cfg.get("bind") == "gpu":
-        bound = f"rank {rank}: not bound (a dry run has no GPU)" if DRY else _bind(torch, rank)
+    if cfg.get("bind") in ("gpu", "exclusive"):
+        bound = (f"rank {rank}: not bound (a dry run has no GPU)" if DRY
+                 else _bind(torch, rank, world, cfg["bind"] == "exclusive"))
     if DRY:
         tdist.init_process_group("gloo", init_method=f"file://{workdir}/torch.rdzv", rank=rank,
                                  world_size=world)
@@ -477,7 +501,7 @@ def run(args) -> int:
           f"(+{args.warmup} warm-up){', scaled down above 1 MiB' if args.scale_iters else ''}"
           f"{', captured in a CUDA graph and replayed' if cfg['graph'] else ', eager'}"
           f"{', the GPU not held' if cfg['unheld'] and not cfg['graph'] else ''}"
-          f"{', each rank on the CPUs of its GPU' if cfg['bind'] == 'gpu' else ''}"
+          f"{BIND_NOTES[cfg['bind']]}"
           f"{f', {rounds} rounds (each size once a round)' if rounds > 1 else ''}; "
           f"torch {torch.__version__}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}", flush=True)
     deadline = time.monotonic() + args.time_limit

@@ -23,6 +23,15 @@ def setting(name: str, default: int) -> int:
     return int(value)
 
 
+def phase_note(phases: dict[str, float]) -> str:
+    """The set-up's steps and their seconds, for a log line.
+
+    >>> phase_note({"allocate": 0.0123, "exchange": 0.2})
+    'allocate 0.012 s, exchange 0.200 s'
+    """
+    return ", ".join(f"{name} {s:.3f} s" for name, s in phases.items())
+
+
 def workspace(pg):
     """(workspace, "") for group ``pg``, or (None, why not); collective: every member
     calls it at the same op."""
@@ -44,6 +53,6 @@ def workspace(pg):
     lay = ws.layout
     log.info("chorus rank %d: group %s's CUDA workspace: %.1f MiB on this GPU (slots 2 x %.1f MiB, graph "
              "slots 2 x %.1f MiB, channels 2 x %d x %.1f MiB), allocated, mapped by %d ranks and checked "
-             "in %.3f s", pg.members[pg.rank()], pg.name, lay.total / 2**20, lay.slot / 2**20,
-             lay.graph / 2**20, pg.size(), lay.channel / 2**20, pg.size(), ws.setup_s)
+             "in %.3f s (%s)", pg.members[pg.rank()], pg.name, lay.total / 2**20, lay.slot / 2**20,
+             lay.graph / 2**20, pg.size(), lay.channel / 2**20, pg.size(), ws.setup_s, phase_note(ws.phases))
     return ws, ""

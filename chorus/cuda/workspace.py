@@ -32,6 +32,7 @@ import os
 import pickle
 import socket
 import threading
+import time
 
 import numpy as np
 
@@ -78,6 +79,23 @@ def agree(store, prefix: str, rank: int, world: int, why: str, timeout: float) -
     return ""
 
 
+class Phases:
+    """Seconds between marks: ``end(name)`` closes the step begun at the last mark.
+
+    >>> p = Phases(); p.end("allocate"); sorted(p.seconds)
+    ['allocate']
+    """
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def end(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = now - self._mark
+        self._mark = now
+
+
 class Workspace:
     """This rank's workspace and its view of every member's (see the module docstring).
 
@@ -101,6 +119,7 @@ class Workspace:
         self.bases: list[int] = []
         self.barriers = 0  # barriers the check made (chorus.cuda.lanes counts on from there)
         self.setup_s = 0.0  # seconds create() took: allocation, exchange, mapping and check
+        self.phases: dict[str, float] = {}  # seconds of each of those steps (Phases), this rank's
         self.stream = None
         self._opened: list[int] = []
         self._held: list[int] = []  # workspaces of threads of this process (own included) it uses
@@ -119,15 +138,18 @@ class Workspace:
         failure, after every member has seen it."""
         rank, world, timeout = pg.rank(), pg.size(), pg.timeout
         ws, why = None, ""
+        phases = Phases()
         try:
             ws = cls(pg, total)
             info = dict(host=_host_id(pg.members[rank]), pid=os.getpid(), device=ws.device.index, ptr=ws.ptr,
                         handle=runtime.ipc_handle(ws.ptr))
         except Exception as exc:  # noqa: BLE001 - told to every member, then raised
             info, why = {}, f"{type(exc).__name__}: {exc}"
+        phases.end("allocate")
         store.set(f"{prefix}/info/{rank}", pickle.dumps(dict(info, error=why)))
         decode = ObjectDecoder("the CUDA workspace's set-up", pg.transport.authenticated)  # store values
         infos = [decode(store.get(f"{prefix}/info/{r}", timeout), pg.members[r]) for r in range(world)]
+        phases.end("exchange")
         failed = next((f"rank {r}: {i['error']}" for r, i in enumerate(infos) if i["error"]), "")
         if not failed and len({i["host"] for i in infos}) > 1:
             failed = "the members are on several hosts"
@@ -141,14 +163,17 @@ class Workspace:
             failed = agree(store, f"{prefix}/mapped", rank, world, why, timeout)
             if failed:
                 raise Unusable(failed)
+            phases.end("map")
             why = ws._check(min(timeout, CHECK_TIMEOUT_S))
             failed = agree(store, f"{prefix}/checked", rank, world, why, timeout)
             if failed:
                 raise Unusable(failed)
+            phases.end("check")
         except BaseException:
             if ws is not None:
                 ws.close()
             raise
+        ws.phases = phases.seconds
         return ws
 
     def _map(self, infos: list[dict]) -> None:
