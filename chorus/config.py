@@ -325,6 +325,11 @@ SETTINGS: dict[str, Setting] = _declare(
                     "amounts, so no size could choose the same path on all of them; NCCL's grouped sends were "
                     "3-30x faster than chorus's channels (docs/results/4xh200/all_to_all-bf16-w4.txt); "
                     "off: chorus's channels"),
+    Setting("CHORUS_CUDA_NCCL_BROADCAST", "bool", True,
+            meaning="broadcast of CUDA tensors inside a host runs on NCCL's kernels (chorus.cuda.nccl, as "
+                    "CHORUS_CUDA_NCCL_FROM_BYTES), at every size, where chorus's copies and barrier kernels "
+                    "ran at 0.37-0.47x NCCL's speed from 1 KiB to 32 MiB on 4 H200s "
+                    "(docs/results/4xh200/speed-run-6/broadcast.json); off: chorus's copies"),
     Setting("CHORUS_CUDA_NCCL_AGREE", "choice", "gpu", choices=("gpu", "cpu"),
             meaning="how a call handed to NCCL inside a host checks that every rank called the same op: "
                     "gpu: chorus's barrier kernel compares the fingerprints on the GPUs, on a stream beside "

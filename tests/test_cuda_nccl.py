@@ -45,9 +45,9 @@ def test_which_calls_hand_off(nbytes, reduce_op, dtype, algorithm, want):
     assert CudaComponent._on_nccl(_component(), call) is want
 
 
-def _component(nccl_from=8 << 20, gather_from=0, exchange=True, world=4, handoff=True):
+def _component(nccl_from=8 << 20, gather_from=0, exchange=True, world=4, handoff=True, broadcast=True):
     return SimpleNamespace(_nccl_from=nccl_from, _nccl_gather_from=gather_from, _nccl_exchange=exchange,
-                           _handoff=handoff, pg=SimpleNamespace(size=lambda: world))
+                           _nccl_broadcast=broadcast, _handoff=handoff, pg=SimpleNamespace(size=lambda: world))
 
 
 def test_no_hand_off_when_off():
@@ -66,7 +66,6 @@ def test_no_hand_off_when_off():
     ("all_gather", 64 << 20, True, None, 0, False, torch.bfloat16),  # 0: off
     ("all_gather", 1024, True, "nccl", 8 << 20, True, torch.bfloat16),  # by name
     ("reduce_scatter", 1024, True, "nccl", 0, True, torch.bfloat16),  # by name, with the size-chosen hand-off off
-    ("broadcast", 64 << 20, True, None, 8 << 20, False, torch.bfloat16),
     ("all_gather", 4 << 20, True, None, 8 << 20, True, torch.int16),  # moved as bytes: any dtype
     ("reduce_scatter", 4 << 20, True, None, 8 << 20, False, torch.int16),  # reduced: NCCL's dtypes only
 ])
@@ -88,6 +87,39 @@ def test_which_all_to_alls_hand_off(largest_block, uniform, algorithm, exchange,
     call = SimpleNamespace(name="all_to_all", algorithm=algorithm, nbytes=largest_block, uniform=uniform,
                            reduce_op="", buffers={"input": torch.empty(4, dtype=torch.bfloat16)})
     assert CudaComponent._on_nccl(_component(exchange=exchange), call) is want
+
+
+@pytest.mark.parametrize("nbytes, algorithm, broadcast, want", [
+    (2, None, True, True),  # every size: NCCL's kernels were faster at each one measured
+    (64 << 20, None, True, True),
+    (64 << 20, None, False, False),  # off: chorus's copies
+    (1024, "one_shot", True, False),  # chorus's, by name
+    (1024, "nccl", False, True),  # NCCL's, by name
+])
+def test_which_broadcasts_hand_off(nbytes, algorithm, broadcast, want):
+    call = SimpleNamespace(name="broadcast", algorithm=algorithm, nbytes=nbytes, uniform=True, reduce_op="",
+                           root=1, buffers={"data": torch.empty(4, dtype=torch.int16)})
+    assert CudaComponent._on_nccl(_component(broadcast=broadcast), call) is want
+
+
+def test_a_broadcast_reaches_nccl_as_bytes_from_the_root_s_index():
+    """NcclPeers.run hands NCCL the flat tensor's bytes (any dtype) and the root's index
+    among the communicator's members."""
+    from chorus.cuda.nccl import NcclPeers
+
+    got = []
+
+    class Group:
+        def broadcast(self, tensors, opts):
+            got.append((tensors[0].dtype, tensors[0].numel(), opts.rootRank))
+            return SimpleNamespace(wait=lambda: None)
+
+    peers = NcclPeers.__new__(NcclPeers)
+    peers.ranks, peers.nccl = (1, 3, 4), Group()
+    peers.group = lambda: peers.nccl
+    data = torch.zeros(6, dtype=torch.int16)
+    peers.run(SimpleNamespace(name="broadcast", buffers={"data": data}, root=3))
+    assert got == [(torch.uint8, 12, 1)]
 
 
 def _agree_on_threads(fingerprints):

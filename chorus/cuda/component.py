@@ -13,7 +13,8 @@ Per call, with a mapped workspace::
                      CHORUS_CUDA_NCCL_FROM_BYTES (NCCL's kernels on a communicator of
                      the group's: chorus.cuda.nccl; all_gather and reduce_scatter from
                      CHORUS_CUDA_NCCL_GATHER_FROM_BYTES, all_to_all with
-                     CHORUS_CUDA_NCCL_ALL_TO_ALL), "fused" (all_gather,
+                     CHORUS_CUDA_NCCL_ALL_TO_ALL, broadcast with
+                     CHORUS_CUDA_NCCL_BROADCAST), "fused" (all_gather,
                      reduce_scatter), "one_shot" (other collectives), "channels"
                      (all_to_all), "barrier"; "staging" for reductions of dtypes the
                      kernels lack
@@ -114,11 +115,15 @@ class CudaComponent(Component):
         self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
         self._plans: dict = {}  # all_reduce_now's plans (chorus.cuda.plans; False: the general path)
         self._lane_log: LaneLog | None = None
-        # large all_reduces go to NCCL from this size (0: never); its communicator, made then
-        handoff = self._handoff = nccl_handoff(pg)
+        # large all_reduces go to NCCL from this size (0: never); its communicator, made then.
+        # Never for members that are threads of one process (the workspace's own stream):
+        # one ProcessGroupNCCL per thread of a process is not a layout chorus runs NCCL in.
+        threads = ws is not None and ws.stream is not None
+        handoff = self._handoff = nccl_handoff(pg) and not threads
         self._nccl_from = config.get("CHORUS_CUDA_NCCL_FROM_BYTES") if handoff else 0
         self._nccl_gather_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if handoff else 0
         self._nccl_exchange = handoff and config.get("CHORUS_CUDA_NCCL_ALL_TO_ALL")
+        self._nccl_broadcast = handoff and config.get("CHORUS_CUDA_NCCL_BROADCAST")
         self._nccl = None
         self._nccl_guard = config.get("CHORUS_CUDA_NCCL_AGREE") == "gpu" and ws is not None
         self._beside = None  # the stream of that agreement's barriers (made at the first)
@@ -152,7 +157,7 @@ class CudaComponent(Component):
             if self._on_nccl(call):
                 return "nccl"
             return A.all_reduce_algorithm(call.nbytes, self.pg.size())
-        if call.name in ("all_gather", "reduce_scatter", "all_to_all") and self._on_nccl(call):
+        if call.name in ("all_gather", "reduce_scatter", "all_to_all", "broadcast") and self._on_nccl(call):
             return "nccl"
         if call.name in ("all_gather", "reduce_scatter") and call.algorithm != "one_shot":
             first = _first(call)
@@ -345,7 +350,8 @@ class CudaComponent(Component):
         """A call NCCL runs: all_reduce from CHORUS_CUDA_NCCL_FROM_BYTES; all_gather and
         reduce_scatter of equal blocks from CHORUS_CUDA_NCCL_GATHER_FROM_BYTES of their
         whole buffer (W blocks); all_to_all at every size with CHORUS_CUDA_NCCL_ALL_TO_ALL
-        (sizes differ by rank there: a size could send ranks different ways); each by name
+        (sizes differ by rank there: a size could send ranks different ways); broadcast at
+        every size with CHORUS_CUDA_NCCL_BROADCAST; each by name
         (``algorithm="nccl"``) wherever the group hands off at all.  Every input to the
         choice is the same on every rank of the call."""
         auto = call.algorithm in (None, "auto")
@@ -355,6 +361,8 @@ class CudaComponent(Component):
             chosen = auto and 0 < self._nccl_gather_from <= call.nbytes * self.pg.size()
         elif call.name == "all_to_all":
             chosen = auto and self._nccl_exchange
+        elif call.name == "broadcast":
+            chosen = auto and self._nccl_broadcast
         else:
             return False
         by_name = call.algorithm == "nccl" and self._handoff

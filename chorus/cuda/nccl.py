@@ -221,11 +221,13 @@ class NcclPeers:
         return self.nccl
 
     def run(self, call) -> None:
-        """Queue chorus Call ``call``'s op (all_reduce, all_gather, all_to_all or
-        reduce_scatter) on the communicator, after the current stream's work."""
+        """Queue chorus Call ``call``'s op (all_reduce, all_gather, all_to_all, broadcast
+        or reduce_scatter) on the communicator, after the current stream's work."""
         b = call.buffers
         if call.name == "all_reduce":
             self.all_reduce(b["data"], call.reduce_op)
+        elif call.name == "broadcast":
+            self.broadcast(b["data"], self.ranks.index(call.root))
         elif call.name == "all_gather":
             self.all_gather(b["output"], b["input"])
         elif call.name == "all_to_all":

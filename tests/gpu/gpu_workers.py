@@ -139,11 +139,12 @@ def case_rooted(rank, world, pg, comp):
         tdist.reduce(ref, dst=root)
         issue(comp, pg, "reduce", {"data": x}, count=n, dtype="float32", reduce_op="SUM", root=root)
         assert torch.equal(x, ref if rank == root else data(rank, n, "float32", root))
-        x = data(rank, n, "bfloat16", root)
-        ref = x.clone()
-        tdist.broadcast(ref, src=root)
-        issue(comp, pg, "broadcast", {"data": x}, count=n, dtype="bfloat16", root=root)
-        assert torch.equal(x, ref)
+        for algorithm in (None, "one_shot"):  # NCCL's kernels (CHORUS_CUDA_NCCL_BROADCAST), chorus's copies
+            x = data(rank, n, "bfloat16", root)
+            ref = x.clone()
+            tdist.broadcast(ref, src=root)
+            issue(comp, pg, "broadcast", {"data": x}, count=n, dtype="bfloat16", root=root, algorithm=algorithm)
+            assert torch.equal(x, ref), (root, algorithm)
         inp = data(rank, n, "int32", root)
         out = torch.empty(world * n, dtype=torch.int32, device="cuda")
         ref = torch.empty_like(out)
@@ -236,7 +237,7 @@ def case_async(rank, world, pg, comp):
     recorder.attach(events.append)
     try:
         issue(comp, pg, "all_reduce", {"data": x}, count=x.numel(), dtype="float32", reduce_op="MAX")
-        issue(comp, pg, "broadcast", {"data": x}, count=x.numel(), dtype="float32", root=0)
+        issue(comp, pg, "broadcast", {"data": x}, count=x.numel(), dtype="float32", root=0, algorithm="one_shot")
     finally:
         recorder.detach()
     kinds = {(e.what, e.component) for e in events}

@@ -110,6 +110,7 @@ def test_ranks_as_threads_share_pointers(small_workspace):
         issue(comp, pg, "all_gather", {"input": inp, "output": out}, count=n, dtype="float32")
         b = torch.full((n,), float(rank), device="cuda")
         issue(comp, pg, "broadcast", {"data": b}, count=n, dtype="float32", root=world - 1)
+        assert not comp._handoff  # threads of one process: chorus's copies, never NCCL's kernels
         sent = torch.arange(2_000_001, device="cuda", dtype=torch.float32) * (rank + 1)  # several chunks
         got = torch.empty_like(sent)
         comp.p2p_batch([("send", sent, (rank + 1) % world, 5), ("recv", got, (rank - 1) % world, 5)], False)
