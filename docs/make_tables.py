@@ -369,7 +369,9 @@ class Gpu:
         mode = "calls captured in a CUDA graph and replayed; " if doc.get("graph") else ""
         note = (f"{doc['world']} x {doc['device']}, {doc['dtype']}, torch {doc['torch']}; {mode}{doc['timing']}; "
                 f"{doc['iters']} calls per size after {doc['warmup']} warm-up ones"
-                + (", fewer above 1 MiB" if doc.get("scale_iters") else "") + ". " + files_line([self.path]))
+                + (", fewer above 1 MiB" if doc.get("scale_iters") else "")
+                + (f"; each cell the median of {doc['rounds']} rounds" if doc.get("rounds", 1) > 1 else "")
+                + ". " + files_line([self.path]))
         return "\n\n".join([code(self.command), table(head, rows), note])
 
 
@@ -427,31 +429,42 @@ TABLES = {
     "h200x2-all_gather": GpuAlgorithms("2xh200/all_gather-fused-vs-nccl-bf16-w2.json",
                                        "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_gather "
                                        "--algorithm fused,nccl -b 1K -e 256M -f 4 -n 100 -w 10 --scale-iters"),
-    "h200-all_reduce": Gpu("4xh200/speed-run-5/all_reduce.json",
+    "h200-all_reduce": Gpu("4xh200/speed-run-6/all_reduce.json",
                            "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 1G -f 4 "
                            "-n 200 -w 20 --scale-iters --lane"),
     "h200-all_reduce-own": Gpu("4xh200/all_reduce-own-kernels-bf16-w4.json",
                                "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 1G "
                                "-f 4 -n 200 -w 20 --scale-iters   # before the NCCL hand-off"),
-    "h200-unheld": Gpu("4xh200/speed-run-5/all_reduce-unheld.json",
+    "h200-unheld": Gpu("4xh200/speed-run-6/unheld_all_reduce.json",
                        "NCCL_NVLS_ENABLE=0 NCCL_RUNTIME_CONNECT=0 chorus bench --device cuda --collective all_reduce "
-                       "-b 8 -e 2M -f 4 --dtype bfloat16 --baseline all -n 500 -w 50 --unheld"),
+                       "-b 8 -e 2M -f 4 --dtype bfloat16 --baseline all -n 300 -w 30 --unheld --rounds 3"),
+    "h200-unheld-all_gather": Gpu("4xh200/speed-run-6/unheld_all_gather.json",
+                                  "NCCL_NVLS_ENABLE=0 NCCL_RUNTIME_CONNECT=0 chorus bench --device cuda --collective "
+                                  "all_gather -b 1K -e 1M -f 4 --dtype bfloat16 --baseline nccl -n 300 -w 30 --unheld "
+                                  "--rounds 3"),
+    "h200-unheld-reduce_scatter": Gpu("4xh200/speed-run-6/unheld_reduce_scatter.json",
+                                      "NCCL_NVLS_ENABLE=0 NCCL_RUNTIME_CONNECT=0 chorus bench --device cuda --collective "
+                                      "reduce_scatter -b 1K -e 1M -f 4 --dtype bfloat16 --baseline nccl -n 300 -w 30 "
+                                      "--unheld --rounds 3"),
     "h200-held": Gpu("4xh200/speed-run-5/all_reduce-held.json",
                      "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce "
                      "-b 8 -e 2M -f 4 --dtype bfloat16 --baseline all -n 500 -w 50"),
-    "h200-graph": Gpu("4xh200/speed-run-5/graph.json",
+    "h200-graph": Gpu("4xh200/speed-run-6/graph.json",
                       "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 4M -f 4 "
                       "-n 200 -w 20 --graph --baseline nccl"),
     "h200-nccl-from": GpuAlgorithms("4xh200/calibrate-nccl-bf16-w4.json",
                                     "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 256K "
                                     "-e 64M -f 2 -n 100 -w 10 --scale-iters --baseline none "
                                     "--algorithm one_shot,two_shot_push,nccl"),
-    "h200-all_gather": Gpu("4xh200/speed-run-5/all_gather.json",
+    "h200-all_gather": Gpu("4xh200/speed-run-6/all_gather.json",
                            "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_gather -b 1K -e 256M "
                            "-f 4 -n 200 -w 20 --scale-iters"),
-    "h200-reduce_scatter": Gpu("4xh200/speed-run-5/reduce_scatter.json",
+    "h200-reduce_scatter": Gpu("4xh200/speed-run-6/reduce_scatter.json",
                                "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective reduce_scatter -b 1K "
                                "-e 256M -f 4 -n 200 -w 20 --scale-iters"),
+    "h200-broadcast": Gpu("4xh200/broadcast-handoff/broadcast.json",
+                          "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective broadcast -b 1K -e 64M -f 8 "
+                          "-n 100 -w 10 --scale-iters"),
     "h200-rails": Gpu("4xh200/speed-run-3/rails.json",
                       "NCCL_NVLS_ENABLE=0 CHORUS_HOST_ID=a,a,b,b CHORUS_CUDA_RAILS=nccl chorus bench --device cuda "
                       "--collective all_reduce -b 16M -e 1G -f 4 -n 50 -w 5 --scale-iters"),
