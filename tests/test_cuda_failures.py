@@ -1,14 +1,16 @@
 """How chorus.cuda's component turns the control page and the transport's state into
-errors (no GPU needed: the page is a numpy array here)."""
+errors (no GPU needed: the page is plain host memory here, read through
+chorus.cuda.runtime.host_words as the pinned page is)."""
 
 from __future__ import annotations
 
+import ctypes
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from chorus.cuda import layout as L
+from chorus.cuda import runtime
 from chorus.cuda.component import CudaComponent
 from chorus.errors import (
     AbortedError,
@@ -38,7 +40,8 @@ def component():
     pg = SimpleNamespace(id=3, name="g3", members=(4, 5, 6), timeout=2.0, transport=FakeTransport(),
                          rank=lambda: 0)
     comp = CudaComponent(pg, None)
-    comp.ws = SimpleNamespace(words=np.zeros(L.CONTROL_WORDS, np.int64))
+    page = (ctypes.c_int64 * L.CONTROL_WORDS)()
+    comp.ws = SimpleNamespace(words=runtime.host_words(ctypes.addressof(page), L.CONTROL_WORDS), page=page)
     return comp
 
 

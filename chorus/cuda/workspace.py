@@ -115,7 +115,7 @@ class Workspace:
         self.ptr = runtime.malloc(total)
         self.host_addr = runtime.host_alloc(L.CONTROL_WORDS * 8)
         self.words = runtime.host_words(self.host_addr, L.CONTROL_WORDS)
-        self.words[:] = 0
+        self.words.cast("B")[:] = bytes(8 * L.CONTROL_WORDS)
         self.bases: list[int] = []
         self.barriers = 0  # barriers the check made (chorus.cuda.lanes counts on from there)
         self.setup_s = 0.0  # seconds create() took: allocation, exchange, mapping and check
