@@ -312,7 +312,8 @@ SETTINGS: dict[str, Setting] = _declare(
             meaning="all_reduce of CUDA tensors inside a host runs on NCCL's kernels from this size on "
                     "(chorus.cuda.nccl: torch's ProcessGroupNCCL, fingerprints agreed over chorus first, "
                     "aborted when a peer is lost), where NCCL's ring is faster than chorus's two-shot "
-                    "kernels (docs/results/4xh200); 0: chorus's kernels at every size; needs torch with NCCL"),
+                    "kernels (docs/results/4xh200); 0: chorus's kernels at every size, for every collective "
+                    "(no call of any kind goes to NCCL then); needs torch with NCCL"),
     Setting("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES", "int", 16 * MIB, minimum=0, unit="bytes",
             meaning="all_gather and reduce_scatter of equal blocks of CUDA tensors inside a host run on "
                     "NCCL's kernels from this many bytes of their whole buffer (W blocks; chorus.cuda.nccl, "
@@ -329,7 +330,9 @@ SETTINGS: dict[str, Setting] = _declare(
             meaning="broadcast of CUDA tensors inside a host runs on NCCL's kernels (chorus.cuda.nccl, as "
                     "CHORUS_CUDA_NCCL_FROM_BYTES), at every size, where chorus's copies and barrier kernels "
                     "ran at 0.37-0.47x NCCL's speed from 1 KiB to 32 MiB on 4 H200s "
-                    "(docs/results/4xh200/speed-run-6/broadcast.json); off: chorus's copies"),
+                    "(docs/results/4xh200/speed-run-6/broadcast.json); the group's first CUDA broadcast "
+                    "then makes the group's NCCL communicator; off (or CHORUS_CUDA_NCCL_FROM_BYTES=0): "
+                    "chorus's copies"),
     Setting("CHORUS_CUDA_NCCL_AGREE", "choice", "gpu", choices=("gpu", "cpu"),
             meaning="how a call handed to NCCL inside a host checks that every rank called the same op: "
                     "gpu: chorus's barrier kernel compares the fingerprints on the GPUs, on a stream beside "

@@ -144,16 +144,26 @@ def test_bind_puts_every_thread_of_a_rank_on_its_gpu_s_cpus(tmp_path, monkeypatc
     assert "not bound (torch 2.0 does not give" in bench_cuda._bind(torch, 2) and bound == []
 
 
-def test_bind_exclusive_splits_a_gpu_s_cpus_among_the_ranks_sharing_them(monkeypatch):
-    """``--bind exclusive``: ranks whose GPUs list the same CPUs take equal contiguous
-    runs of them in rank order (no CPU twice); a GPU with CPUs of its own keeps them all;
-    fewer CPUs than sharing ranks leaves the rank unbound, saying so."""
+def test_bind_exclusive_splits_a_gpu_s_cores_among_the_ranks_sharing_them(tmp_path, monkeypatch):
+    """``--bind exclusive``: ranks whose GPUs list the same CPUs take runs of whole
+    physical cores in rank order (a core's hardware threads stay together; the first
+    ranks one core more where the cores do not divide evenly); a GPU with CPUs of its own
+    keeps them all; overlapping lists are named; fewer cores than sharing ranks leaves the
+    rank unbound, saying so."""
     from types import SimpleNamespace
 
     from chorus.bench import cuda as bench_cuda
     from chorus.host import cpus
 
-    local = {0x1B: set(range(8)), 0x1C: set(range(8)), 0x1D: set(range(8)), 0x2A: {20, 21}}
+    for cpu in range(16):  # CPUs 0-7 are cores 0-7; 8-15 their second hardware threads
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "thread_siblings_list").write_text(f"{cpu % 8},{cpu % 8 + 8}\n")
+    assert cpus.cores({0, 1, 8, 9, 20}, root=str(tmp_path)) == [[0, 8], [1, 9], [20]]
+    real_cores = cpus.cores
+    monkeypatch.setattr(cpus, "cores", lambda cpu_set: real_cores(cpu_set, root=str(tmp_path)))
+    shared = set(range(7)) | set(range(8, 15))  # 7 cores, both threads of each
+    local = {0x1B: shared, 0x1C: shared, 0x1D: shared, 0x2A: {20, 21}}
     monkeypatch.setattr(cpus, "pci_local_cpus", lambda domain, bus, device: set(local[bus]))
     monkeypatch.setattr(cpus, "affinity", lambda: set(range(64)))
     bound: dict = {}
@@ -161,15 +171,18 @@ def test_bind_exclusive_splits_a_gpu_s_cpus_among_the_ranks_sharing_them(monkeyp
     buses = [0x1B, 0x2A, 0x1C, 0x1D]
     props = [SimpleNamespace(pci_domain_id=0, pci_bus_id=b, pci_device_id=0) for b in buses]
     torch = SimpleNamespace(cuda=SimpleNamespace(get_device_properties=props.__getitem__), __version__="2.0")
-    got = {}
+    got, notes = {}, {}
     for rank in range(4):
-        note = bench_cuda._bind(torch, rank, 4, exclusive=True)
+        notes[rank] = bench_cuda._bind(torch, rank, 4, exclusive=True)
         got[rank] = bound.pop("cpus")
-        assert note.startswith(f"rank {rank}: bound to"), note
-    assert got == {0: {0, 1}, 1: {20, 21}, 2: {2, 3}, 3: {4, 5}}
-    assert "its 1/3 of the CPUs local to GPU 2: 2-3" in bench_cuda._bind(torch, 2, 4, exclusive=True)
-    local[0x1B] = local[0x1C] = local[0x1D] = {0, 1}
-    assert bench_cuda._bind(torch, 3, 4, exclusive=True) == "rank 3: not bound (2 CPUs local to GPU 3 for 3 ranks)"
+    assert got == {0: {0, 8, 1, 9, 2, 10}, 1: {20, 21}, 2: {3, 11, 4, 12}, 3: {5, 13, 6, 14}}
+    assert notes[1] == "rank 1: bound to the CPUs local to GPU 1: 20-21"
+    assert notes[2] == "rank 2: bound to its 2 of the 7 cores local to GPU 2: 3-4,11-12"
+    local[0x2A] = {6, 14, 30}  # overlaps the others' list without being equal to it
+    assert bench_cuda._bind(torch, 0, 4, exclusive=True).endswith("other GPUs' CPU lists overlap these, so "
+                                                                   "shares may too")
+    local[0x1B] = local[0x1C] = local[0x1D] = {0, 8, 1, 9}
+    assert bench_cuda._bind(torch, 3, 4, exclusive=True) == "rank 3: not bound (2 cores local to GPU 3 for 3 ranks)"
 
 
 def test_bind_reaches_the_ranks_and_is_refused_on_cpus(monkeypatch):

@@ -313,24 +313,32 @@ def _gpu_cpus(torch, rank: int):
 def _bind(torch, rank: int, world: int = 1, exclusive: bool = False) -> str:
     """Bind this process to the CPUs local to GPU ``rank`` (``--bind gpu``), or to its
     share of them (``--bind exclusive``: the ranks whose GPUs have the same CPUs split
-    them into equal runs, in rank order, so that no two ranks share a CPU): every thread
-    it has (torch's too), and so every thread started later (NCCL's, chorus's); a note
-    of what it did."""
+    their physical cores into runs of whole cores, in rank order, the first ranks one
+    core more where they do not divide evenly, so that no two ranks share a core): every
+    thread it has (torch's too), and so every thread started later (NCCL's, chorus's); a
+    note of what it did."""
     allowed = _gpu_cpus(torch, rank)
     if isinstance(allowed, str):
         return f"rank {rank}: not bound ({allowed})"
-    what = "the CPUs local to GPU"
+    what, overlap = "the CPUs local to GPU", ""
     if exclusive:
-        sharers = [r for r in range(world) if r == rank or _gpu_cpus(torch, r) == allowed]
-        ordered, k = sorted(allowed), len(sharers)
-        if len(ordered) < k:
-            return f"rank {rank}: not bound ({len(ordered)} CPUs local to GPU {rank} for {k} ranks)"
-        i, per = sharers.index(rank), len(ordered) // k
-        allowed, what = set(ordered[i * per:(i + 1) * per]), f"its 1/{k} of the CPUs local to GPU"
+        local = {r: allowed if r == rank else _gpu_cpus(torch, r) for r in range(world)}
+        sharers = [r for r in range(world) if local[r] == allowed]
+        if any(isinstance(c, set) and c & allowed and c != allowed for c in local.values()):
+            overlap = "; other GPUs' CPU lists overlap these, so shares may too"
+        units, k = cpus.cores(allowed), len(sharers)
+        if len(units) < k:
+            return f"rank {rank}: not bound ({len(units)} cores local to GPU {rank} for {k} ranks)"
+        i, per, extra = sharers.index(rank), len(units) // k, len(units) % k
+        first = i * per + min(i, extra)
+        mine = units[first:first + per + (i < extra)]
+        allowed = {cpu for core in mine for cpu in core}
+        if k > 1:
+            what = f"its {len(mine)} of the {len(units)} cores local to GPU"
     for task in os.listdir("/proc/self/task"):
         with contextlib.suppress(OSError):  # (a thread that ended meanwhile)
             os.sched_setaffinity(int(task), allowed)
-    return f"rank {rank}: bound to {what} {rank}: {cpus.format_cpulist(allowed)}"
+    return f"rank {rank}: bound to {what} {rank}: {cpus.format_cpulist(allowed)}{overlap}"
 
 
 def rank_main(rank: int, cfg: dict, workdir: str) -> None:

@@ -12,12 +12,10 @@ Per call, with a mapped workspace::
                      "two_shot", "two_shot_stores", "copy_reduce", by name), "nccl" from
                      CHORUS_CUDA_NCCL_FROM_BYTES (NCCL's kernels on a communicator of
                      the group's: chorus.cuda.nccl; all_gather and reduce_scatter from
-                     CHORUS_CUDA_NCCL_GATHER_FROM_BYTES, all_to_all with
-                     CHORUS_CUDA_NCCL_ALL_TO_ALL, broadcast with
-                     CHORUS_CUDA_NCCL_BROADCAST), "fused" (all_gather,
+                     CHORUS_CUDA_NCCL_GATHER_FROM_BYTES, all_to_all and broadcast with
+                     CHORUS_CUDA_NCCL_ALL_TO_ALL, _BROADCAST), "fused" (all_gather,
                      reduce_scatter), "one_shot" (other collectives), "channels"
-                     (all_to_all), "barrier"; "staging" for reductions of dtypes the
-                     kernels lack
+                     (all_to_all), "barrier"; "staging" for reductions of dtypes the kernels lack
     all_reduce_now   an all_reduce from a cached plan (chorus.cuda.plans), with none of
                      the general path's per-call objects (the API's latency lane);
     rows_now         the same for all_gather_into_tensor and reduce_scatter_tensor
@@ -115,11 +113,9 @@ class CudaComponent(Component):
         self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
         self._plans: dict = {}  # all_reduce_now's plans (chorus.cuda.plans; False: the general path)
         self._lane_log: LaneLog | None = None
-        # large all_reduces go to NCCL from this size (0: never); its communicator, made then.
-        # Never for members that are threads of one process (the workspace's own stream):
-        # one ProcessGroupNCCL per thread of a process is not a layout chorus runs NCCL in.
-        threads = ws is not None and ws.stream is not None
-        handoff = self._handoff = nccl_handoff(pg) and not threads
+        # calls on NCCL's kernels (_on_nccl; a communicator made at the first), none where
+        # members are threads of one process (a ProcessGroupNCCL per thread: not chorus's layout)
+        handoff = self._handoff = nccl_handoff(pg) and not (ws is not None and ws.shared_process)
         self._nccl_from = config.get("CHORUS_CUDA_NCCL_FROM_BYTES") if handoff else 0
         self._nccl_gather_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if handoff else 0
         self._nccl_exchange = handoff and config.get("CHORUS_CUDA_NCCL_ALL_TO_ALL")
@@ -345,15 +341,14 @@ class CudaComponent(Component):
             self.ws.close()
             self.ws = self.lanes = None
 
-    # -- large all_reduce on NCCL ---------------------------------------------------------------------
+    # -- calls on NCCL's kernels ----------------------------------------------------------------------
     def _on_nccl(self, call: Call) -> bool:
         """A call NCCL runs: all_reduce from CHORUS_CUDA_NCCL_FROM_BYTES; all_gather and
-        reduce_scatter of equal blocks from CHORUS_CUDA_NCCL_GATHER_FROM_BYTES of their
-        whole buffer (W blocks); all_to_all at every size with CHORUS_CUDA_NCCL_ALL_TO_ALL
-        (sizes differ by rank there: a size could send ranks different ways); broadcast at
-        every size with CHORUS_CUDA_NCCL_BROADCAST; each by name
-        (``algorithm="nccl"``) wherever the group hands off at all.  Every input to the
-        choice is the same on every rank of the call."""
+        reduce_scatter of equal blocks from CHORUS_CUDA_NCCL_GATHER_FROM_BYTES of their whole
+        buffer (W blocks); all_to_all (sizes differ by rank: a size could send ranks different
+        ways) and broadcast at every size (CHORUS_CUDA_NCCL_ALL_TO_ALL, _BROADCAST); each by
+        name (``algorithm="nccl"``) wherever the group hands off.  Every input to the choice
+        is the same on every rank of the call."""
         auto = call.algorithm in (None, "auto")
         if call.name == "all_reduce":
             chosen = auto and 0 < self._nccl_from <= call.nbytes

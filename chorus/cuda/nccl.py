@@ -1,7 +1,8 @@
 """``NcclPeers``: torch's ProcessGroupNCCL over some ranks of a chorus group, with chorus's
 contracts around it.  chorus.cuda.rails runs its rails (between hosts) on one;
-chorus.cuda.component hands large all_reduces inside a host to one, where NCCL's ring is
-faster than chorus's kernels (chorus.cuda.algorithms.NCCL_FROM_BYTES).
+chorus.cuda.component hands a group's calls inside a host to one where NCCL's kernels are
+faster than chorus's: all_reduce, all_gather and reduce_scatter from a size on
+(chorus.cuda.algorithms.NCCL_FROM_BYTES), all_to_all and broadcast at every size.
 
     group ranks [0, 2] of group g, on group rank 2:
 
@@ -118,8 +119,9 @@ def serving_host(chorus_store, rank: int) -> str:
 
 
 def nccl_handoff(pg) -> bool:
-    """Whether ``pg``'s large all_reduces may go to NCCL: torch has it, the setting is on,
-    and the group is not itself a hidden sub-group (whose ids leave no room for one more
+    """Whether any of ``pg``'s calls may go to NCCL: torch has it,
+    CHORUS_CUDA_NCCL_FROM_BYTES is not 0 (0 keeps every call on chorus's kernels), and the
+    group is not itself a hidden sub-group (whose ids leave no room for one more
     level: a host's sub-group under the rails, which already run NCCL between hosts)."""
     return bool(config.get("CHORUS_CUDA_NCCL_FROM_BYTES")) and not pg.id & HIDDEN and nccl_available()
 

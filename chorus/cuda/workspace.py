@@ -121,6 +121,7 @@ class Workspace:
         self.setup_s = 0.0  # seconds create() took: allocation, exchange, mapping and check
         self.phases: dict[str, float] = {}  # seconds of each of those steps (Phases), this rank's
         self.stream = None
+        self.shared_process = False  # whether any two members are threads of one process (_map)
         self._opened: list[int] = []
         self._held: list[int] = []  # workspaces of threads of this process (own included) it uses
         self._torch = torch
@@ -179,6 +180,7 @@ class Workspace:
     def _map(self, infos: list[dict]) -> None:
         me = infos[self.rank]
         threads = [i for i in infos if i["pid"] == me["pid"]]  # this rank and its peers in this process
+        self.shared_process = len({i["pid"] for i in infos}) < len(infos)  # (the same on every member)
         if len(threads) > 1:
             with _SHARED_LOCK:  # first, so that a failure below still lets go of all of them
                 for info in threads:

@@ -64,6 +64,22 @@ def format_cpulist(cpus: set[int]) -> str:
     return ",".join(out)
 
 
+def cores(cpus: set[int], root: str = "/sys/devices/system/cpu") -> list[list[int]]:
+    """``cpus`` grouped by physical core (the kernel's thread_siblings_list of each), in
+    order of each core's first CPU; a CPU the system says nothing of is a core alone
+    ({0, 1, 64, 65}, where 64 and 65 are 0's and 1's second hardware threads:
+    [[0, 64], [1, 65]])."""
+    groups: dict[int, list[int]] = {}
+    for cpu in sorted(cpus):
+        try:
+            with open(os.path.join(root, f"cpu{cpu}", "topology", "thread_siblings_list")) as f:
+                first = min(parse_cpulist(f.read()) or {cpu})
+        except (OSError, ValueError):
+            first = cpu
+        groups.setdefault(first, []).append(cpu)
+    return [groups[first] for first in sorted(groups)]
+
+
 def pci_local_cpus(domain: int, bus: int, device: int, root: str = "/sys/bus/pci/devices") -> set[int] | None:
     """The CPUs local to PCI device ``domain:bus:device`` (its NUMA node's, as the kernel
     lists them), or None where the system does not say."""

@@ -145,6 +145,15 @@ def case_rooted(rank, world, pg, comp):
             tdist.broadcast(ref, src=root)
             issue(comp, pg, "broadcast", {"data": x}, count=n, dtype="bfloat16", root=root, algorithm=algorithm)
             assert torch.equal(x, ref), (root, algorithm)
+        # through the API, on NCCL's kernels: async, and a non-contiguous tensor (copied back)
+        x, strided = data(rank, n, "float32", root), data(rank, 2 * n, "float32", root)[::2]
+        ref, ref_strided = x.clone(), strided.clone()
+        tdist.broadcast(ref, src=root)
+        tdist.broadcast(ref_strided, src=root)
+        work = chorus.broadcast(x, src=root, async_op=True)
+        chorus.broadcast(strided, src=root)
+        work.wait()
+        assert torch.equal(x, ref) and torch.equal(strided, ref_strided), root
         inp = data(rank, n, "int32", root)
         out = torch.empty(world * n, dtype=torch.int32, device="cuda")
         ref = torch.empty_like(out)
