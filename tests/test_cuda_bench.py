@@ -83,6 +83,11 @@ def test_median_rows_and_round_ranges():
     assert {r["library"]: (round(r["seconds"] * 1e6, 3), r["wrong"]) for r in rows} == {"chorus": (12.0, 0),
                                                                                          "nccl": (30.0, 2)}
     assert "0.75-3.00x (1 of 3 below 1)" in format_round_ranges(times)
+    # every library dropped, or chorus's algorithms alone (--baseline none): said, not a traceback
+    nothing = "(no results of both chorus and a baseline to compare round by round)"
+    assert format_round_ranges({}) == nothing
+    assert format_round_ranges({("chorus:one_shot", 1024): [1e-5], ("chorus:nccl", 1024): [2e-5]}) == nothing
+    assert format_round_ranges({("nccl", 1024): [1e-5]}) == nothing
 
 
 def test_format_table_and_iterations():

@@ -111,9 +111,13 @@ def median_rows(rows: list[dict]) -> tuple[list[dict], dict[tuple[str, int], lis
 
 def format_round_ranges(times: dict[tuple[str, int], list[float]]) -> str:
     """Per size, the lowest and highest over the rounds of each baseline's time over
-    chorus's (above 1: chorus is faster), and how many rounds were below 1."""
-    mine = "chorus" if any(lib == "chorus" for lib, _ in times) else min(lib for lib, _ in times)
+    chorus's (above 1: chorus is faster), and how many rounds were below 1; a line saying
+    so where there is nothing to compare (no result, or no baseline: ``--baseline none``)."""
     others = sorted({lib for lib, _ in times if not lib.startswith("chorus")})
+    if not others or len({lib for lib, _ in times}) == len(others):
+        return "(no results of both chorus and a baseline to compare round by round)"
+    mine = "chorus" if any(lib == "chorus" for lib, _ in times) else min(lib for lib, _ in times
+                                                                         if lib.startswith("chorus"))
     head = f"{'size':>6}" + "".join(f" {'x ' + _label(lib) + ', each round':>26}" for lib in others)
     lines = [head, "-" * len(head)]
     speedups = {lib: round_speedups(times, lib, mine) for lib in others}

@@ -26,12 +26,14 @@
 #  10. bound_all_reduce, bound_all_gather, bound_reduce_scatter: part 8's loops up to
 #      256 KiB with each rank on the CPUs of its GPU (chorus bench --bind gpu)
 #  11. bars: all_reduce 8 MiB .. 128 MiB (x2) against NCCL, three rounds
+#  12. handoff_from: all_reduce 4 MiB .. 32 MiB (x2) by chorus's two_shot_push, by chorus's
+#      hand-off to NCCL, and by NCCL itself, three rounds (CHORUS_CUDA_NCCL_FROM_BYTES)
 # Parts 8, 10 and 11 run three rounds each (chorus bench --rounds 3: medians, and the
 # range of NCCL's time over chorus's across the rounds).
 # CHORUS_SPEED_PARTS="all_reduce graph ..." runs only the parts named (smoke, all_reduce,
 # calibrate, rails, ddp, all_gather, reduce_scatter, broadcast, all_to_all, graph,
 # unheld_all_reduce, unheld_all_gather, unheld_reduce_scatter, lane, bound_all_reduce,
-# bound_all_gather, bound_reduce_scatter, bars).
+# bound_all_gather, bound_reduce_scatter, bars, handoff_from).
 # then a compact table per part: size, chorus us (GPU), chorus cpu us, nccl us, nccl/chorus,
 # symm us, #wrong.  Exits non-zero unless every part passed.
 set -uo pipefail
@@ -136,6 +138,9 @@ for c in all_reduce all_gather reduce_scatter; do
 done
 # the bandwidth bars' sizes (8-16 MiB: at most NCCL's time; 128 MiB: 0.95x its bus bandwidth), three rounds
 bench bars 90 --collective all_reduce -b 8M -e 128M -f 2 -n 50 -w 5 --scale-iters --baseline nccl --rounds 3
+# where the hand-off to NCCL should begin: chorus's two-shot, chorus's hand-off and NCCL itself, three rounds
+bench handoff_from 100 --collective all_reduce -b 4M -e 32M -f 2 -n 100 -w 10 --scale-iters --baseline nccl \
+    --algorithm two_shot_push,nccl --rounds 3
 
 python - "$LOGS" <<'PY'
 import json, os, sys
@@ -177,18 +182,21 @@ for name in ("all_reduce", "graph", "rails", "all_gather", "reduce_scatter", "br
         print(f"{human(size):>6} {us(c):>9} {cpu(c):>6} {us(l):>8} {cpu(l):>6} {us(n):>9} {cpu(n):>6} {ratio:>8}"
               f" {us(s1):>8} {us(s2):>8} {wrong:>7}")
 
-cal = load("calibrate")
-if cal:
-    algos = [lib for lib in cal["libraries"] if lib.startswith("chorus:")]
+for name in ("calibrate", "handoff_from"):
+    cal = load(name)
+    if not cal:
+        continue
+    algos = [lib for lib in cal["libraries"] if lib.startswith("chorus:") or lib == "nccl"]
+    label = lambda lib: lib[7:] if lib.startswith("chorus:") else "NCCL itself"
     by = {(r["library"], r["nbytes"]): r for r in cal["rows"]}
-    print("\n== calibrate: chorus all_reduce by algorithm (GPU us); ONE_SHOT_MAX_BYTES in chorus/cuda/algorithms.py, "
+    print(f"\n== {name}: chorus all_reduce by algorithm (GPU us); ONE_SHOT_MAX_BYTES in chorus/cuda/algorithms.py, "
           "CHORUS_CUDA_NCCL_FROM_BYTES")
     for note in cal["notes"]:
         print("#", note)
-    print(f"{'size':>6} " + " ".join(f"{a[7:]:>11}" for a in algos) + f" {'fastest':>11} {'#wrong':>7}")
+    print(f"{'size':>6} " + " ".join(f"{label(a):>11}" for a in algos) + f" {'fastest':>11} {'#wrong':>7}")
     for size in sorted({r["nbytes"] for r in cal["rows"]}):
         got = {a: by[(a, size)] for a in algos if (a, size) in by}
-        best = min(got, key=lambda a: got[a]["seconds"])[7:] if got else "-"
+        best = label(min(got, key=lambda a: got[a]["seconds"])) if got else "-"
         print(f"{human(size):>6} " + " ".join(f"{got[a]['seconds'] * 1e6:>11.1f}" if a in got else f"{'-':>11}"
                                               for a in algos)
               + f" {best:>11} {','.join(str(g['wrong']) for g in got.values()):>7}")
