@@ -387,3 +387,37 @@ def test_no_shot_from_a_kernel_compiled_for_64_bit_ids(monkeypatch):
     assert A.all_reduce(lanes, memories[0].ctypes.data + 4096, 256, 4, "one_shot") is None
     lanes.begin(2, None, 7, "float32", "SUM", 99)
     assert A.all_reduce(lanes, memories[0].ctypes.data + 4096, 256, 4, "one_shot") is not None
+
+
+def test_triton_s_first_launch_hash_is_computed_on_a_thread_and_waited_for(monkeypatch):
+    """launchers.warm_keys: Triton's hash of its own files (what its first launch in a
+    process computes) runs on a thread of its own while the workspace is set up, and the
+    returned wait ends once it is done; a failure there is left to the launch; nothing
+    runs under the interpreter."""
+    from chorus.cuda import launchers
+
+    ran, release = [], threading.Event()
+
+    def triton_key():
+        release.wait(10)
+        ran.append(threading.current_thread().name)
+        return "key"
+
+    monkeypatch.setattr(launchers.triton.runtime.cache, "triton_key", triton_key)
+    monkeypatch.setattr(launchers, "INTERPRET", False)
+    wait = launchers.warm_keys()
+    assert ran == []  # (not on the caller's thread: it would have blocked above)
+    release.set()
+    wait()
+    assert ran == ["chorus-triton-key"]
+
+    def broken():
+        raise OSError("no such file")
+
+    monkeypatch.setattr(launchers.triton.runtime.cache, "triton_key", broken)
+    launchers.warm_keys()()  # (said at debug level; the launch computes it again)
+    monkeypatch.setattr(launchers, "INTERPRET", True)
+    ran.clear()
+    monkeypatch.setattr(launchers.triton.runtime.cache, "triton_key", triton_key)
+    launchers.warm_keys()()
+    assert ran == []

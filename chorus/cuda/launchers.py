@@ -7,6 +7,7 @@ pass stand-ins with the same names that run on the CPU)."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import triton
 import triton.language as tl
@@ -29,6 +30,29 @@ from chorus.cuda.kernels import (
 log = logging.getLogger("chorus")
 
 __all__ = ["INTERPRET", "NEVER"]  # re-exported: callers of the launchers use them too
+
+
+def warm_keys():
+    """Start what Triton's first launch in a process computes before it can look in its
+    kernel cache, a hash of Triton's own files (0.24 s of a group's 0.57 s workspace
+    check on the 4 x H200 host: docs/results/4xh200/broadcast-handoff/setup-profile.txt),
+    on a thread of its own, so that it overlaps the workspace's allocation and exchange.
+    Returns the wait for it: call that before the first launch (Triton's state is then
+    touched by one thread at a time).  Nothing to do under the interpreter, or where this
+    Triton computes no such hash."""
+    key = None if INTERPRET else getattr(getattr(triton.runtime, "cache", None), "triton_key", None)
+    if key is None:
+        return lambda: None
+
+    def compute() -> None:
+        try:
+            key()
+        except Exception as exc:  # noqa: BLE001 - the first launch computes it again and raises there
+            log.debug("chorus.cuda: computing Triton's key ahead failed: %s: %s", type(exc).__name__, exc)
+
+    thread = threading.Thread(target=compute, name="chorus-triton-key", daemon=True)
+    thread.start()
+    return thread.join
 
 
 # -- launchers (on torch's current stream of the current device) ---------------------------

@@ -140,6 +140,7 @@ class Workspace:
         rank, world, timeout = pg.rank(), pg.size(), pg.timeout
         ws, why = None, ""
         phases = Phases()
+        keyed = kernels.warm_keys()  # (Triton's first-launch hashing, meanwhile: joined before the check)
         try:
             ws = cls(pg, total)
             info = dict(host=_host_id(pg.members[rank]), pid=os.getpid(), device=ws.device.index, ptr=ws.ptr,
@@ -165,6 +166,7 @@ class Workspace:
             if failed:
                 raise Unusable(failed)
             phases.end("map")
+            keyed()
             why = ws._check(min(timeout, CHECK_TIMEOUT_S))
             failed = agree(store, f"{prefix}/checked", rank, world, why, timeout)
             if failed:
