@@ -25,6 +25,7 @@ from chorus.errors import (
 class FakeTransport:
     def __init__(self):
         self.dead, self.error, self.listeners, self.mismatches = {}, None, [], []
+        self.mismatched, self.closed_reason = {}, None
 
     def failure(self, group, peer, expect=None):
         return self.error
@@ -60,6 +61,7 @@ def test_timeout_names_op_and_ranks_and_sticks():
 def test_transport_failure_wins_and_listener_aborts():
     comp = component()
     comp.pg.transport.error = PeerLostError("rank 5 died", lost_rank=5)
+    comp.pg.transport.dead[5] = "died"
     with pytest.raises(PeerLostError, match="all_reduce on group g3") as err:
         comp.check("all_reduce")
     assert err.value.lost_rank == 5

@@ -306,8 +306,7 @@ class CudaComponent(Component):
                 or not self._inline(stream) or self._torch._C._cuda_isCurrentStreamCapturing()
                 or not pg.enter_lane()):
             return False
-        # (all_reduce_now's steps, written out: a shared helper taking the enqueue as a
-        # closure cost both lanes 0.4-0.5 us a call with the GPU side faked)
+        # (all_reduce_now's steps written out: a shared helper taking a closure cost 0.4-0.5 us)
         seq, log = pg.take_seq(), self._lane_log
         try:
             if log is not None:
@@ -519,7 +518,9 @@ class CudaComponent(Component):
         words = self.ws.words
         if words[L.TAG_OP]:
             raise failures.tag_mismatch(self.pg, self.names, words)
-        if not words[L.STATUS] and self.pg.transport.failure(self.pg.id, None) is None:
+        t = self.pg.transport  # (nothing wrong in it at all: failure() is None, known without the call)
+        if not words[L.STATUS] and (not (t.dead or t.mismatched or t.closed_reason is not None)
+                                    or t.failure(self.pg.id, None) is None):
             return
         self.broken = failures.error(self.pg, self.names, what, words)
         words[L.ABORT] = 1  # the rest of the queue fails fast
