@@ -25,17 +25,10 @@ import numpy as np
 
 def pin_order() -> list[int]:
     """This process's CPUs, one per physical core first (then their hyperthread siblings)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    first, rest, seen = [], [], set()
-    for cpu in cpus:
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
-                core = f.read().strip()
-        except OSError:
-            core = str(cpu)
-        (rest if core in seen else first).append(cpu)
-        seen.add(core)
-    return first + rest
+    from chorus.host.cpus import cores
+
+    groups = cores(os.sched_getaffinity(0))
+    return [core[0] for core in groups] + sorted(cpu for core in groups for cpu in core[1:])
 
 
 def _pin(rank: int) -> None:
