@@ -66,7 +66,8 @@ def _handing_off(monkeypatch, log, barrier_finds=None):
     lanes = SimpleNamespace(begin=lambda op, ctx, raw, *a, joins=True: log.append(
                                 f"begin on {raw}{'' if joins else ', joining nothing'}"),
                             barrier=lambda: log.append("barrier"), follow=None, unjoined=None, shots={},
-                            repeat=lambda plan, inp, out, first: first())  # (no Shot kept: the algorithm each time)
+                            repeat=lambda plan, inp, out, first: first(),  # (no Shot kept: the algorithm each time)
+                            replay_kept=lambda *a: False)
 
     def make_peers():
         log.append("make communicator")
@@ -273,13 +274,13 @@ def test_every_op_on_chorus_kernels_joins_an_async_hand_off_first(monkeypatch):
         _lane_ready(comp, monkeypatch)
         comp._nccl_from = 1 << 40  # (every size on chorus's kernels)
         comp._plans.clear()
-        monkeypatch.setattr(type(comp), "_work", lambda self, *a: "work")
+        monkeypatch.setattr(type(comp), "work_after", lambda self, *a: "work")
         monkeypatch.setattr(component.capture, "check", lambda *a: None)
         log.clear()
         t = torch.ones(8)
         assert comp.all_reduce_now(t, ReduceOp.SUM) is True
         comp._enqueue(_call(comp.pg), None, 1, SimpleNamespace(cuda_stream=123))
-        comp._launch = lambda stream, enqueue: enqueue(stream)
+        comp.launch_on = lambda stream, enqueue: enqueue(stream)
         comp.p2p_batch([("send", t, 0, 0)], False)
         return list(log)
 
@@ -446,7 +447,7 @@ def test_the_flight_recorder_holds_the_cuda_lanes_ops_sync_async_and_failed(monk
         _lane_ready(comp, monkeypatch)  # (its first hand-off: the general path's own entry)
         comp._lane_log = LaneLog(flight.attach(comp.pg))
         comp._nccl.all_reduce = lambda tensor, op, wait: None
-        monkeypatch.setattr(type(comp), "_work", lambda self, s, what, result, keep, nat=None: "work")
+        monkeypatch.setattr(type(comp), "work_after", lambda self, s, what, result, keep, nat=None: "work")
         comp._beside.join = lambda work: None
         t = torch.ones(8)
         assert comp.all_reduce_now(t, ReduceOp.SUM) is True

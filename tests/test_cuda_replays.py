@@ -128,6 +128,43 @@ def test_a_repeated_all_reduce_becomes_graph_launches_that_count_as_the_kernels_
     assert graphs.graphs == {"stream destroyed": []}
 
 
+def test_the_steady_state_launches_the_kept_graph_as_shot_would_or_nothing(monkeypatch):
+    """replay_kept (the lanes' steady state) launches the graph kept for the addresses and
+    the next parity on the given stream, advancing rounds and epochs as shot() does and
+    naming the op for its replayed kernel's reports; with a graph not kept yet, or work to
+    follow first (a barrier beside a hand-off, NCCL's unjoined op), it enqueues nothing."""
+    from chorus.cuda import algorithms as A
+
+    lanes, data, lib, graphs = _replaying(monkeypatch)
+    names, plan = lanes.names, ("a plan",)
+    lanes.begin(names.add(None, 1, 77, "all_reduce"), None, 101, "bfloat16", "SUM", 77)
+    shot = lanes.shots[plan] = A.all_reduce(lanes, data, 1024, 2, "one_shot")
+    for seq in (2, 3):  # (each parity's first sight: the replay kernel, no graph yet)
+        assert not lanes.replay_kept(plan, data, data, 100 + seq, seq, 77, "all_reduce")
+        lanes.begin(names.add(None, seq, 77, "all_reduce"), None, 100 + seq, "bfloat16", "SUM", 77)
+        assert lanes.shot(shot, data)
+    assert not lanes.replay_kept(plan, data, data, 104, 4, 77, "all_reduce") and not graphs.launched
+    for seq in (4, 5):  # (captured)
+        lanes.begin(names.add(None, seq, 77, "all_reduce"), None, 100 + seq, "bfloat16", "SUM", 77)
+        assert lanes.shot(shot, data)
+    launched, before = list(graphs.launched), (lanes.rounds, lanes.epoch, len(lib.launches))
+    epochs = []
+    for seq in (6, 7, 8):
+        epochs.append(lanes.epoch + 1)
+        assert lanes.replay_kept(plan, data, data, 100 + seq, seq, 77, "all_reduce")
+    assert graphs.launched == launched + [(1000, 106), (1001, 107), (1000, 108)]
+    assert (lanes.rounds, lanes.epoch, len(lib.launches)) == (before[0] + 3, before[1] + 3 * shot.barriers, before[2])
+    assert [names.entry(L.REPLAY_OP + e)[1:] for e in epochs] == [(6, 77), (7, 77), (8, 77)]
+    for field in ("follow", "unjoined"):
+        setattr(lanes, field, object())
+        assert not lanes.replay_kept(plan, data, data, 109, 9, 77, "all_reduce")
+        setattr(lanes, field, None)
+    assert not lanes.replay_kept(plan, data + 256, data + 256, 109, 9, 77, "all_reduce")  # (other addresses)
+    assert not lanes.replay_kept(("another plan",), data, data, 109, 9, 77, "all_reduce")
+    assert len(graphs.launched) == len(launched) + 3 and lanes.rounds == before[0] + 3
+    lanes.close()
+
+
 @pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
 def test_a_repeated_all_gather_or_reduce_scatter_replays_per_input_output_and_parity(monkeypatch, kind):
     """The lane's one-round all_gather / reduce_scatter (rows_once) leaves a Shot; its

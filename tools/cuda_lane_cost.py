@@ -6,7 +6,8 @@ torch's NCCL; chorus.all_reduce; the CUDA component's all_reduce_now; the time p
 un-held (CUDA events around back-to-back eager calls: the longer of CPU and GPU); both
 again with the lane's CUDA-graph replays (chorus.cuda.replays) off and on, alternating,
 twice; then chorus.all_reduce with timing wrappers around the layers below it
-(Lanes.shot, its Replays (graph launches), the Shot,
+(Lanes.replay_kept, the steady state's graph launch, and where it steps aside Lanes.shot, its
+Replays (graph launches), the Shot,
 chorus.cuda.direct's parameter block and its cuLaunchKernel call, chorus.cuda.launchers.launch
 where a launch goes through it), each layer's share of a call; the lane's per-call
 queries of torch and the CUDA runtime, each alone; all_gather_into_tensor and
@@ -109,7 +110,10 @@ def body(rank: int, world: int, port: int, out: str) -> None:
     dist.all_reduce(t)
     from chorus.cuda.replays import Replays
 
-    layers = ((Lanes, "shot", "Lanes.shot"), (Replays, "__call__", "Replays.__call__ (cuGraphLaunch)"),
+    graphs = lanes.graphs  # (the replays' driver: its launch is the ctypes cuGraphLaunch)
+    layers = ((Lanes, "replay_kept", "Lanes.replay_kept (steady state)"),
+              *(((graphs, "launch", "cuGraphLaunch"),) if graphs is not None else ()),
+              (Lanes, "shot", "Lanes.shot"), (Replays, "__call__", "Replays.__call__ (cuGraphLaunch)"),
               (launchers.Shot, "__call__", "Shot.__call__"),
               (DirectLaunch, "__call__", "DirectLaunch.__call__ (not a Shot's)"),
               (Block, "__call__", "Block.__call__ (cuLaunchKernel)"), (launchers, "launch", "launchers.launch"))

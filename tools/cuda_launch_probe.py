@@ -1,7 +1,8 @@
 """What the pieces of an eager CUDA collective cost the CPU, one process per GPU: torch's
 calls the lane makes (stream, device, capture state, tensor attributes), a kernel launch
 through Triton and through chorus.cuda.direct's parameter block (1 and 16 parameters),
-cuGraphLaunch of a graph holding that kernel and torch's replay of it; then chorus's
+cuGraphLaunch of a graph holding that kernel (alone, two alternating, and through a PyDLL
+entry point that keeps the GIL) and torch's replay of it; then chorus's
 all_reduce, all_gather_into_tensor, reduce_scatter_tensor and broadcast of 1024 bf16
 elements (and torch's NCCL all_gather_into_tensor), and a cProfile of 2000 calls of the
 first three.  Each row: the best of 3 rounds of CPU us per call.  Each rank writes
@@ -14,6 +15,7 @@ from __future__ import annotations
 import cProfile
 import ctypes
 import io
+import itertools
 import os
 import pstats
 
@@ -81,6 +83,14 @@ def body(rank, world, port, out):
         sv = ctypes.c_void_p(s)
         assert gl(ex, sv) == 0
         row("cuGraphLaunch of a k16 graph", cpu(lambda: gl(ex, sv)))
+        g2 = torch.cuda.CUDAGraph()  # (the lane alternates two graphs, one per slot parity)
+        with torch.cuda.graph(g2, stream=side):
+            k16[(1,)](*args16)
+        turn = itertools.cycle([ex, ctypes.c_void_p(g2.raw_cuda_graph_exec())]).__next__
+        row("cuGraphLaunch of two k16 graphs, alternating", cpu(lambda: gl(turn(), sv)))
+        pydll = ctypes.PyDLL("libcuda.so.1")["cuGraphLaunch"]  # (the GIL kept across the call)
+        pydll.restype = ctypes.c_int
+        row("cuGraphLaunch, GIL kept (PyDLL)", cpu(lambda: pydll(ex, sv)))
         row("torch graph.replay()", cpu(lambda: g.replay()))
     except Exception as e:
         lines.append(f"graph: {type(e).__name__}: {e}")

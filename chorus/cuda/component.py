@@ -61,7 +61,7 @@ from chorus.call import Call
 from chorus.components import select
 from chorus.components.base import Component, run_in_order
 from chorus.cuda import algorithms as A
-from chorus.cuda import capture, failures, setup, staging
+from chorus.cuda import capture, failures, p2p, setup, staging
 from chorus.cuda import layout as L
 from chorus.cuda.beside import Beside
 from chorus.cuda.failures import OpNames
@@ -70,7 +70,6 @@ from chorus.cuda.plans import PLANS, LaneLog, cached_plan, rows_plan
 from chorus.cuda.staging import is_cuda
 from chorus.cuda.work import CudaWork
 from chorus.debug import flight
-from chorus.engine import OpContext
 
 log = logging.getLogger("chorus")
 
@@ -110,7 +109,7 @@ class CudaComponent(Component):
         self.broken: BaseException | None = None
         self._last_stream = None  # the stream of the group's last op, and its raw handle (_follow)
         self._last_raw = 0
-        self._lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
+        self.lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
         self._plans: dict = {}  # all_reduce_now's plans (chorus.cuda.plans; False: the general path)
         self._lane_log: LaneLog | None = None
         # calls on NCCL's kernels (_on_nccl; a communicator made at the first), none where
@@ -175,7 +174,7 @@ class CudaComponent(Component):
 
         self.check(call.name)
         if not call.async_op and call.name != "barrier" and self._inline():
-            # the common case, inline: what run_in_order and _launch would do, without their
+            # the common case, inline: what run_in_order and launch_on would do, without their
             # per-call closures (the group is idle, the caller's stream is current)
             op_id = self.names.add(None, call.seq, call.fingerprint, call.name)
             if call.before is not None:
@@ -190,7 +189,7 @@ class CudaComponent(Component):
                              after=staging.on_stream(call.after, stream))
 
         def transfers(ctx) -> None:
-            self._launch(stream, lambda run: self._enqueue(call, ctx, op_id, run, algorithm))
+            self.launch_on(stream, lambda run: self._enqueue(call, ctx, op_id, run, algorithm))
 
         run_in_order(sync, self.name, algorithm, staging.on_stream(transfers, stream))
         if call.name == "barrier" and not call.async_op:
@@ -198,7 +197,7 @@ class CudaComponent(Component):
             self.check(call.name)
         if not call.async_op:
             return None
-        return self._work(stream, call.name, call.result, call.buffers)
+        return self.work_after(stream, call.name, call.result, call.buffers)
 
     def _start_captured(self, call: Call, algorithm: str):
         """Enqueue ``call`` on the capturing stream, its kernels counting on the device
@@ -220,7 +219,7 @@ class CudaComponent(Component):
                 self.lanes.graph = False
 
         run_in_order(sync, self.name, algorithm, staging.on_stream(transfers, stream), captured=True)
-        return self._work(stream, call.name, call.result, call.buffers) if call.async_op else None
+        return self.work_after(stream, call.name, call.result, call.buffers) if call.async_op else None
 
     def all_reduce_now(self, tensor, op, async_op: bool = False):
         """all_reduce of ``tensor`` (a CUDA tensor), now: False if the general path must
@@ -237,11 +236,12 @@ class CudaComponent(Component):
         plan = self._plans.get((tensor.dtype, tensor.shape, op))
         if plan is None:
             plan = cached_plan(self._plans, tensor, op, self._reducible, self._nccl_from, self.pg.size())
-        pg = self.pg
+        pg, dev, torch_c = self.pg, self._device_index, self._torch._C
         last_stream, stream = self._last_stream, self._last_raw  # (once: p2p from another thread moves them)
-        if (not plan or self.broken is not None or not tensor.is_contiguous()
-                or tensor.get_device() != self._device_index or not self._inline(stream)
-                or self._torch._C._cuda_isCurrentStreamCapturing()):
+        # (_inline's test written out, as check()'s all-clear below: a call each is 0.2-0.5 us of ~5)
+        if (not plan or self.broken is not None or not tensor.is_contiguous() or tensor.get_device() != dev
+                or pg.queue or recorder.current is not None or torch_c._cuda_getDevice() != dev
+                or torch_c._cuda_getCurrentRawStream(dev) != stream or torch_c._cuda_isCurrentStreamCapturing()):
             return False  # (another stream than the group's last op's, or a capture: the general path)
         peers = self._nccl
         handoff = plan.algorithm == "nccl"
@@ -249,24 +249,28 @@ class CudaComponent(Component):
             return False  # (the group's first hand-off, or the agreement on the CPUs: _start_nccl)
         if not pg.enter_lane():
             return False
-        seq, native, log = pg.take_seq(), None, self._lane_log
+        seq, native, log, words, t = pg.take_seq(), None, self._lane_log, self.ws.words, pg.transport
         try:
             if log is not None:
                 log.began(seq, plan, op, tensor.shape, async_op)
-            self.check("all_reduce")
-            op_id = self.names.add(None, seq, plan.fingerprint, "all_reduce")
+            if (words[L.TAG_OP] or words[L.STATUS] or t.dead or t.mismatched or t.closed_reason is not None
+                    or (peers is not None and peers.broken is not None)):
+                self.check("all_reduce")  # (something is wrong somewhere: check() tells whether here)
             if handoff:
                 # async (DDP's buckets): the caller's stream goes on (the backward pass
                 # computes the next buckets) and waits at wait(), as on ProcessGroupNCCL
                 wait = not async_op or plan.average
+                op_id = self.names.add(None, seq, plan.fingerprint, "all_reduce")
                 native = self._hand_off(op_id, plan.fingerprint, stream,
                                         lambda: peers.all_reduce(tensor, plan.reduce_op, wait), wait)
             else:
-                with self._lock:
-                    lanes.begin(op_id, None, stream, plan.dtype, plan.reduce_op, plan.fingerprint)
+                with self.lock:
                     data = tensor.data_ptr()
-                    lanes.repeat(plan, data, data, lambda: A.all_reduce(lanes, data, plan.count, plan.item,
-                                                                        plan.algorithm))
+                    if not lanes.replay_kept(plan, data, data, stream, seq, plan.fingerprint, "all_reduce"):
+                        op_id = self.names.add(None, seq, plan.fingerprint, "all_reduce")
+                        lanes.begin(op_id, None, stream, plan.dtype, plan.reduce_op, plan.fingerprint)
+                        lanes.repeat(plan, data, data, lambda: A.all_reduce(lanes, data, plan.count, plan.item,
+                                                                            plan.algorithm))
         except BaseException as exc:
             if log is not None:
                 log.failed(seq, exc)
@@ -280,7 +284,7 @@ class CudaComponent(Component):
         if not async_op:
             return True
         if native is None or plan.average:
-            return self._work(last_stream, "all_reduce", [tensor], tensor)
+            return self.work_after(last_stream, "all_reduce", [tensor], tensor)
         # NCCL's own Work: wait() is its wait, its future what torch's Work hands out; an
         # event after NCCL's op only if asked for (is_completed, synchronize, a chorus future)
         check = partial(self.check, "all_reduce")
@@ -300,23 +304,29 @@ class CudaComponent(Component):
                 self._plans.clear()
             plan = self._plans[key] = rows_plan(name, output, input, op, self.pg.size(), self._reducible,
                                                 self._nccl_gather_from, lanes.layout.slot) or False
-        pg, last_stream, stream = self.pg, self._last_stream, self._last_raw  # (once: see all_reduce_now)
+        pg, dev, torch_c = self.pg, self._device_index, self._torch._C
+        last_stream, stream = self._last_stream, self._last_raw  # (once: see all_reduce_now)
         if (not plan or self.broken is not None or not input.is_contiguous() or not output.is_contiguous()
-                or input.get_device() != self._device_index or output.get_device() != self._device_index
-                or not self._inline(stream) or self._torch._C._cuda_isCurrentStreamCapturing()
+                or input.get_device() != dev or output.get_device() != dev
+                or pg.queue or recorder.current is not None or torch_c._cuda_getDevice() != dev
+                or torch_c._cuda_getCurrentRawStream(dev) != stream or torch_c._cuda_isCurrentStreamCapturing()
                 or not pg.enter_lane()):
             return False
         # (all_reduce_now's steps written out: a shared helper taking a closure cost 0.4-0.5 us)
-        seq, log = pg.take_seq(), self._lane_log
+        seq, log, words, t, peers = pg.take_seq(), self._lane_log, self.ws.words, pg.transport, self._nccl
         try:
             if log is not None:
                 log.began(seq, plan, op, input.shape, async_op)
-            self.check(name)
-            op_id = self.names.add(None, seq, plan.fingerprint, name)
-            with self._lock:
-                lanes.begin(op_id, None, stream, plan.dtype, plan.reduce_op, plan.fingerprint)
+            if (words[L.TAG_OP] or words[L.STATUS] or t.dead or t.mismatched or t.closed_reason is not None
+                    or (peers is not None and peers.broken is not None)):
+                self.check(name)
+            with self.lock:
                 inp, out = input.data_ptr(), output.data_ptr()
-                lanes.repeat(plan, inp, out, lambda: lanes.rows_once(name, inp, out, plan.m, plan.stride, plan.item))
+                if not lanes.replay_kept(plan, inp, out, stream, seq, plan.fingerprint, name):
+                    op_id = self.names.add(None, seq, plan.fingerprint, name)
+                    lanes.begin(op_id, None, stream, plan.dtype, plan.reduce_op, plan.fingerprint)
+                    lanes.repeat(plan, inp, out,
+                                 lambda: lanes.rows_once(name, inp, out, plan.m, plan.stride, plan.item))
         except BaseException as exc:
             if log is not None:
                 log.failed(seq, exc)
@@ -327,7 +337,7 @@ class CudaComponent(Component):
             log.ring.done = seq
         if plan.average:
             output.detach().div_(pg.size())  # AVG (floating dtypes only), as the general path
-        return self._work(last_stream, name, [output], output) if async_op else True
+        return self.work_after(last_stream, name, [output], output) if async_op else True
 
     def close(self) -> None:
         if self._nccl is not None:
@@ -383,7 +393,7 @@ class CudaComponent(Component):
                 call.after()
             if not call.async_op:
                 return None
-            return self._work(self._last_stream, call.name, call.result, call.buffers)
+            return self.work_after(self._last_stream, call.name, call.result, call.buffers)
         stream = torch.cuda.current_stream(self.ws.device)
         if not capture.capturing():  # (a capture may not wait for work outside it)
             self._follow(stream)
@@ -394,7 +404,7 @@ class CudaComponent(Component):
         def transfers(ctx) -> None:
             nonlocal peers
             if guard:  # chorus's barrier, on the GPUs, compares the ops (beside NCCL's kernel)
-                self._launch(stream, lambda run: self._guard(ctx, op_id, run.cuda_stream, call.fingerprint))
+                self.launch_on(stream, lambda run: self._guard(ctx, op_id, run.cuda_stream, call.fingerprint))
                 if peers is None:
                     # The group's first hand-off: making the communicator below waits for every
                     # rank (a handshake, the store, NCCL's init), and a rank whose op took chorus's
@@ -413,7 +423,7 @@ class CudaComponent(Component):
         run_in_order(sync, self.name, "nccl", staging.on_stream(transfers, stream))
         if not call.async_op:
             return None
-        return self._work(stream, call.name, call.result, call.buffers)
+        return self.work_after(stream, call.name, call.result, call.buffers)
 
     def _make_peers(self) -> NcclPeers:
         return group_peers(self.pg)  # (collective: every rank at the same op)
@@ -434,7 +444,7 @@ class CudaComponent(Component):
 
     def _side(self) -> Beside:
         """The stream beside the caller's (made at the group's first hand-off)."""
-        with self._lock:
+        with self.lock:
             if self._beside is None:
                 self._beside = Beside(self.ws.device)
             return self._beside
@@ -450,7 +460,7 @@ class CudaComponent(Component):
         of one ProcessGroupNCCL do; hand-offs in a row need nothing (NCCL's stream orders
         them), so none waits for it here."""
         beside = self._side()
-        with self._lock:
+        with self.lock:
             lanes = self.lanes
             lanes.begin(op_id, ctx, beside.follow(raw), "", "", fprint, joins=False)
             try:
@@ -464,46 +474,11 @@ class CudaComponent(Component):
     def p2p(self, kind: str, tensor, peer: int, tag: int, async_op: bool):
         """Send ``tensor`` to (kind "send") or receive it from ("recv") group rank ``peer``;
         sends and receives of a pair match in issue order, and the tags must agree."""
-        return self.p2p_batch([(kind, tensor, peer, tag)], async_op)
+        return p2p.batch(self, [(kind, tensor, peer, tag)], async_op)
 
     def p2p_batch(self, ops, async_op: bool):
-        """Several sends and receives ((kind, tensor, peer, tag) each) at once, chunk by
-        chunk, so no order of them deadlocks (batch_isend_irecv)."""
-        if self.lanes is None:
-            works = [staging.p2p(self.pg, kind, t, peer, tag, True) for kind, t, peer, tag in ops]
-            if not async_op:
-                for w in works:
-                    w.wait()
-                return None
-            from chorus.cuda.work import AllWorks
-
-            return AllWorks(works, [t for _, t, _, _ in ops])
-        import torch
-
-        kinds = {kind for kind, *_ in ops}
-        if capture.capturing():
-            capture.check("/".join(sorted(kinds)), "", self.pg.name)
-        self.check("/".join(sorted(kinds)))
-        stream = torch.cuda.current_stream(self.ws.device)
-        what = ", ".join(f"{k} {'to' if k == 'send' else 'from'} rank {self.pg.members[p]} (tag {g})"
-                         for k, _, p, g in ops)
-        op_id = self.names.add(what)
-        ctx = OpContext("send" if kinds == {"send"} else "recv" if kinds == {"recv"} else "p2p",
-                        self.pg.id, -1, 0, self.pg.members, None)
-
-        def message(t, peer, tag):
-            return peer, t.data_ptr(), t.numel() * t.element_size(), tag
-
-        def enqueue(run) -> None:
-            with self._lock:
-                self.lanes.begin(op_id, ctx, run.cuda_stream)
-                A.exchange(self.lanes, [message(t, p, g) for k, t, p, g in ops if k == "send"],
-                           [message(t, p, g) for k, t, p, g in ops if k == "recv"], True)
-
-        self._launch(stream, enqueue)
-        if not async_op:
-            return None
-        return self._work(stream, what, [t for _, t, _, _ in ops], tuple(t for _, t, _, _ in ops))
+        """Several sends and receives ((kind, tensor, peer, tag) each) at once (chorus.cuda.p2p)."""
+        return p2p.batch(self, ops, async_op)
 
     # -- failures ------------------------------------------------------------------------------------
     def check(self, what: str) -> None:
@@ -548,7 +523,7 @@ class CudaComponent(Component):
                 and torch_c._cuda_getCurrentRawStream(self._device_index)
                 == (self._last_raw if raw is None else raw))
 
-    def _launch(self, stream, enqueue) -> None:
+    def launch_on(self, stream, enqueue) -> None:
         """``enqueue(run)`` puts an op's work on stream ``run``: ``stream`` (the caller's),
         or the workspace's own stream joined to it both ways (members that are threads of
         one process: chorus.cuda.workspace).  Either way the op runs after the work queued
@@ -580,7 +555,9 @@ class CudaComponent(Component):
             stream.wait_stream(self._last_stream)
         self._last_stream, self._last_raw = stream, raw
 
-    def _work(self, stream, what: str, result, keep):
+    def work_after(self, stream, what: str, result, keep):
+        """The CudaWork of op ``what``, just enqueued on ``stream``: an event recorded after
+        it; ``result`` what its future gives, ``keep`` what it holds alive until done."""
         import torch
 
         event = torch.cuda.Event()
@@ -591,7 +568,7 @@ class CudaComponent(Component):
         first = _first(call)
         dtype = staging.torch_dtype_name(first) if first is not None else ""
         item = first.element_size() if first is not None else 1
-        with self._lock:
+        with self.lock:
             self.lanes.begin(op_id, ctx, stream.cuda_stream, dtype, call.reduce_op, call.fingerprint)
             A.enqueue(self.lanes, call, item, algorithm)
 

@@ -54,6 +54,13 @@ class OpNames:
         self.ops[op_id % KEPT] = (op_id, description, seq, fprint, name)
         return op_id
 
+    def add_replayed(self, epoch: int, seq: int, fprint: int, name: str) -> None:
+        """add() and replayed() in one step, for a collective ``name`` whose replayed
+        kernel's first epoch is ``epoch`` (the lane's steady state: chorus.cuda.lanes)."""
+        op_id = self.last = next(self._ids)
+        self.ops[op_id % KEPT] = (op_id, None, seq, fprint, name)
+        self.epochs[epoch % KEPT] = (epoch, op_id)
+
     def replayed(self, epoch: int, op_id: int) -> None:
         """Op ``op_id`` runs as a replayed kernel whose first epoch is ``epoch``: the id
         it reports is L.REPLAY_OP + ``epoch``."""

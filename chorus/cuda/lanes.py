@@ -11,6 +11,7 @@ execution on the GPU (which would need an event per transfer, read later).
 
 from __future__ import annotations
 
+import ctypes
 import time
 
 from chorus import config, recorder
@@ -91,6 +92,7 @@ class Lanes:
         self.names = names
         self.graphs = None
         self.capture_stream = None
+        self.stream_arg = (None, None)  # (raw stream, its ctypes argument) of replay_kept's last launch
 
     def begin(self, op_id: int, ctx, stream: int, dtype: str = "", reduce_op: str = "", fprint: int = 0,
               joins: bool = True) -> None:
@@ -206,6 +208,34 @@ class Lanes:
             gather = shot.kind == "all_gather"
             recorder.transfer("copy" if gather else "reduce", self.ctx, "cuda", t, shot.n * self.ws.itemsize(self.dtype),
                               algorithm="fused" if shot.kind in ("all_gather", "reduce_scatter") else shot.kind)
+        return True
+
+    def replay_kept(self, plan, inp: int, out: int, stream: int, seq: int, fprint: int, name: str) -> bool:
+        """The steady state of a repeated op, in the fewest steps: where ``plan``'s Shot
+        keeps a graph for these addresses and the next round's parity, and no other work
+        is to be followed first (``follow``, ``unjoined``), that graph launched on
+        ``stream`` as op ``seq`` of collective ``name`` (noted in ``names``) and True;
+        else False with nothing enqueued (begin() and repeat() then).  Not captured,
+        no recorder listener (the caller's lane checked both); under the group's lock."""
+        if self.follow is not None or self.unjoined is not None:
+            return False
+        shot = self.shots.get(plan)
+        replays = None if shot is None else shot.replays
+        if not replays:
+            return False
+        rounds = self.rounds + 1
+        exe = replays.kept.get((inp, out, rounds & 1))  # (Replays.__call__ would test more: first sight, alignment)
+        if not exe:
+            return False
+        if stream != self.stream_arg[0]:
+            self.stream_arg = (stream, ctypes.c_void_p(stream))
+        if replays.graphs.launch(exe, self.stream_arg[1]):
+            replays.refused()  # (replays off from then on: the caller's begin() and repeat() launch)
+            return False
+        self.rounds = rounds
+        epoch = self.epoch + 1
+        self.epoch += shot.barriers
+        self.names.add_replayed(epoch, seq, fprint, name)
         return True
 
     def repeat(self, plan, inp: int, out: int, first) -> None:

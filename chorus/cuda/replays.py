@@ -106,7 +106,9 @@ def driver() -> GraphDriver | None:
 
 class Replays:
     """The replay graphs of one Shot (a lane plan's fused launch), by (input address,
-    output address, slot parity).  Calls must not overlap (the lane's lock)."""
+    output address, slot parity).  Calls must not overlap (the lane's lock).  ``kept``
+    and ``graphs`` are read by the lanes' steady state too (Lanes.replay_kept launches a
+    kept graph itself, calling ``refused()`` where the driver refuses it)."""
 
     def __init__(self, shot, graphs: GraphDriver, capture_stream: int):
         self.shot, self.graphs, self.capture_stream = shot, graphs, capture_stream
@@ -142,6 +144,11 @@ class Replays:
             return self._off(f"{type(exc).__name__}: {exc}")
         self.kept[(inp, out, parity)] = exe
         return self(inp, out, parity, slot_off, stream)
+
+    def refused(self) -> None:
+        """A kept graph's launch failed (the caller's own cuGraphLaunch of ``kept``): replays
+        off from then on, as when ``__call__``'s launch fails."""
+        self._off("cuGraphLaunch refused a kept graph")
 
     def _off(self, why: str) -> int:
         log.warning("chorus.cuda: replaying the lane's %s as a CUDA graph failed (%s); launching its kernel "
