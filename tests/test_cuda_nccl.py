@@ -122,6 +122,29 @@ def test_a_broadcast_reaches_nccl_as_bytes_from_the_root_s_index():
     assert got == [(torch.uint8, 12, 1)]
 
 
+def test_each_communicator_a_group_makes_has_its_own_address_key():
+    """Two components of one group (the API's and one attached beside it, or one attached
+    again) make two communicators: each is published under a key of its own, the same on
+    every member, so no member reads the other's stale address."""
+    from chorus.api.state import current
+    from chorus.store import HashStore
+    from chorus.testing import run_threads
+
+    store = HashStore()  # (the job's store: threads of one test share one)
+
+    def body(rank, world):
+        current().store = store
+        keys = []
+        for _ in range(2):
+            peers = nccl.group_peers(current().default_group)
+            keys.append(peers.key)
+            peers.close()
+        return keys
+
+    first, second = run_threads(body, 2)
+    assert first == second and first[0] != first[1], (first, second)
+
+
 def _agree_on_threads(fingerprints):
     """NcclPeers.agree on 3 ranks (threads over loopback), rank r with fingerprints[r]:
     each rank's outcome (None or the exception)."""

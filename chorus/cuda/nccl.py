@@ -133,10 +133,16 @@ NCCL_INDEX = (1 << 12) - 1
 
 def group_peers(pg) -> NcclPeers:
     """Group ``pg``'s NCCL communicator's members, over a hidden sub-group of all of it
-    (collective: every rank at the same op)."""
+    (collective: every rank at the same op).  Each communicator a group makes (one per
+    CUDA component of it: a component attached again after close, or a second one beside
+    the API's) has its own store key: a member reading the last one's address would meet
+    NCCL's bootstrap of a communicator already made (connection refused)."""
+    from chorus.api.state import current
+
+    generation = (current().store.add(f"cuda/{pg.id}/nccl/made", 1) - 1) // pg.size()
     sub = hidden_subgroup(pg, NCCL_INDEX, tuple(range(pg.size())), f"{pg.name}/nccl")
     select.attach(sub, settings=False)
-    return NcclPeers(pg, tuple(range(pg.size())), sub, f"cuda/{pg.id}/nccl/address")
+    return NcclPeers(pg, tuple(range(pg.size())), sub, f"cuda/{pg.id}/nccl/{generation}/address")
 
 
 class NcclPeers:
