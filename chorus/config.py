@@ -299,8 +299,8 @@ SETTINGS: dict[str, Setting] = _declare(
                     "moves 8 elements a step; raised to a thread per rank for groups over 32"),
     Setting("CHORUS_CUDA_TWO_SHOT_PER_THREAD", "int", 0, minimum=0, maximum=128, unit="elements",
             meaning="elements each thread of a two-shot all_reduce block moves a step (a power of two; "
-                    "more keeps more loads in flight over the links); 0: by size, 8 below 64 MiB "
-                    "and 32 from there (chorus.cuda.algorithms)"),
+                    "more keeps more loads in flight over the links); 0: by size, 8 below 4 MiB, "
+                    "16 to 64 MiB and 32 from there (chorus.cuda.algorithms)"),
     Setting("CHORUS_CUDA_FUSED_BLOCKS", "int", 128, minimum=1, maximum=128, unit="blocks",
             meaning="most blocks of a fused all_reduce kernel (each meets the same block of the peers)"),
     Setting("CHORUS_CUDA_RAILS", "choice", "auto", choices=("auto", "nccl", "tcp", "off"),
@@ -308,11 +308,11 @@ SETTINGS: dict[str, Setting] = _declare(
                     "between hosts, one NCCL communicator per rail (nccl), a chorus sub-group staged through "
                     "pinned host memory over TCP (tcp), or every call staged (off); auto: nccl where torch "
                     "has NCCL"),
-    Setting("CHORUS_CUDA_NCCL_FROM_BYTES", "int", 8 * MIB, minimum=0, unit="bytes",
+    Setting("CHORUS_CUDA_NCCL_FROM_BYTES", "int", 16 * MIB, minimum=0, unit="bytes",
             meaning="all_reduce of CUDA tensors inside a host runs on NCCL's kernels from this size on "
                     "(chorus.cuda.nccl: torch's ProcessGroupNCCL, fingerprints agreed over chorus first, "
                     "aborted when a peer is lost), where NCCL's ring is faster than chorus's two-shot "
-                    "kernels (docs/results/4xh200); 0: chorus's kernels at every size, for every collective "
+                    "kernels (docs/results/4xh200, speed-run-7/two-shot-shape); 0: chorus's kernels at every size, for every collective "
                     "(no call of any kind goes to NCCL then); needs torch with NCCL"),
     Setting("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES", "int", 16 * MIB, minimum=0, unit="bytes",
             meaning="all_gather and reduce_scatter of equal blocks of CUDA tensors inside a host run on "

@@ -435,21 +435,21 @@ TABLES = {
     "h200-all_reduce-own": Gpu("4xh200/all_reduce-own-kernels-bf16-w4.json",
                                "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 1G "
                                "-f 4 -n 200 -w 20 --scale-iters   # before the NCCL hand-off"),
-    "h200-unheld": Gpu("4xh200/speed-run-6/unheld_all_reduce.json",
+    "h200-unheld": Gpu("4xh200/speed-run-7/unheld_all_reduce.json",
                        "NCCL_NVLS_ENABLE=0 NCCL_RUNTIME_CONNECT=0 chorus bench --device cuda --collective all_reduce "
                        "-b 8 -e 2M -f 4 --dtype bfloat16 --baseline all -n 300 -w 30 --unheld --rounds 3"),
-    "h200-unheld-all_gather": Gpu("4xh200/speed-run-6/unheld_all_gather.json",
+    "h200-unheld-all_gather": Gpu("4xh200/speed-run-7/unheld_all_gather.json",
                                   "NCCL_NVLS_ENABLE=0 NCCL_RUNTIME_CONNECT=0 chorus bench --device cuda --collective "
                                   "all_gather -b 1K -e 1M -f 4 --dtype bfloat16 --baseline nccl -n 300 -w 30 --unheld "
                                   "--rounds 3"),
-    "h200-unheld-reduce_scatter": Gpu("4xh200/speed-run-6/unheld_reduce_scatter.json",
+    "h200-unheld-reduce_scatter": Gpu("4xh200/speed-run-7/unheld_reduce_scatter.json",
                                       "NCCL_NVLS_ENABLE=0 NCCL_RUNTIME_CONNECT=0 chorus bench --device cuda --collective "
                                       "reduce_scatter -b 1K -e 1M -f 4 --dtype bfloat16 --baseline nccl -n 300 -w 30 "
                                       "--unheld --rounds 3"),
     "h200-held": Gpu("4xh200/speed-run-5/all_reduce-held.json",
                      "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce "
                      "-b 8 -e 2M -f 4 --dtype bfloat16 --baseline all -n 500 -w 50"),
-    "h200-graph": Gpu("4xh200/speed-run-6/graph.json",
+    "h200-graph": Gpu("4xh200/speed-run-7/graph.json",
                       "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_reduce -b 4 -e 4M -f 4 "
                       "-n 200 -w 20 --graph --baseline nccl"),
     "h200-nccl-from": GpuAlgorithms("4xh200/calibrate-nccl-bf16-w4.json",

@@ -85,10 +85,13 @@ def _chunks(total: int, step: int):
 #: 1 MiB and 8.5 ms at 1 GiB, against two_shot's 17.5 us and 10.3 ms in the same run:
 #: docs/results/4xh200/pull-vs-push-bf16-w4.json; two_shot_stores 490 us and 8.5 ms:
 #: calibrate-two-shot-bf16-w4.json).
-#: From CHORUS_CUDA_NCCL_FROM_BYTES (8 MiB) the component hands all_reduce to NCCL's
-#: kernels (chorus.cuda.nccl) instead: in one run two_shot_push took 35.9 us at 4 MiB
-#: against NCCL's 40.0, and 61.3, 151.4 and 715.9 us at 8, 16 and 64 MiB against 59.1,
-#: 96.7 and 319.6 (docs/results/4xh200/calibrate-nccl-bf16-w4.json).
+#: From CHORUS_CUDA_NCCL_FROM_BYTES (16 MiB) the component hands all_reduce to NCCL's
+#: kernels (chorus.cuda.nccl) instead: in one run two_shot_push (8 elements a thread)
+#: took 35.9 us at 4 MiB against NCCL's 40.0, and 61.3, 151.4 and 715.9 us at 8, 16 and
+#: 64 MiB against 59.1, 96.7 and 319.6 (docs/results/4xh200/calibrate-nccl-bf16-w4.json);
+#: with 16 elements a thread from 4 MiB (MID_PER_THREAD) it took 58.1 and 57.6 us at
+#: 8 MiB against NCCL's 60.2 and 59.2 in two runs (two-shot-shape/, below), so 8 MiB stays
+#: on chorus's kernel; 16 MiB no longer fits a slot of the default workspace in one launch.
 ONE_SHOT_MAX_BYTES = 1 << 20
 #: ... for groups of more ranks than this, two-shot from ONE_SHOT_MAX_BYTES / 4 on (every
 #: one-shot rank reads W - 1 peers' whole messages; two-shot reads 2 (W - 1) / W of one)
@@ -103,6 +106,12 @@ ALL_REDUCE_ALGORITHMS = ("one_shot", "two_shot", "two_shot_push", "two_shot_stor
 #: calibrate-two-shot-32-per-thread-bf16-w4.json, commands in that folder's README)
 WIDE_FROM_BYTES = 64 << 20
 WIDE_PER_THREAD = 32
+#: ... and MID_PER_THREAD from MID_FROM_BYTES up to there (two_shot_push, 4 x H200, bf16,
+#: against NCCL in the same run: 16 elements 34.2 and 58.1 us at 4 and 8 MiB against NCCL's
+#: 40.7 and 60.2, where 8 elements took 39.8 and 69.3 against 43.8 and 67.7:
+#: docs/results/4xh200/two-shot-shape/, commands in its README)
+MID_FROM_BYTES = 4 << 20
+MID_PER_THREAD = 16
 
 
 def all_reduce_algorithm(nbytes: int, world: int) -> str:
@@ -129,7 +138,8 @@ def all_reduce(x, data: int, n: int, item: int, algorithm: str = "auto"):
         step = slot // item
     else:  # (two_shot_stores: rows and gathers, twice the message)
         step = two_shot_chunk(slot // (2 if algorithm == "two_shot_stores" else 1), item, x.world)
-    per_thread = WIDE_PER_THREAD if n * item >= WIDE_FROM_BYTES else 8
+    nbytes = n * item
+    per_thread = WIDE_PER_THREAD if nbytes >= WIDE_FROM_BYTES else MID_PER_THREAD if nbytes >= MID_FROM_BYTES else 8
     if n <= step:  # one launch
         x.round()
         return x.all_reduce_fused(algorithm, data, data, n, per_thread)
