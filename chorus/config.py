@@ -309,10 +309,12 @@ SETTINGS: dict[str, Setting] = _declare(
                     "pinned host memory over TCP (tcp), or every call staged (off); auto: nccl where torch "
                     "has NCCL"),
     Setting("CHORUS_CUDA_NCCL_FROM_BYTES", "int", 16 * MIB, minimum=0, unit="bytes",
-            meaning="all_reduce of CUDA tensors inside a host runs on NCCL's kernels from this size on "
-                    "(chorus.cuda.nccl: torch's ProcessGroupNCCL, fingerprints agreed over chorus first, "
-                    "aborted when a peer is lost), where NCCL's ring is faster than chorus's two-shot "
-                    "kernels (docs/results/4xh200, speed-run-7/two-shot-shape); 0: chorus's kernels at every size, for every collective "
+            meaning="all_reduce of CUDA tensors inside a host runs on NCCL's kernels from this size on, "
+                    "or from the most one two-shot round of the workspace holds where that is smaller "
+                    "(13.9 MiB of a 64 MiB workspace) but not under 8 MiB (chorus.cuda.nccl.nccl_from: "
+                    "torch's ProcessGroupNCCL, fingerprints agreed over chorus first, aborted when a peer "
+                    "is lost), where NCCL's ring is faster than chorus's two-shot kernels "
+                    "(docs/results/4xh200, speed-run-7/two-shot-shape); 0: chorus's kernels at every size, for every collective "
                     "(no call of any kind goes to NCCL then); needs torch with NCCL"),
     Setting("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES", "int", 16 * MIB, minimum=0, unit="bytes",
             meaning="all_gather and reduce_scatter of equal blocks of CUDA tensors inside a host run on "

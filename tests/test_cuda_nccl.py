@@ -50,6 +50,28 @@ def _component(nccl_from=8 << 20, gather_from=0, exchange=True, world=4, handoff
                            _nccl_broadcast=broadcast, _handoff=handoff, pg=SimpleNamespace(size=lambda: world))
 
 
+@pytest.mark.parametrize("setting, workspace, want", [
+    (None, 64 << 20, 14_589_952),  # the default (16 MiB): one two-shot round of the slot is less
+    (None, 4 << 20, 8 << 20),  # a small workspace's rounds stay chorus's up to 8 MiB
+    (str(4 << 20), 64 << 20, 4 << 20),  # a setting under one round: the setting
+    ("0", 64 << 20, 0),  # off
+    (str(32 << 20), None, 32 << 20),  # no workspace (staging): the setting
+])
+def test_the_hand_off_size_never_leaves_a_message_in_several_two_shot_rounds(setting, workspace, want, monkeypatch):
+    from chorus.cuda.layout import Layout, two_shot_chunk
+
+    if setting is None:
+        monkeypatch.delenv("CHORUS_CUDA_NCCL_FROM_BYTES", raising=False)
+    else:
+        monkeypatch.setenv("CHORUS_CUDA_NCCL_FROM_BYTES", setting)
+    layout = None if workspace is None else Layout.of(4, workspace)
+    got = nccl.nccl_from(layout)
+    assert got == want
+    if layout is not None and got > nccl.ROUNDS_NCCL_FROM_BYTES:
+        for item in (1, 2, 4, 8, 16):  # every message under it fits one round, whatever its dtype
+            assert (got - item) // item <= two_shot_chunk(layout.slot, item, 4)
+
+
 def test_no_hand_off_when_off():
     call = SimpleNamespace(name="all_reduce", algorithm=None, nbytes=1 << 30, reduce_op="SUM", uniform=True,
                            buffers={"data": torch.empty(4)})

@@ -91,13 +91,25 @@ def test_the_rail_store_is_served_by_the_first_member():
     assert chorus_store.get("chorus/rails/0/1/address") == f"127.0.0.1:{first.port}".encode()
 
 
-def test_the_rail_store_is_on_the_transports_host():
-    from chorus.store.hash_store import HashStore
+def test_the_rail_store_is_on_the_transports_host(monkeypatch):
+    """A rail's store is served where the rank's TCP transport listens (the address the
+    other hosts reach it at), whatever prefix the transport's own keys have in the store."""
+    from types import SimpleNamespace
 
-    chorus_store = HashStore()
-    chorus_store.set("tcp/addr/3", "10.1.2.3:4567")
-    assert nccl.serving_host(chorus_store, 3) == "10.1.2.3"
-    assert nccl.serving_host(chorus_store, 2) == "127.0.0.1"
+    from chorus.store.hash_store import HashStore
+    from chorus.store.prefix_store import PrefixStore
+    from chorus.transport.tcp import TcpTransport
+
+    monkeypatch.delenv("CHORUS_SOCKET_HOST", raising=False)
+    store = PrefixStore("chorus/1", HashStore())  # (as init_process_group gives the transport)
+    transport = TcpTransport(0, 1, store, token=b"t" * 32, timeout=10.0, host="127.0.0.2")
+    try:
+        assert nccl.serving_host(transport) == "127.0.0.2"
+    finally:
+        transport.close()
+    assert nccl.serving_host(SimpleNamespace()) == "127.0.0.1"  # (a loopback transport: ranks as threads)
+    monkeypatch.setenv("CHORUS_SOCKET_HOST", "10.1.2.3")
+    assert nccl.serving_host(SimpleNamespace()) == "10.1.2.3"
 
 
 def test_every_cuda_component_takes_the_lanes_async_argument():
@@ -116,3 +128,32 @@ def test_every_cuda_component_takes_the_lanes_async_argument():
         assert params[:6] == ["self", "name", "output", "input", "op", "async_op"], (cls.__name__, params)
     rails = RailsComponent.__new__(RailsComponent)
     assert rails.rows_now("all_gather", None, None, None, True) is False  # (the general path runs the rails)
+
+
+def test_each_rails_component_of_a_group_has_store_keys_of_its_own(monkeypatch):
+    """Rails made twice for one group (a component attached again) publish their NCCL
+    communicators' addresses under keys of their own, the same on every member: a member
+    reading the last one's address would meet a bootstrap already gone."""
+    from chorus.api.state import current
+    from chorus.store import HashStore
+    from chorus.testing import run_threads
+
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
+    monkeypatch.setenv("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES", str(1 << 20))  # (the host's communicator too)
+    store = HashStore()
+
+    def body(rank, world):
+        current().store = store
+        pg = current().default_group
+        keys = []
+        for _ in range(2):
+            made = rails.RailsComponent(pg, pg.hierarchy, rails.rails_of(pg.hierarchy.by_host), "nccl")
+            keys.append((made.peers.key, made.host_peers.key))
+            made.close()
+        return keys
+
+    got = run_threads(body, 4)
+    for rank, keys in enumerate(got):
+        assert keys[0] != keys[1] and not set(keys[0]) & set(keys[1]), keys
+        assert [k[0] for k in keys] == [k[0] for k in got[rank % 2]]  # (a rail: the ranks at one place of each host)
+        assert [k[1] for k in keys] == [k[1] for k in got[2 * (rank // 2)]]  # (a host's)

@@ -162,6 +162,13 @@ def test_the_steady_state_launches_the_kept_graph_as_shot_would_or_nothing(monke
     assert not lanes.replay_kept(plan, data + 256, data + 256, 109, 9, 77, "all_reduce")  # (other addresses)
     assert not lanes.replay_kept(("another plan",), data, data, 109, 9, 77, "all_reduce")
     assert len(graphs.launched) == len(launched) + 3 and lanes.rounds == before[0] + 3
+    state = (lanes.rounds, lanes.epoch, names.last)
+    graphs.launch = lambda exe, stream: 999  # the driver refuses: nothing counted, replays off for good
+    assert not lanes.replay_kept(plan, data, data, 109, 9, 77, "all_reduce")
+    assert (lanes.rounds, lanes.epoch, names.last) == state and not shot.replays.on and not shot.replays.kept
+    lanes.begin(names.add(None, 9, 77, "all_reduce"), None, 109, "bfloat16", "SUM", 77)
+    kernels = len(lib.launches)
+    assert lanes.shot(shot, data) and len(lib.launches) == kernels + 1  # (the kernel, launched)
     lanes.close()
 
 

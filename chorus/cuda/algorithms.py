@@ -85,13 +85,14 @@ def _chunks(total: int, step: int):
 #: 1 MiB and 8.5 ms at 1 GiB, against two_shot's 17.5 us and 10.3 ms in the same run:
 #: docs/results/4xh200/pull-vs-push-bf16-w4.json; two_shot_stores 490 us and 8.5 ms:
 #: calibrate-two-shot-bf16-w4.json).
-#: From CHORUS_CUDA_NCCL_FROM_BYTES (16 MiB) the component hands all_reduce to NCCL's
-#: kernels (chorus.cuda.nccl) instead: in one run two_shot_push (8 elements a thread)
-#: took 35.9 us at 4 MiB against NCCL's 40.0, and 61.3, 151.4 and 715.9 us at 8, 16 and
-#: 64 MiB against 59.1, 96.7 and 319.6 (docs/results/4xh200/calibrate-nccl-bf16-w4.json);
-#: with 16 elements a thread from 4 MiB (MID_PER_THREAD) it took 58.1 and 57.6 us at
-#: 8 MiB against NCCL's 60.2 and 59.2 in two runs (two-shot-shape/, below), so 8 MiB stays
-#: on chorus's kernel; 16 MiB no longer fits a slot of the default workspace in one launch.
+#: From chorus.cuda.nccl.nccl_from (CHORUS_CUDA_NCCL_FROM_BYTES, 16 MiB, or what one
+#: two-shot round holds: 13.9 MiB of the default workspace) the component hands all_reduce
+#: to NCCL's kernels instead: in one run two_shot_push (8 elements a thread) took 35.9 us
+#: at 4 MiB against NCCL's 40.0, and 61.3, 151.4 and 715.9 us at 8, 16 and 64 MiB against
+#: 59.1, 96.7 and 319.6 (docs/results/4xh200/calibrate-nccl-bf16-w4.json; 16 MiB and more
+#: take several rounds); with 16 elements a thread from 4 MiB (MID_PER_THREAD, below) it
+#: took 58.1 and 57.6 us at 8 MiB against NCCL's 60.2 and 59.2 in two runs of one round
+#: each, so 8 MiB stays on chorus's kernel.
 ONE_SHOT_MAX_BYTES = 1 << 20
 #: ... for groups of more ranks than this, two-shot from ONE_SHOT_MAX_BYTES / 4 on (every
 #: one-shot rank reads W - 1 peers' whole messages; two-shot reads 2 (W - 1) / W of one)
@@ -108,8 +109,9 @@ WIDE_FROM_BYTES = 64 << 20
 WIDE_PER_THREAD = 32
 #: ... and MID_PER_THREAD from MID_FROM_BYTES up to there (two_shot_push, 4 x H200, bf16,
 #: against NCCL in the same run: 16 elements 34.2 and 58.1 us at 4 and 8 MiB against NCCL's
-#: 40.7 and 60.2, where 8 elements took 39.8 and 69.3 against 43.8 and 67.7:
-#: docs/results/4xh200/two-shot-shape/, commands in its README)
+#: 40.7 and 60.2, docs/results/4xh200/speed-run-7/two-shot-shape/shape-16-128-4.txt; with
+#: 8 elements, in three rounds on another start, 39.8 and 69.3 against 43.8 and 67.7:
+#: speed-run-7/handoff_from.log; commands in speed-run-7/README.md)
 MID_FROM_BYTES = 4 << 20
 MID_PER_THREAD = 16
 

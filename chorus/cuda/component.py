@@ -65,7 +65,7 @@ from chorus.cuda import capture, failures, p2p, setup, staging
 from chorus.cuda import layout as L
 from chorus.cuda.beside import Beside
 from chorus.cuda.failures import OpNames
-from chorus.cuda.nccl import NcclPeers, group_peers, nccl_handoff, nccl_reduces
+from chorus.cuda.nccl import NcclPeers, group_peers, nccl_from, nccl_handoff, nccl_reduces
 from chorus.cuda.plans import PLANS, LaneLog, cached_plan, rows_plan
 from chorus.cuda.staging import is_cuda
 from chorus.cuda.work import CudaWork
@@ -115,7 +115,7 @@ class CudaComponent(Component):
         # calls on NCCL's kernels (_on_nccl; a communicator made at the first), none where
         # members are threads of one process (a ProcessGroupNCCL per thread: not chorus's layout)
         handoff = self._handoff = nccl_handoff(pg) and not (ws is not None and ws.shared_process)
-        self._nccl_from = config.get("CHORUS_CUDA_NCCL_FROM_BYTES") if handoff else 0
+        self._nccl_from = nccl_from(ws.layout if ws is not None else None) if handoff else 0
         self._nccl_gather_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if handoff else 0
         self._nccl_exchange = handoff and config.get("CHORUS_CUDA_NCCL_ALL_TO_ALL")
         self._nccl_broadcast = handoff and config.get("CHORUS_CUDA_NCCL_BROADCAST")

@@ -2,7 +2,7 @@
 contracts around it.  chorus.cuda.rails runs its rails (between hosts) on one;
 chorus.cuda.component hands a group's calls inside a host to one where NCCL's kernels are
 faster than chorus's: all_reduce, all_gather and reduce_scatter from a size on
-(chorus.cuda.algorithms.NCCL_FROM_BYTES), all_to_all and broadcast at every size.
+(nccl_from, CHORUS_CUDA_NCCL_GATHER_FROM_BYTES), all_to_all and broadcast at every size.
 
     group ranks [0, 2] of group g, on group rank 2:
 
@@ -45,6 +45,7 @@ from chorus import config
 from chorus.call import make
 from chorus.components import select
 from chorus.components.hierarchy import HIDDEN, hidden_subgroup
+from chorus.cuda.layout import two_shot_chunk
 from chorus.errors import AbortedError, CollectiveMismatchError
 from chorus.reductions import ReduceOp
 from chorus.wire.fingerprint import describe
@@ -108,14 +109,35 @@ def torch_store(key: str, chorus_store, first: bool, host: str, timeout_s: float
     return dist.TCPStore(peer, int(port), is_master=False, timeout=timeout)
 
 
-def serving_host(chorus_store, rank: int) -> str:
-    """The address rank ``rank`` serves a store on: the host of its TCP transport
-    (``tcp/addr/<rank>``: where the other hosts already reach it), else
-    CHORUS_SOCKET_HOST, else loopback."""
-    if chorus_store.check([f"tcp/addr/{rank}"]):
-        address = chorus_store.get(f"tcp/addr/{rank}")
-        return (address.decode() if isinstance(address, bytes) else address).rsplit(":", 1)[0]
-    return config.get("CHORUS_SOCKET_HOST") or "127.0.0.1"
+def serving_host(transport) -> str:
+    """The address this rank serves a store on: the host its TCP ``transport`` listens on
+    (where the other hosts already reach it), else CHORUS_SOCKET_HOST, else loopback."""
+    return getattr(transport, "listen_host", None) or config.get("CHORUS_SOCKET_HOST") or "127.0.0.1"
+
+
+#: a message over one two-shot round of the workspace goes to NCCL from this size on, under
+#: CHORUS_CUDA_NCCL_FROM_BYTES too: in two rounds two_shot_push took 151.4 us at 16 MiB
+#: against NCCL's 96.7 (docs/results/4xh200/calibrate-nccl-bf16-w4.json) and 166.2 against
+#: 111.8 (speed-run-7/handoff_from.log), in one round 58.1 at 8 MiB against 60.2
+#: (speed-run-7/two-shot-shape/); below it, a small workspace's rounds stay chorus's
+ROUNDS_NCCL_FROM_BYTES = 8 << 20
+
+
+def nccl_from(layout) -> int:
+    """The all_reduce size from which a group with workspace ``layout`` (None: none) hands
+    off: CHORUS_CUDA_NCCL_FROM_BYTES (0: never), or, where smaller, the most bytes one
+    two-shot round holds (a 64 MiB workspace: 13.9 MiB), but not under
+    ROUNDS_NCCL_FROM_BYTES.
+
+    >>> from chorus.cuda.layout import Layout
+    >>> nccl_from(Layout.of(4, 64 << 20)) / 2**20, nccl_from(Layout.of(4, 4 << 20)) / 2**20
+    (13.9140625, 8.0)
+    """
+    setting = config.get("CHORUS_CUDA_NCCL_FROM_BYTES")
+    if not setting or layout is None:
+        return setting
+    one_round = two_shot_chunk(layout.slot, 16, layout.world) * 16  # (16: the widest item, the fewest bytes)
+    return min(setting, max(one_round, ROUNDS_NCCL_FROM_BYTES))
 
 
 def nccl_handoff(pg) -> bool:
@@ -215,9 +237,8 @@ class NcclPeers:
 
             if not self.aborted:
                 chorus_store = current().store
-                me = self.pg.members[self.pg.rank()]
                 self.store = torch_store(self.key, chorus_store, self.index == 0,
-                                         serving_host(chorus_store, me), self.pg.timeout)
+                                         serving_host(self.pg.transport), self.pg.timeout)
                 made = dist.ProcessGroupNCCL(self.store, self.index, len(self.ranks))
                 with self.lock:  # (an abort meanwhile: this one, with no communicator yet, is dropped)
                     if not self.aborted:

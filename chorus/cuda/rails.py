@@ -135,15 +135,20 @@ class RailsComponent(Component):
         index = 1 + len(hierarchy.by_host) + self.index  # after the leaders' and the hosts' sub-groups
         self.rail = hidden_subgroup(pg, index, self.rail_ranks, f"{pg.name}/rail{self.index}")
         select.attach(self.rail, settings=False)
-        # the rail's NCCL communicator (made at its first op), fingerprints agreed on the rail
-        self.peers = NcclPeers(pg, self.rail_ranks, self.rail, f"chorus/rails/{pg.id}/{self.index}/address",
+        # the rail's NCCL communicator (made at its first op), fingerprints agreed on the rail;
+        # its store keys by the group's rails made so far (as chorus.cuda.nccl.group_peers)
+        from chorus.api.state import current
+
+        made = (current().store.add(f"chorus/rails/{pg.id}/made", 1) - 1) // pg.size()
+        prefix = f"chorus/rails/{pg.id}/{made}"
+        self.peers = NcclPeers(pg, self.rail_ranks, self.rail, f"{prefix}/{self.index}/address",
                                (pg, self.local, self.rail))
         # the host's phases of large all_reduces on NCCL too (chorus's hidden host sub-group
         # never hands off itself: chorus.cuda.nccl.nccl_handoff), from the size where a
         # flat group hands its all_gathers and reduce_scatters to NCCL
         self.host_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if kind == "nccl" else 0
         self.host_peers = NcclPeers(pg, hierarchy.by_host[hierarchy.host], self.local,
-                                    f"chorus/rails/{pg.id}/host{hierarchy.host}/address",
+                                    f"{prefix}/host{hierarchy.host}/address",
                                     (pg, self.local, self.rail)) if self.host_from else None
         from chorus.cuda.component import CudaComponent
 

@@ -169,6 +169,7 @@ class TcpTransport(TcpReceiving, Transport):
         self._closing = threading.Event()  # set by close(): writes stop
         self.spin_s = spin_seconds(world_size)
         host = host or "127.0.0.1"
+        self.listen_host = host  # (where the other ranks reach this one: a store served here goes there too)
         listener = net.listen(host, 0)
         port = listener.getsockname()[1]
         if rank == 0:

@@ -11,8 +11,9 @@ import torch.distributed as tdist
 
 
 def train(rank: int, world: int, backend: str, port: int, steps: int, out: str) -> None:
+    # (CHORUS_CUDA_NCCL_FROM_BYTES: the hand-off from 8 MiB, so that the 8 MiB bucket below goes to NCCL)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      NCCL_NVLS_ENABLE="0")
+                      NCCL_NVLS_ENABLE="0", CHORUS_CUDA_NCCL_FROM_BYTES=str(8 << 20))
     if backend == "chorus":
         import chorus.torch  # noqa: F401  (registers backend "chorus")
     torch.cuda.set_device(rank)

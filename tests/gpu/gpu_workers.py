@@ -108,8 +108,8 @@ def case_all_reduce(rank, world, pg, comp):
         issue(comp, pg, "all_reduce", {"data": x}, count=x.numel(), dtype=dtype, reduce_op="SUM")
         tdist.all_reduce(y)
         assert torch.equal(x, y), dtype
-    # from CHORUS_CUDA_NCCL_FROM_BYTES (16 MiB) on, on NCCL's kernels (fingerprints agreed
-    # first); bitwise ops and bool stay on chorus's
+    # from the hand-off size on (chorus.cuda.nccl.nccl_from: 8 MiB with this test's 4 MiB
+    # workspace), on NCCL's kernels (fingerprints agreed first); bitwise ops and bool stay on chorus's
     n = 4_500_001  # 18 MB of float32
     for dtype, op, want_algorithm in (("float32", "SUM", "nccl"), ("float32", "MAX", "nccl"),
                                       ("int32", "BXOR", "two_shot_push"), ("bool", "BOR", "two_shot_push")):
