@@ -155,3 +155,52 @@ def test_the_lane_steps_aside_for_a_non_contiguous_tensor_a_capture_a_broken_gro
         assert comp.rows_now("all_gather", x2.bfloat16(), x, None) is False and len(seen) == 1
 
     _in_group(monkeypatch, test)
+
+
+def test_a_repeated_call_with_its_graph_kept_launches_it_from_the_steady_state(monkeypatch):
+    """all_reduce_now and rows_now, repeated on the same tensors once their graphs are
+    kept, launch the graph on the group's stream and nothing else; each such op's replayed
+    kernel reports an id that names it (the next sequence number, its collective), and the
+    group's epochs and rounds advance as the kernel's own launch would advance them."""
+    from chorus.cuda import layout as L
+    from chorus.cuda import replays
+
+    launched: list = []
+
+    class Graphs:  # (a graph launch, recorded: exe and the raw stream it went on)
+        def launch(self, exe, stream):
+            launched.append((exe, stream.value))
+            return 0
+
+    def test(comp, seen):
+        monkeypatch.setattr(launchers, "launch", lambda kernel, key, grid, args, warps, stream=None:
+                            launchers._COMPILED.__setitem__(key, (None, 0, 0, None)))  # (compiled: a Shot is made)
+        monkeypatch.setattr(launchers.Shot, "__call__", lambda self, *a: pytest.fail("the kernel launched"))
+        comp._nccl_from = 1 << 40
+        lanes = comp.lanes
+        t, part, whole = torch.ones(256), torch.ones(128), torch.ones(256)
+        calls = {"all_reduce": (lambda: comp.all_reduce_now(t, ReduceOp.SUM), t, t),
+                 "all_gather": (lambda: comp.rows_now("all_gather", whole, part, None), part, whole),
+                 "reduce_scatter": (lambda: comp.rows_now("reduce_scatter", part, whole, ReduceOp.SUM), whole, part)}
+        for call, _, _ in calls.values():  # (each keeps its Shot)
+            assert call() is True
+        assert len(lanes.shots) == 3
+        for exe, (shot, (_, inp, out)) in enumerate(zip(lanes.shots.values(), calls.values(), strict=True)):
+            shot.replays = replays.Replays(shot, Graphs(), 0)
+            for parity in (0, 1):
+                shot.replays.kept[(inp.data_ptr(), out.data_ptr(), parity)] = 10 * exe + parity + 1
+        seqs = []
+        monkeypatch.setattr(lanes, "begin", lambda *a, **k: pytest.fail("begin() in the steady state"))
+        for name, (call, _, _) in calls.items():
+            for _ in range(2):
+                rounds, epoch, kernels = lanes.rounds, lanes.epoch, len(seen)
+                assert call() is True
+                assert lanes.rounds == rounds + 1 and lanes.epoch > epoch and len(seen) == kernels
+                entry = comp.names.entry(L.REPLAY_OP + epoch + 1)
+                assert entry is not None and name in entry[0], (name, entry)
+                seqs.append(entry[1])
+        assert seqs == list(range(seqs[0], seqs[0] + 6))  # (each op's own sequence number)
+        assert [stream for _, stream in launched] == [123] * 6  # (the group's stream: comp._last_raw)
+        assert sorted(exe for exe, _ in launched) == [1, 2, 11, 12, 21, 22]
+
+    _in_group(monkeypatch, test)
