@@ -346,3 +346,19 @@ def test_captured_all_reduce_runs_through_the_graph_slots(algorithm):
         assert torch.equal(eager[r], reference(ins, "SUM")), r  # MAX over equal values
         ops = int(g.memories[r][L.GRAPH_OPS: L.GRAPH_OPS + 8].view("int64")[0])
         assert ops >= 2 and (rounds is None or ops == rounds), (ops, rounds)
+
+
+@pytest.mark.parametrize("nbytes, want", [
+    (2 << 20, 8), ((4 << 20) - 2, 8),  # under MID_FROM_BYTES
+    (4 << 20, 16), (8 << 20, 16), ((64 << 20) - 2, 16),  # MID_PER_THREAD from 4 MiB
+    (64 << 20, 32),  # WIDE_PER_THREAD from 64 MiB
+])
+def test_two_shot_threads_move_more_elements_a_step_as_messages_grow(nbytes, want):
+    """all_reduce's two-shot launches pass the per-thread width of the message's size."""
+    from types import SimpleNamespace
+
+    launches = []
+    x = SimpleNamespace(world=4, slot_bytes=lambda: 1 << 30, round=lambda: None,
+                        all_reduce_fused=lambda kind, inp, out, n, per_thread: launches.append((kind, n, per_thread)))
+    A.all_reduce(x, 0, nbytes // 2, 2, "two_shot_push")
+    assert launches == [("two_shot_push", nbytes // 2, want)]
