@@ -134,6 +134,7 @@ def test_each_rails_component_of_a_group_has_store_keys_of_its_own(monkeypatch):
     """Rails made twice for one group (a component attached again) publish their NCCL
     communicators' addresses under keys of their own, the same on every member: a member
     reading the last one's address would meet a bootstrap already gone."""
+    import chorus as dist
     from chorus.api.state import current
     from chorus.store import HashStore
     from chorus.testing import run_threads
@@ -150,6 +151,7 @@ def test_each_rails_component_of_a_group_has_store_keys_of_its_own(monkeypatch):
             made = rails.RailsComponent(pg, pg.hierarchy, rails.rails_of(pg.hierarchy.by_host), "nccl")
             keys.append((made.peers.key, made.host_peers.key))
             made.close()
+            dist.barrier()  # (as the group's ops between two attaches would order its members)
         return keys
 
     got = run_threads(body, 4)
