@@ -3,6 +3,7 @@
 # (kernels under Triton's interpreter), one pytest run per file, for the multi-GPU machine:
 #
 #     bash tests/gpu/run_all.sh          logs in $OUT (else ./gpu-test-logs), one per file
+#                                        (and, with CHORUS_LOGS_TAR=FILE, all of them in one .tgz)
 #
 # CHORUS_GPU_FILES="tests/gpu/test_cuda_component.py threads interpreter" runs only the
 # files named (and "threads": the ranks-as-threads test, "interpreter": the CPU-side
@@ -138,4 +139,9 @@ else
 fi
 
 echo "total $(($(date +%s) - START))s; logs in $LOGS"
+# CHORUS_LOGS_TAR=FILE: every log also in one gzipped tar (for a runner that returns few files)
+if [ -n "${CHORUS_LOGS_TAR:-}" ]; then
+  packed=$(mktemp) && tar czf "$packed" -C "$LOGS" --exclude "$(basename "$CHORUS_LOGS_TAR")" . \
+      && mv "$packed" "$CHORUS_LOGS_TAR" && echo "logs in $CHORUS_LOGS_TAR"
+fi
 exit "$FAILED"

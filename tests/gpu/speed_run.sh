@@ -2,6 +2,7 @@
 # chorus.cuda's speed run, for one multi-GPU host (all pairs NVLink), in about 540 s:
 #
 #     bash tests/gpu/speed_run.sh        logs and JSON in $OUT (else ./speed-logs)
+#                                       (and, with CHORUS_LOGS_TAR=FILE, all of them in one .tgz)
 #
 # Parts (each in its own process group, bounded by `timeout` and by the bench's own
 # --time-limit, its leftovers killed; a part that fails does not stop the next; a part
@@ -203,4 +204,9 @@ for name in ("calibrate", "handoff_from"):
 PY
 
 echo "total $(($(date +%s) - START))s; logs and JSON in $LOGS"
+# CHORUS_LOGS_TAR=FILE: every log also in one gzipped tar (for a runner that returns few files)
+if [ -n "${CHORUS_LOGS_TAR:-}" ]; then
+  packed=$(mktemp) && tar czf "$packed" -C "$LOGS" --exclude "$(basename "$CHORUS_LOGS_TAR")" . \
+      && mv "$packed" "$CHORUS_LOGS_TAR" && echo "logs in $CHORUS_LOGS_TAR"
+fi
 exit "$FAILED"
