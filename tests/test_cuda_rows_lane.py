@@ -204,3 +204,58 @@ def test_a_repeated_call_with_its_graph_kept_launches_it_from_the_steady_state(m
         assert sorted(exe for exe, _ in launched) == [1, 2, 11, 12, 21, 22]
 
     _in_group(monkeypatch, test)
+
+
+@pytest.mark.parametrize("state", ["status", "tag", "dead", "mismatched", "closed", "nccl"])
+def test_the_lanes_raise_what_check_raises_for_every_failure_check_knows(monkeypatch, state):
+    """all_reduce_now and rows_now write check()'s all-clear test out in place; for every
+    state check() raises on (a kernel's report, a tag mismatch, a dead member, a mismatch
+    or a closed transport, a broken NCCL communicator) each lane raises the same error."""
+    from chorus.cuda import layout as L
+
+    def set_state(comp, on: bool) -> None:
+        t, words, gid = comp.pg.transport, comp.ws.words, comp.pg.id
+        if state == "status":
+            words[L.STATUS] = 1 if on else 0
+        elif state == "tag":
+            words[L.TAG_OP] = 1 if on else 0
+        elif state == "dead":
+            t.dead.update({comp.pg.members[0]: "killed"} if on else {})
+            if not on:
+                t.dead.clear()
+        elif state == "mismatched":
+            if on:
+                t.mismatched[gid], t.mismatched_at[gid] = "another op", 0
+            else:
+                t.mismatched.pop(gid, None)
+                t.mismatched_at.pop(gid, None)
+        elif state == "closed":
+            t.closed_reason = "closed here" if on else None
+        else:
+            comp._nccl = SimpleNamespace(broken=RuntimeError("NCCL communicator was aborted"),
+                                         abort_soon=lambda: None) if on else None
+        comp.broken, words[L.ABORT] = None, 0  # (check() marks the group broken: each call sees it afresh)
+
+    def test(comp, seen):
+        monkeypatch.setattr(launchers.Shot, "__call__", lambda self, *a: self.barriers)
+        comp._nccl_from = 1 << 40
+        t, part, whole = torch.ones(256), torch.ones(128), torch.ones(256)
+        lanes = {"all_reduce": lambda: comp.all_reduce_now(t, ReduceOp.SUM),
+                 "all_gather": lambda: comp.rows_now("all_gather", whole, part, None),
+                 "reduce_scatter": lambda: comp.rows_now("reduce_scatter", part, whole, ReduceOp.SUM)}
+        for call in lanes.values():  # (plans made, nothing wrong yet)
+            assert call() is True
+        set_state(comp, True)
+        with pytest.raises(Exception) as by_check:
+            comp.check("all_reduce")
+        broken = comp.broken is not None  # (a tag mismatch raises without breaking the group)
+        for name, call in lanes.items():
+            set_state(comp, True)
+            with pytest.raises(type(by_check.value)):
+                call()
+            assert (comp.broken is not None) == broken, name  # (the group left as check() leaves it)
+        set_state(comp, False)
+        for call in lanes.values():
+            assert call() is True
+
+    _in_group(monkeypatch, test)
