@@ -159,12 +159,22 @@ def group_peers(pg) -> NcclPeers:
     CUDA component of it: a component attached again after close, or a second one beside
     the API's) has its own store key: a member reading the last one's address would meet
     NCCL's bootstrap of a communicator already made (connection refused)."""
-    from chorus.api.state import current
-
-    generation = (current().store.add(f"cuda/{pg.id}/nccl/made", 1) - 1) // pg.size()
+    key = address_key(f"cuda/{pg.id}/nccl", pg.size())
     sub = hidden_subgroup(pg, NCCL_INDEX, tuple(range(pg.size())), f"{pg.name}/nccl")
     select.attach(sub, settings=False)
-    return NcclPeers(pg, tuple(range(pg.size())), sub, f"cuda/{pg.id}/nccl/{generation}/address")
+    return NcclPeers(pg, tuple(range(pg.size())), sub, key)
+
+
+def address_key(communicator: str, members: int) -> str:
+    """The job store's key for the address of ``communicator``'s store, one per time its
+    ``members`` make it (each member adds once per communicator, in the same order).
+
+    ``address_key("cuda/0/nccl", 4)`` on each of 4 ranks: "cuda/0/nccl/0/address"; the
+    next communicator of those ranks: "cuda/0/nccl/1/address"."""
+    from chorus.api.state import current
+
+    made = (current().store.add(f"{communicator}/made", 1) - 1) // members
+    return f"{communicator}/{made}/address"
 
 
 class NcclPeers:

@@ -59,7 +59,7 @@ from chorus.components import select
 from chorus.components.base import Component, run_in_order
 from chorus.components.hierarchy import hidden_subgroup
 from chorus.cuda import staging
-from chorus.cuda.nccl import NcclPeers, nccl_available, nccl_reduces
+from chorus.cuda.nccl import NcclPeers, address_key, nccl_available, nccl_reduces
 
 log = logging.getLogger("chorus")
 
@@ -115,15 +115,6 @@ def attach(pg, why: str):
     return RailsComponent(pg, h, rails, kind, why)
 
 
-def _key(communicator: str, members: int) -> str:
-    """The store key of ``communicator``'s address, one per time its ``members`` make it
-    (every member adds once per communicator, in the same order)."""
-    from chorus.api.state import current
-
-    made = (current().store.add(f"{communicator}/made", 1) - 1) // members
-    return f"{communicator}/{made}/address"
-
-
 class RailsComponent(Component):
     """Group ``pg``'s CUDA component across hosts: ``hierarchy``'s host sub-group inside
     the host, ``rails`` (group ranks per rail) of ``kind`` "nccl" or "tcp" between hosts."""
@@ -145,18 +136,18 @@ class RailsComponent(Component):
         self.rail = hidden_subgroup(pg, index, self.rail_ranks, f"{pg.name}/rail{self.index}")
         select.attach(self.rail, settings=False)
         # the rail's NCCL communicator (made at its first op), fingerprints agreed on the rail;
-        # each communicator's store key counts the ones its members made before (as
-        # chorus.cuda.nccl.group_peers): a rail attached again reads no stale address
+        # each communicator's store key counts the ones its members made before
+        # (chorus.cuda.nccl.address_key): a rail attached again reads no stale address
         self.peers = NcclPeers(pg, self.rail_ranks, self.rail,
-                               _key(f"chorus/rails/{pg.id}/{self.index}", len(self.rail_ranks)),
+                               address_key(f"chorus/rails/{pg.id}/{self.index}", len(self.rail_ranks)),
                                (pg, self.local, self.rail))
         # the host's phases of large all_reduces on NCCL too (chorus's hidden host sub-group
         # never hands off itself: chorus.cuda.nccl.nccl_handoff), from the size where a
         # flat group hands its all_gathers and reduce_scatters to NCCL
         self.host_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if kind == "nccl" else 0
         self.host_peers = NcclPeers(pg, hierarchy.by_host[hierarchy.host], self.local,
-                                    _key(f"chorus/rails/{pg.id}/host{hierarchy.host}",
-                                         len(hierarchy.by_host[hierarchy.host])),
+                                    address_key(f"chorus/rails/{pg.id}/host{hierarchy.host}",
+                                                len(hierarchy.by_host[hierarchy.host])),
                                     (pg, self.local, self.rail)) if self.host_from else None
         from chorus.cuda.component import CudaComponent
 

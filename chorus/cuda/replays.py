@@ -114,16 +114,11 @@ class Replays:
         self.shot, self.graphs, self.capture_stream = shot, graphs, capture_stream
         self.kept: dict[tuple[int, int, int], object] = {}  # (inp, out, parity) -> CUgraphExec (0: seen once)
         self.on = True
-        self._stream = (None, None)  # (raw stream, its ctypes argument)
 
     def __call__(self, inp: int, out: int, parity: int, slot_off: int, stream: int) -> int:
         exe = self.kept.get((inp, out, parity))
-        if exe:
-            raw, arg = self._stream
-            if raw != stream:
-                arg = ctypes.c_void_p(stream)
-                self._stream = (stream, arg)
-            if self.graphs.launch(exe, arg) == 0:
+        if exe:  # (a repeat with other work to follow first: Lanes.replay_kept launches the rest)
+            if self.graphs.launch(exe, ctypes.c_void_p(stream)) == 0:
                 return self.shot.barriers
             return self._off("cuGraphLaunch refused a kept graph")
         if not self.on or (inp | out) & 15:
