@@ -75,7 +75,7 @@ def _handing_off(monkeypatch, log, barrier_finds=None):
 
     def build(pg):
         comp = CudaComponent(pg, None)
-        comp.ws = SimpleNamespace(words=words, stream=None, device="cuda:0")
+        comp.ws = SimpleNamespace(words=words, device="cuda:0")
         comp.lanes, comp._nccl_guard, comp._device_index, comp._beside = lanes, True, 0, Beside()
         comp._torch = torch  # (a component with a workspace holds it)
         comp._make_peers = make_peers

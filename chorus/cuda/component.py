@@ -34,9 +34,7 @@ last op makes its stream wait for that op first.  An async all_reduce handed to 
 lane's, once the communicator exists) runs on NCCL's stream as ProcessGroupNCCL's do: the
 caller's stream waits for it at ``wait()``, and the group's next op on chorus's kernels
 runs after it (the stream beside learns of its end when such an op comes, not per
-hand-off: chorus.cuda.beside).  Members that are
-threads of one process run every op on the workspace's own stream, joined to the caller's
-both ways (chorus.cuda.workspace).  A synchronous ``barrier`` also blocks the CPU until it
+hand-off: chorus.cuda.beside).  A synchronous ``barrier`` also blocks the CPU until it
 completed (as torch's).
 
 Failures: every spin is bounded by the group's timeout and by the ABORT word that a
@@ -112,9 +110,8 @@ class CudaComponent(Component):
         self.lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
         self._plans: dict = {}  # all_reduce_now's plans (chorus.cuda.plans; False: the general path)
         self._lane_log: LaneLog | None = None
-        # calls on NCCL's kernels (_on_nccl; a communicator made at the first), none where
-        # members are threads of one process (a ProcessGroupNCCL per thread: not chorus's layout)
-        handoff = self._handoff = nccl_handoff(pg) and not (ws is not None and ws.shared_process)
+        # calls on NCCL's kernels (_on_nccl; a communicator made at the first)
+        handoff = self._handoff = nccl_handoff(pg)
         self._nccl_from = nccl_from(ws.layout if ws is not None else None) if handoff else 0
         self._nccl_gather_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if handoff else 0
         self._nccl_exchange = handoff and config.get("CHORUS_CUDA_NCCL_ALL_TO_ALL")
@@ -231,7 +228,7 @@ class CudaComponent(Component):
         or, from the hand-off size, queues NCCL's op and the barrier beside it, as
         _start_nccl does once the group's communicator exists."""
         lanes = self.lanes
-        if lanes is None or self.ws.stream is not None:
+        if lanes is None:
             return False
         plan = self._plans.get((tensor.dtype, tensor.shape, op))
         if plan is None:
@@ -296,7 +293,7 @@ class CudaComponent(Component):
         general path must take it; else one round of the fused kernel enqueued from a
         cached plan (chorus.cuda.plans.rows_plan), and True (``async_op``: its CudaWork)."""
         lanes, key = self.lanes, (name, input.dtype, output.dtype, input.shape, output.shape, op)
-        if lanes is None or self.ws.stream is not None:
+        if lanes is None:
             return False
         plan = self._plans.get(key)
         if plan is None:
@@ -514,35 +511,26 @@ class CudaComponent(Component):
     # -- helpers -------------------------------------------------------------------------------------
     def _inline(self, raw: int | None = None) -> bool:
         """Whether an op may be enqueued inline, without run_in_order's per-call closures:
-        the group idle (nothing queued, no recorder listener), no workspace stream of its
-        own, and the device and stream of the group's last op (``raw``: as read by the
+        the group idle (nothing queued, no recorder listener), and the device and stream of the group's last op (``raw``: as read by the
         caller) current."""
         torch_c = self._torch._C
-        return (not self.pg.queue and recorder.current is None and self.ws.stream is None
+        return (not self.pg.queue and recorder.current is None
                 and torch_c._cuda_getDevice() == self._device_index
                 and torch_c._cuda_getCurrentRawStream(self._device_index)
                 == (self._last_raw if raw is None else raw))
 
     def launch_on(self, stream, enqueue) -> None:
-        """``enqueue(run)`` puts an op's work on stream ``run``: ``stream`` (the caller's),
-        or the workspace's own stream joined to it both ways (members that are threads of
-        one process: chorus.cuda.workspace).  Either way the op runs after the work queued
-        on ``stream`` and before the work queued there later, on the workspace's device."""
+        """``enqueue(run)`` puts an op's work on the caller's stream ``stream`` (``run``):
+        after the work queued there and before the work queued there later, with that
+        stream's device current."""
         import torch
 
-        side = self.ws.stream
-        if side is None:
-            self._follow(stream)
-            if torch.cuda.current_device() == stream.device.index:
-                enqueue(stream)
-                return
-            with torch.cuda.device(stream.device), torch.cuda.stream(stream):
-                enqueue(stream)
+        self._follow(stream)
+        if torch.cuda.current_device() == stream.device.index:
+            enqueue(stream)
             return
-        side.wait_stream(stream)
-        with torch.cuda.device(side.device), torch.cuda.stream(side):
-            enqueue(side)
-        stream.wait_stream(side)
+        with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+            enqueue(stream)
 
     def _follow(self, stream) -> None:
         """Ops of a group must run on the GPU in issue order (the barrier epochs and slot

@@ -82,20 +82,6 @@ def ipc_close(ptr: int) -> None:
     _check(cudart().cudaIpcCloseMemHandle(ptr), "cudaIpcCloseMemHandle")
 
 
-def enable_peer_access(peer_device: int) -> None:
-    """Let the current device address ``peer_device``'s memory (ranks that are threads of
-    one process); fine if already enabled."""
-    rt = cudart()
-    can = _check(rt.cudaDeviceCanAccessPeer(current_device(), peer_device), "cudaDeviceCanAccessPeer")
-    if not can:
-        raise CudaError(f"device {current_device()} cannot access device {peer_device} (no P2P path)")
-    err = rt.cudaDeviceEnablePeerAccess(peer_device, 0)
-    err = err[0] if isinstance(err, tuple) else err
-    if err not in (rt.cudaError_t.cudaSuccess, rt.cudaError_t.cudaErrorPeerAccessAlreadyEnabled):
-        _check((err,), f"cudaDeviceEnablePeerAccess({peer_device})")
-    rt.cudaGetLastError()  # clear the sticky "already enabled"
-
-
 def current_device() -> int:
     return int(_check(cudart().cudaGetDevice(), "cudaGetDevice"))
 

@@ -4,22 +4,19 @@ other member, and checked by a real transfer before use (chorus.cuda.layout draw
 ``Workspace.create`` is collective (every member calls it when the group attaches).
 Members publish, under ``cuda/<group id>/<generation>/`` in the job's store: their host,
 process id, device, the workspace's address and its CUDA IPC handle.  Each then maps
-every peer's workspace: ``cudaIpcOpenMemHandle`` for a peer in another process; the
-address itself for a peer that is a thread of this process (chorus.testing runs ranks
-as threads; a process cannot open its own handles), with peer access enabled from this
-rank's device to the peer's (every rank does it for its own device, with its device
-current).  Members agree through the store after mapping and after the check, so either
-every member uses the workspace or none does (:class:`Unusable` says why).
+every peer's workspace with ``cudaIpcOpenMemHandle``.  Members agree through the store
+after mapping and after the check, so either every member uses the workspace or none
+does (:class:`Unusable` says why; the group then stages through host memory).
 
-Ranks that are threads of one process share the CUDA contexts of their devices, and
-there the legacy default stream (torch's default stream) orders a copy between two
-devices after *everything* queued on either device (CUDA programming guide, peer-to-peer
-memory copy): a rank's copy into or out of a peer's workspace would wait for the peer's
-barrier kernel, which spins until this rank arrives, so neither moves until the spin
-times out.  Such a workspace therefore has its own stream (``stream``, non-blocking, on
-this rank's device), on which the check and every op run (chorus.cuda.component joins
-it to the caller's stream both ways).  Ranks in separate processes share no context and
-use the caller's stream directly.
+Members that are threads of one process (chorus.testing runs ranks as threads) get no
+workspace, and the group stages.  They would share their devices' CUDA contexts, where a
+device memory allocation is a point of implicit synchronization (CUDA programming guide)
+and, with peer access enabled between the devices, one thread's allocation (a kernel
+module's first load, torch's allocator growing) can wait for a peer's kernel that spins
+until this very thread arrives.  Four such threads on 4 H200s left the check's barrier
+waiting 60 s for two of them (docs/results/4xh200/speed-run-8/gpu-tests/threads-failure.log),
+and nothing can keep user code from allocating while a peer spins.  One process per GPU,
+as torchrun and mp.spawn start them, is the layout chorus's kernels serve.
 
 The members' hosts come from the boot id and host name, or from ``CHORUS_HOST_ID`` (as
 chorus.host.identity reads it): members on several hosts never map each other.
@@ -31,7 +28,6 @@ import logging
 import os
 import pickle
 import socket
-import threading
 import time
 
 import numpy as np
@@ -46,12 +42,6 @@ from chorus.host.identity import host_id
 log = logging.getLogger("chorus")
 
 CHECK_TIMEOUT_S = 60.0  # the check's spins give up after this (or the group's timeout if shorter)
-
-# Workspaces that threads of this process map by address: address -> [device, members still
-# using it].  The last member to close frees it (a peer's kernel may read it until then).
-_SHARED: dict[int, list[int]] = {}
-_SHARED_LOCK = threading.Lock()
-
 
 class Unusable(Exception):
     """Peer memory cannot be used by this group; the message says why (one line)."""
@@ -100,9 +90,7 @@ class Workspace:
     """This rank's workspace and its view of every member's (see the module docstring).
 
     ``bases[r]``: the address (in this process) of group rank r's workspace;
-    ``host_addr``/``words``: the control page (chorus.cuda.layout's words);
-    ``stream``: the stream the group's ops run on when some member is a thread of this
-    process, else None (the caller's stream)."""
+    ``host_addr``/``words``: the control page (chorus.cuda.layout's words)."""
 
     def __init__(self, pg, total: int):
         import torch
@@ -120,10 +108,7 @@ class Workspace:
         self.barriers = 0  # barriers the check made (chorus.cuda.lanes counts on from there)
         self.setup_s = 0.0  # seconds create() took: allocation, exchange, mapping and check
         self.phases: dict[str, float] = {}  # seconds of each of those steps (Phases), this rank's
-        self.stream = None
-        self.shared_process = False  # whether any two members are threads of one process (_map)
         self._opened: list[int] = []
-        self._held: list[int] = []  # workspaces of threads of this process (own included) it uses
         self._torch = torch
         torch.as_tensor(runtime.DeviceArray(self.ptr, total), device=self.device).zero_()
         torch.cuda.synchronize(self.device)
@@ -155,6 +140,9 @@ class Workspace:
         failed = next((f"rank {r}: {i['error']}" for r, i in enumerate(infos) if i["error"]), "")
         if not failed and len({i["host"] for i in infos}) > 1:
             failed = "the members are on several hosts"
+        if not failed and len({i["pid"] for i in infos}) < world:
+            failed = ("some members are threads of one process (chorus.cuda.workspace says why; one process "
+                      "per GPU, as torchrun or mp.spawn start them, runs chorus's kernels)")
         try:
             if failed:
                 raise Unusable(failed)
@@ -180,37 +168,22 @@ class Workspace:
         return ws
 
     def _map(self, infos: list[dict]) -> None:
-        me = infos[self.rank]
-        threads = [i for i in infos if i["pid"] == me["pid"]]  # this rank and its peers in this process
-        self.shared_process = len({i["pid"] for i in infos}) < len(infos)  # (the same on every member)
-        if len(threads) > 1:
-            with _SHARED_LOCK:  # first, so that a failure below still lets go of all of them
-                for info in threads:
-                    _SHARED.setdefault(info["ptr"], [info["device"], 0])[1] += 1
-                    self._held.append(info["ptr"])
         with self._torch.cuda.device(self.device):
             for r, info in enumerate(infos):
                 if r == self.rank:
                     self.bases.append(self.ptr)
-                elif info["pid"] == me["pid"]:  # a thread of this process: same address space
-                    if info["device"] != self.device.index:
-                        runtime.enable_peer_access(info["device"])  # from this device, current here
-                    self.bases.append(info["ptr"])
                 else:
                     ptr = runtime.ipc_open(info["handle"])
                     self._opened.append(ptr)
                     self.bases.append(ptr)
-            if len(threads) > 1:
-                self.stream = self._torch.cuda.Stream(self.device)  # see the module docstring
 
     def _check(self, timeout_s: float) -> str:
         """Write a pattern into my slot and into every peer's CHECK word for me, barrier,
         read every peer's pattern by copy engine and by kernel, barrier; "" if all came
-        back right, else why not.  On ``stream`` when set, else the current stream."""
+        back right, else why not.  On the current stream."""
         torch = self._torch
-        stream = self.stream or torch.cuda.current_stream(self.device)
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            why = self._check_on(stream, timeout_s)
+        with torch.cuda.device(self.device):
+            why = self._check_on(torch.cuda.current_stream(self.device), timeout_s)
         return why
 
     def _check_on(self, stream, timeout_s: float) -> str:
@@ -255,10 +228,7 @@ class Workspace:
         self.words[L.ABORT] = 1  # queued spins end now instead of at their timeout
         steps = [lambda: torch.cuda.synchronize(self.device)]
         steps += [lambda p=ptr: runtime.ipc_close(p) for ptr in self._opened]
-        if self._held:  # threads of this process: the last one to let go frees (see _SHARED)
-            steps += [lambda p=ptr: self._let_go(p) for ptr in self._held]
-        else:
-            steps.append(lambda: runtime.free(self.ptr))
+        steps.append(lambda: runtime.free(self.ptr))
         steps.append(lambda: runtime.host_free(self.host_addr))
         for step in steps:
             try:
@@ -266,20 +236,7 @@ class Workspace:
             except Exception as exc:  # noqa: BLE001 - the group is going away regardless
                 log.warning("chorus: releasing a CUDA workspace: %s: %s", type(exc).__name__, exc)
         self._opened.clear()
-        self._held.clear()
         self.ptr = self.host_addr = 0
-        self.stream = None
-
-    def _let_go(self, ptr: int) -> None:
-        with _SHARED_LOCK:
-            entry = _SHARED[ptr]
-            entry[1] -= 1
-            if entry[1]:
-                return
-            del _SHARED[ptr]
-        with self._torch.cuda.device(entry[0]):
-            self._torch.cuda.synchronize()  # its own device's last reads of it are done
-            runtime.free(ptr)
 
 
 def _ranks(bits: int) -> list[int]:

@@ -5,9 +5,9 @@
 #     bash tests/gpu/run_all.sh          logs in $OUT (else ./gpu-test-logs), one per file
 #                                        (and, with CHORUS_LOGS_TAR=FILE, all of them in one .tgz)
 #
-# CHORUS_GPU_FILES="tests/gpu/test_cuda_component.py threads interpreter" runs only the
-# files named (and "threads": the ranks-as-threads test, "interpreter": the CPU-side
-# tests), so that two runs of under 10 minutes each cover everything.
+# CHORUS_GPU_FILES="tests/gpu/test_cuda_component.py interpreter" runs only the files
+# named (and "interpreter": the CPU-side tests), so that two runs of under 10 minutes each
+# cover everything.
 #
 # Every run is bounded twice: each test by pytest-timeout when it is installed
 # (--timeout=$PER_TEST_S), each file by `timeout`, which kills the file's whole process
@@ -96,7 +96,7 @@ run_file() {
 # name, cap in seconds (most informative first; the caps add up to more than the budget,
 # which only a run that hangs everywhere would reach)
 declare -A CAPS=(
-  [tests/gpu/test_cuda_component.py]=360  # (its 14 tests took 296 s on 4 H200s)
+  [tests/gpu/test_cuda_component.py]=360  # (14 of its tests took 271 s on 4 H200s)
   [tests/gpu/test_cuda_failures_gpu.py]=150
   [tests/gpu/test_fsdp_cuda.py]=120
   [tests/gpu/test_cuda_hosts.py]=120
@@ -108,15 +108,11 @@ ORDER=(tests/gpu/test_cuda_component.py tests/gpu/test_cuda_failures_gpu.py test
 for f in tests/gpu/test_*.py; do  # files added later run too, after these
   [[ " ${ORDER[*]} " == *" $f "* ]] || ORDER+=("$f")
 done
-# ranks as threads of one process: it has hung on 4 H200s (docs/results/4xh200/gpu-tests.md),
-# so it runs last, on a cap of its own, and the rest of test_cuda_component.py without it
-THREADS=tests/gpu/test_cuda_component.py::test_ranks_as_threads_share_pointers
 wanted() { [ -z "${CHORUS_GPU_FILES:-}" ] || [[ " $CHORUS_GPU_FILES " == *" $1 "* ]]; }
 for f in "${ORDER[@]}"; do
   [ -f "$f" ] && wanted "$f" || continue
-  run_file "$f" "$(basename "$f" .py)" "${CAPS[$f]:-120}" -- "$f" --deselect "$THREADS"
+  run_file "$f" "$(basename "$f" .py)" "${CAPS[$f]:-120}" -- "$f"
 done
-wanted threads && run_file "$THREADS" threads 60 -- "$THREADS"
 wanted interpreter || { echo "total $(($(date +%s) - START))s; logs in $LOGS"; exit "$FAILED"; }
 # the CPU-side tests of the same code, in a process of their own (TRITON_INTERPRET must
 # never reach the GPU tests' processes).  Triton's interpreter before 3.7 turns scalar

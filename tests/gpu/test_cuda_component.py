@@ -79,13 +79,10 @@ def test_abort_reaches_a_spinning_fused_kernel(small_workspace, ahead):
     mp.spawn(gpu_workers.run_abort, args=(2, ports(), ahead), nprocs=2)
 
 
-def test_ranks_as_threads_share_pointers(small_workspace):
-    """Ranks that are threads of one process cannot open their own IPC handles: they use
-    the raw addresses (peer access enabled from each device to the others), and run their
-    ops on the workspace's own stream: on the legacy default stream a copy between two
-    devices of one process waits for everything queued on both, including the peer's
-    spinning barrier (chorus.cuda.workspace).  Every kind of transfer, several rounds and
-    channel chunks each, then the workspaces are released only once every thread let go."""
+def test_ranks_as_threads_stage_through_host_memory(small_workspace):
+    """Ranks that are threads of one process get no workspace (chorus.cuda.workspace says
+    why): the group stages, every op still right, the large all_reduce on NCCL (one
+    communicator per thread), and nothing waits for a spin that cannot end."""
     from chorus.api.state import current
     from chorus.cuda.component import attach
     from chorus.store import HashStore
@@ -93,38 +90,38 @@ def test_ranks_as_threads_share_pointers(small_workspace):
 
     store = HashStore()
     world = min(4, torch.cuda.device_count())
-    n = 300_001  # several rounds of a 4 MiB workspace's 1 MiB slots
+    n, big = 300_001, 4_200_001  # big: past the hand-off to NCCL (16 MiB of float32)
 
     def body(rank, world):
         torch.cuda.set_device(rank)
         current().store = store
         pg = current().default_group
         comp = attach(pg)
-        assert comp.lanes is not None, comp.staging_reason
-        assert comp.ws.stream is not None  # threads of one process: the workspace's own stream
+        assert comp.lanes is None and "threads of one process" in comp.staging_reason, comp.staging_reason
         issue = gpu_workers.issue
         x = torch.full((n,), float(rank + 1), device="cuda")
         issue(comp, pg, "all_reduce", {"data": x}, count=n, dtype="float32", reduce_op="SUM")
+        y = torch.full((big,), float(rank + 1), device="cuda")
+        issue(comp, pg, "all_reduce", {"data": y}, count=big, dtype="float32", reduce_op="SUM")
         inp = torch.arange(n, device="cuda", dtype=torch.float32) + rank * n
         out = torch.empty(world * n, device="cuda")
         issue(comp, pg, "all_gather", {"input": inp, "output": out}, count=n, dtype="float32")
         b = torch.full((n,), float(rank), device="cuda")
         issue(comp, pg, "broadcast", {"data": b}, count=n, dtype="float32", root=world - 1)
-        assert not comp._handoff  # threads of one process: chorus's copies, never NCCL's kernels
-        sent = torch.arange(2_000_001, device="cuda", dtype=torch.float32) * (rank + 1)  # several chunks
+        sent = torch.arange(2_000_001, device="cuda", dtype=torch.float32) * (rank + 1)
         got = torch.empty_like(sent)
         comp.p2p_batch([("send", sent, (rank + 1) % world, 5), ("recv", got, (rank - 1) % world, 5)], False)
         torch.cuda.synchronize()
         comp.check("threads")
-        result = [t.cpu() for t in (x, out, b, got)]
+        result = [t.cpu() for t in (x, y, out, b, got)]
         comp.close()
         return result
 
     results = run_threads(body, world, timeout=120)
     want_sum = float(sum(range(1, world + 1)))
     want_gather = torch.arange(world * n, dtype=torch.float32)
-    for rank, (x, out, b, got) in enumerate(results):
-        assert bool((x == want_sum).all()), rank
+    for rank, (x, y, out, b, got) in enumerate(results):
+        assert bool((x == want_sum).all()) and bool((y == want_sum).all()), rank
         assert torch.equal(out, want_gather), rank
         assert bool((b == world - 1).all()), rank
         left = (rank - 1) % world
