@@ -1,0 +1,89 @@
+"""Two NCCL communicators on the same GPUs, timed against each other: torch's default
+group (``init_process_group("nccl", device_id=...)``, as chorus bench's baseline makes
+it) and a ``ProcessGroupNCCL`` made over a TCPStore the way chorus.cuda.nccl makes the
+communicator it hands large all_reduces to.  Whether a gap between chorus's hand-off and
+NCCL comes from chorus's calls around the communicator or from the communicator itself.
+Each round times each communicator at each size (back-to-back all_reduces between two
+CUDA events, who goes first alternating round by round).  One process per GPU; rank 0
+prints a table and the per-round ratios.
+
+usage: python3 tools/nccl_twin.py [ROUNDS] [ITERS] [SIZES]   (SIZES: bytes, comma-separated)
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from datetime import timedelta
+from functools import partial
+
+import torch
+import torch.multiprocessing as mp
+
+SIZES = (8 << 20, 16 << 20, 32 << 20)
+
+
+def timed(fn, iters: int) -> float:
+    """GPU us per call of ``iters`` back-to-back calls of ``fn``."""
+    a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    a.record()
+    for _ in range(iters):
+        fn()
+    z.record()
+    z.synchronize()
+    return a.elapsed_time(z) * 1e3 / iters
+
+
+def body(rank: int, world: int, port: int, rounds: int, iters: int, sizes: list[int]) -> None:
+    import torch.distributed as tdist
+
+    torch.cuda.set_device(rank)
+    tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                             device_id=torch.device("cuda", rank))
+    store = tdist.TCPStore("127.0.0.1", port + 1, world, rank == 0, timedelta(seconds=60))
+    twin = tdist.ProcessGroupNCCL(store, rank, world)
+    opts = tdist.AllreduceOptions()
+    opts.reduceOp = tdist.ReduceOp.SUM
+    calls = {"default": lambda t: tdist.all_reduce(t),
+             "twin": lambda t: twin.allreduce([t], opts).wait()}
+    times: dict[tuple[str, int], list[float]] = {}
+    for size in sizes:
+        t = torch.ones(size // 2, dtype=torch.bfloat16, device="cuda")
+        for call in calls.values():
+            for _ in range(10):
+                call(t)
+    for r in range(rounds):
+        for size in sizes:
+            t = torch.ones(size // 2, dtype=torch.bfloat16, device="cuda")
+            order = list(calls) if r % 2 == 0 else list(reversed(calls))
+            for name in order:
+                tdist.barrier()
+                times.setdefault((name, size), []).append(timed(partial(calls[name], t), iters))
+    if rank == 0:
+        print(f"# nccl_twin: {world} GPUs ({torch.cuda.get_device_name(0)}), torch {torch.__version__}, "
+              f"bf16 all_reduce, {iters} back-to-back calls a timing, {rounds} rounds (first alternating)")
+        print(f"{'size':>6} {'default us':>11} {'twin us':>9} {'twin/default':>13}   each round")
+        for size in sizes:
+            d, w = times[("default", size)], times[("twin", size)]
+            each = " ".join(f"{b / a:.3f}" for a, b in zip(d, w, strict=True))
+            print(f"{size >> 20:>5}M {statistics.median(d):>11.1f} {statistics.median(w):>9.1f} "
+                  f"{statistics.median(w) / statistics.median(d):>13.3f}   {each}")
+    tdist.barrier()
+    if hasattr(twin, "shutdown"):
+        twin.shutdown()
+    tdist.destroy_process_group()
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    iters = int(sys.argv[2]) if len(sys.argv) > 2 else 300
+    sizes = [int(s) for s in sys.argv[3].split(",")] if len(sys.argv) > 3 else list(SIZES)
+    world = torch.cuda.device_count()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    mp.spawn(body, args=(world, 29650, rounds, iters, sizes), nprocs=world)
+
+
+if __name__ == "__main__":
+    main()
