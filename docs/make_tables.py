@@ -419,9 +419,9 @@ TABLES = {
                    (f"{XEON}/ddp-w8-private-buckets.json", {"CHORUS_TORCH_SHARE": "0"}),
                    (f"{XEON}/ddp-w8-bucket-view-malloc.json", {})]),
     "w2-mpich": Runs([f"{EPYC}/all_reduce-w2-mpich-{i}.json" for i in (1, 2, 3, 4)]),
-    "w8-32-openmpi": Nccl(f"{HOST32}/parity-2/shm-w8.json"),
+    "w8-32-openmpi": Nccl(f"{HOST32}/parity-3/shm-w8.json"),
     "w8-32-openmpi-runs": Runs([f"{HOST32}/shm-w8-openmpi-3runs/shm-w8-mpi-{i}.json" for i in (1, 2, 3)]),
-    "w8-32-tcp": Nccl(f"{HOST32}/parity-2/tcp-w8.json"),
+    "w8-32-tcp": Nccl(f"{HOST32}/parity-3/tcp-w8-mpi.json"),
     "w8-16-tcp-exchange": Runs([f"{XEON}/tcp-exchange/all_reduce-tcp-w8-openmpi-{i}.json" for i in (1, 2)]),
     "h200x2-all_to_all": Gpu("2xh200/all_to_all-bf16-w2.json",
                              "NCCL_NVLS_ENABLE=0 chorus bench --device cuda --collective all_to_all -b 1K -e 64M "
