@@ -1,12 +1,14 @@
 """What the process tests share: is a pid still running, waiting for a condition, a free
 port for rank 0's store that nothing else can take meanwhile, ranks started by hand, the
-checks of a crash test (the survivors' PeerLostError, the job's /dev/shm files), and jobs
-whose ranks are forks of a server that imported torch once (run_forked)."""
+checks of a crash test (the survivors' PeerLostError, the job's /dev/shm files), jobs
+whose ranks are forks of a server that imported torch once (run_forked), and the
+"REPORT {json}" lines that launched scripts print (reports)."""
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
@@ -20,6 +22,19 @@ import time
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def reports(text: str) -> list[dict]:
+    """The JSON object after each "REPORT " in ``text`` (ranks' output on one pipe): read
+    up to where the object ends, so that another process's output written right behind it
+    on the same line does not spoil it."""
+    decoder = json.JSONDecoder()
+    found = []
+    for line in text.splitlines():
+        at = line.find("REPORT ")
+        if at >= 0:
+            found.append(decoder.raw_decode(line, at + len("REPORT "))[0])
+    return found
 
 
 def is_alive(pid: int) -> bool:

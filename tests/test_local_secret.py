@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from proc_support import REPO, reserved_port, run_ranks
+from proc_support import reports as printed_reports
 
 from chorus import net
 from chorus.errors import AuthenticationError, RendezvousError
@@ -213,8 +214,7 @@ def test_an_explicit_token_wins_and_off_turns_it_off(sdir, env, token, warnings)
 
 # -- whole jobs -----------------------------------------------------------------------------------------
 def reports(text: str) -> dict[int, dict]:
-    found = [json.loads(line.split("REPORT ", 1)[1]) for line in text.splitlines() if "REPORT " in line]
-    return {r["rank"]: r for r in found}
+    return {r["rank"]: r for r in printed_reports(text)}
 
 
 def _env(**extra) -> dict:

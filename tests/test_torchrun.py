@@ -5,13 +5,12 @@ its transport with a derived secret (chorus.host.secret)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
-from proc_support import reserved_port
+from proc_support import reports, reserved_port
 
 pytest.importorskip("torch", reason="torchrun is torch's launcher")
 
@@ -51,8 +50,7 @@ def test_standalone_without_a_token_is_authenticated():
     nothing, trusts the peers' objects, and nothing warns.  (The quickstart under torchrun:
     test_two_nodes_over_loopback.)"""
     out = finish(torchrun("--standalone", "--nproc-per-node=2", script=AUTH_REPORT))
-    reports = sorted((json.loads(line.split("REPORT ", 1)[1]) for line in out.splitlines() if "REPORT " in line),
-                     key=lambda r: r["rank"])
-    assert reports == [{"rank": 0, "authenticated": True, "transport_refuses": True, "objects": [0, 1]},
+    found = sorted(reports(out), key=lambda r: r["rank"])
+    assert found == [{"rank": 0, "authenticated": True, "transport_refuses": True, "objects": [0, 1]},
                        {"rank": 1, "authenticated": True, "objects": [0, 1]}], out
     assert "no job token" not in out
