@@ -139,3 +139,45 @@ def test_members_on_two_hosts_never_map_and_stage_through_the_hierarchy(monkeypa
     for t, o, b in res:
         assert torch.equal(t, sum(ins)) and torch.equal(o, torch.cat(ins))
         assert torch.equal(b, data(3, N, torch.bfloat16))
+
+
+
+def test_members_that_are_threads_of_one_process_get_no_workspace(monkeypatch):
+    """chorus.cuda.workspace refuses peer memory to ranks that are threads of one process
+    (each would wait in its allocations for a peer's spinning kernel): every member raises
+    Unusable saying so, after the exchange, and frees what it allocated.  Members whose
+    process tokens differ (other processes, even where pids repeat) go on to map."""
+    from types import SimpleNamespace
+
+    from chorus.cuda import workspace
+    from chorus.store import HashStore
+
+    closed = []
+
+    def fake_init(self, pg, total):  # the allocation, without a GPU
+        self.rank, self.ptr, self.device = pg.rank(), 1000 + pg.rank(), SimpleNamespace(index=pg.rank())
+        self.phases, self.mapped = {}, False
+
+    monkeypatch.setattr(workspace.Workspace, "__init__", fake_init)
+    monkeypatch.setattr(workspace.Workspace, "close", lambda self: closed.append(self.rank))
+    monkeypatch.setattr(workspace.Workspace, "_map", lambda self, infos: setattr(self, "mapped", True))
+    monkeypatch.setattr(workspace.Workspace, "_check", lambda self, timeout_s: "")
+    monkeypatch.setattr(workspace.runtime, "ipc_handle", lambda ptr: b"handle")
+    monkeypatch.setattr(workspace.kernels, "warm_keys", lambda: lambda: None)
+    store = HashStore()
+
+    def threads(rank, world):
+        with pytest.raises(workspace.Unusable, match="some members are threads of one process") as refused:
+            workspace.Workspace.create(current().default_group, store, "cuda/0/0", 1 << 20)
+        return str(refused.value)
+
+    assert len(set(run_threads(threads, W))) == 1
+    assert sorted(closed) == list(range(W))
+
+    def processes(rank, world):  # as if each rank were a process of its own, all with one pid
+        tokens[rank] = f"1-{rank}"
+        return workspace.Workspace.create(current().default_group, store, "cuda/0/1", 1 << 20).mapped
+
+    tokens = {}
+    monkeypatch.setattr(workspace, "process_token", lambda: tokens[current().default_group.rank()])
+    assert run_threads(processes, W) == [True] * W

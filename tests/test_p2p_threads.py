@@ -223,6 +223,22 @@ def test_init_twice_raises():
     _expect_error(body, 1, ValueError, "already initialized")
 
 
+def test_each_init_counts_in_keys_of_its_own_in_a_store_kept_across_inits():
+    """A store kept across inits (a launcher's): what one init counted in the world's store
+    (a group's CUDA attaches, chorus.cuda.setup) does not carry into the next init's."""
+    from chorus.api.state import current
+    from chorus.store import HashStore
+
+    store, counts = HashStore(), []
+    for _ in range(2):
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            counts.append(current().store.add("cuda/0/attaches", 1))
+        finally:
+            dist.destroy_process_group()
+    assert counts == [1, 1]
+
+
 def test_dead_peer_fails_pending_receive_everywhere():
     from chorus.transport.loopback import LoopbackFabric
 

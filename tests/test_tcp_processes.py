@@ -217,7 +217,7 @@ def _intruder_body(rank, world):
         rng = random.Random(1)
         store = current().store
         for peer in range(1, world):
-            host, port = store.get(f"chorus/1/tcp/addr/{peer}").decode().rsplit(":", 1)
+            host, port = store.get(f"tcp/addr/{peer}").decode().rsplit(":", 1)
             with socket.create_connection((host, int(port)), timeout=5) as s:  # no token, garbage
                 rejected.append(closed_by_server(s, [rng.randbytes(64)]))
             with socket.create_connection((host, int(port)), timeout=5) as s:  # 10,000 random frames

@@ -95,7 +95,10 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     finally:
         if info.secret is not None:
             info.secret.release()  # rank 0: every rank has connected (each read it), or set-up failed
-    install(world, transport, name, t, info.store, info.local_rank, info.local_world_size)
+    # (the world's store a view of this init's keys: a group's CUDA set-up counts its attaches
+    # there, and a store kept across inits must not carry one init's counts into the next)
+    world.closes = info.store
+    install(world, transport, name, t, job_store, info.local_rank, info.local_world_size)
     flight.install_signal_dumps(info.rank)  # with CHORUS_FLIGHT_RECORDER_DIR: dump on SIGTERM/SIGINT
     trace.start(info.rank, info.world_size, PrefixStore(f"chorus/{generation}/trace", info.store))  # CHORUS_TRACE
 
@@ -149,11 +152,11 @@ def destroy_process_group(group=None) -> None:
     trace.stop({pg.id: pg.name for pg in world.groups.values()})  # writes CHORUS_TRACE's file
     for pg in world.groups.values():
         _close_shm(pg)
-    transport, store = world.transport, world.store
+    transport, store = world.transport, world.closes
     world.default_group = None
     world.groups = {}
     world.transport = None
-    world.store = None
+    world.store = world.closes = None
     world.rank = world.world_size = -1
     transport.close()
     close = getattr(store, "close", None)

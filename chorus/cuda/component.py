@@ -110,8 +110,9 @@ class CudaComponent(Component):
         self.lock = threading.Lock()  # one enqueuer at a time (p2p may come from another thread)
         self._plans: dict = {}  # all_reduce_now's plans (chorus.cuda.plans; False: the general path)
         self._lane_log: LaneLog | None = None
-        # calls on NCCL's kernels (_on_nccl; a communicator made at the first)
-        handoff = self._handoff = nccl_handoff(pg)
+        # calls on NCCL's kernels (_on_nccl; a communicator made at the first); a staged
+        # group (no workspace) stages every call, large ones too (supports)
+        handoff = self._handoff = nccl_handoff(pg) and ws is not None
         self._nccl_from = nccl_from(ws.layout if ws is not None else None) if handoff else 0
         self._nccl_gather_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if handoff else 0
         self._nccl_exchange = handoff and config.get("CHORUS_CUDA_NCCL_ALL_TO_ALL")
@@ -511,8 +512,8 @@ class CudaComponent(Component):
     # -- helpers -------------------------------------------------------------------------------------
     def _inline(self, raw: int | None = None) -> bool:
         """Whether an op may be enqueued inline, without run_in_order's per-call closures:
-        the group idle (nothing queued, no recorder listener), and the device and stream of the group's last op (``raw``: as read by the
-        caller) current."""
+        the group idle (nothing queued, no recorder listener), and the device and stream
+        of the group's last op (``raw``: as read by the caller) current."""
         torch_c = self._torch._C
         return (not self.pg.queue and recorder.current is None
                 and torch_c._cuda_getDevice() == self._device_index

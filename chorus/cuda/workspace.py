@@ -2,7 +2,7 @@
 other member, and checked by a real transfer before use (chorus.cuda.layout draws it).
 
 ``Workspace.create`` is collective (every member calls it when the group attaches).
-Members publish, under ``cuda/<group id>/<generation>/`` in the job's store: their host,
+Members publish, under ``cuda/<group id>/<generation>/`` in this init's store: their host,
 process id, device, the workspace's address and its CUDA IPC handle.  Each then maps
 every peer's workspace with ``cudaIpcOpenMemHandle``.  Members agree through the store
 after mapping and after the check, so either every member uses the workspace or none
@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import secrets
 import socket
 import time
 
@@ -42,6 +43,20 @@ from chorus.host.identity import host_id
 log = logging.getLogger("chorus")
 
 CHECK_TIMEOUT_S = 60.0  # the check's spins give up after this (or the group's timeout if shorter)
+
+_PROCESS_TOKENS: dict[int, str] = {}
+
+
+def process_token() -> str:
+    """This process's name among the members: its pid and a random part, drawn again in
+    a forked child (pids alone repeat across PID namespaces, one container's rank 1 and
+    another's)."""
+    pid = os.getpid()
+    token = _PROCESS_TOKENS.get(pid)
+    if token is None:
+        token = _PROCESS_TOKENS[pid] = f"{pid}-{secrets.token_hex(8)}"
+    return token
+
 
 class Unusable(Exception):
     """Peer memory cannot be used by this group; the message says why (one line)."""
@@ -128,7 +143,7 @@ class Workspace:
         keyed = kernels.warm_keys()  # (Triton's first-launch hashing, meanwhile: joined before the check)
         try:
             ws = cls(pg, total)
-            info = dict(host=_host_id(pg.members[rank]), pid=os.getpid(), device=ws.device.index, ptr=ws.ptr,
+            info = dict(host=_host_id(pg.members[rank]), process=process_token(), device=ws.device.index, ptr=ws.ptr,
                         handle=runtime.ipc_handle(ws.ptr))
         except Exception as exc:  # noqa: BLE001 - told to every member, then raised
             info, why = {}, f"{type(exc).__name__}: {exc}"
@@ -140,7 +155,7 @@ class Workspace:
         failed = next((f"rank {r}: {i['error']}" for r, i in enumerate(infos) if i["error"]), "")
         if not failed and len({i["host"] for i in infos}) > 1:
             failed = "the members are on several hosts"
-        if not failed and len({i["pid"] for i in infos}) < world:
+        if not failed and len({i["process"] for i in infos}) < world:  # (known only now: each allocated)
             failed = ("some members are threads of one process (chorus.cuda.workspace says why; one process "
                       "per GPU, as torchrun or mp.spawn start them, runs chorus's kernels)")
         try:

@@ -109,6 +109,12 @@ for f in tests/gpu/test_*.py; do  # files added later run too, after these
   [[ " ${ORDER[*]} " == *" $f "* ]] || ORDER+=("$f")
 done
 wanted() { [ -z "${CHORUS_GPU_FILES:-}" ] || [[ " $CHORUS_GPU_FILES " == *" $1 "* ]]; }
+for name in ${CHORUS_GPU_FILES:-}; do  # a name that matches nothing would make a run of nothing look passed
+  if [ "$name" != interpreter ] && [[ " ${ORDER[*]} " != *" $name "* ]]; then
+    printf '%-8s %-40s not a GPU test file (CHORUS_GPU_FILES)\n' "UNKNOWN" "$name"
+    FAILED=1
+  fi
+done
 for f in "${ORDER[@]}"; do
   [ -f "$f" ] && wanted "$f" || continue
   run_file "$f" "$(basename "$f" .py)" "${CAPS[$f]:-120}" -- "$f"

@@ -79,18 +79,22 @@ def test_abort_reaches_a_spinning_fused_kernel(small_workspace, ahead):
     mp.spawn(gpu_workers.run_abort, args=(2, ports(), ahead), nprocs=2)
 
 
-def test_ranks_as_threads_stage_through_host_memory(small_workspace):
+def test_ranks_as_threads_stage_through_host_memory(small_workspace, monkeypatch):
     """Ranks that are threads of one process get no workspace (chorus.cuda.workspace says
-    why): the group stages, every op still right, the large all_reduce on NCCL (one
-    communicator per thread), and nothing waits for a spin that cannot end."""
+    why, and each thread frees the one it allocated): the group stages every op, a large
+    all_reduce too, every result right, and nothing waits for a spin that cannot end."""
     from chorus.api.state import current
+    from chorus.cuda import workspace
     from chorus.cuda.component import attach
     from chorus.store import HashStore
     from chorus.testing import run_threads
 
     store = HashStore()
     world = min(4, torch.cuda.device_count())
-    n, big = 300_001, 4_200_001  # big: past the hand-off to NCCL (16 MiB of float32)
+    n, big = 300_001, 4_200_001  # big: where a group with a workspace would hand off to NCCL
+    closed = []
+    close = workspace.Workspace.close
+    monkeypatch.setattr(workspace.Workspace, "close", lambda ws: (closed.append(ws.rank), close(ws)))
 
     def body(rank, world):
         torch.cuda.set_device(rank)
@@ -98,6 +102,7 @@ def test_ranks_as_threads_stage_through_host_memory(small_workspace):
         pg = current().default_group
         comp = attach(pg)
         assert comp.lanes is None and "threads of one process" in comp.staging_reason, comp.staging_reason
+        assert not comp._handoff  # (staged: no call goes to NCCL)
         issue = gpu_workers.issue
         x = torch.full((n,), float(rank + 1), device="cuda")
         issue(comp, pg, "all_reduce", {"data": x}, count=n, dtype="float32", reduce_op="SUM")
@@ -118,6 +123,7 @@ def test_ranks_as_threads_stage_through_host_memory(small_workspace):
         return result
 
     results = run_threads(body, world, timeout=120)
+    assert sorted(closed) == list(range(world))  # every thread's refused workspace freed
     want_sum = float(sum(range(1, world + 1)))
     want_gather = torch.arange(world * n, dtype=torch.float32)
     for rank, (x, y, out, b, got) in enumerate(results):

@@ -42,7 +42,7 @@ def chorus_job() -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     report = {"rank": rank, "authenticated": dist.group.WORLD.transport.authenticated}
     if rank == 0:
-        report["transport_refuses"] = refuses(current().store.get("chorus/1/tcp/addr/1").decode(), b"transport")
+        report["transport_refuses"] = refuses(current().store.get("tcp/addr/1").decode(), b"transport")
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":  # torchrun's agent: torch's store
             port = os.environ.get("CHORUS_STORE_PORT") or os.environ["MASTER_PORT"]  # chorusrun's store: its own port
             report["store_refuses"] = refuses(f"{os.environ['MASTER_ADDR']}:{port}", b"store")
