@@ -3,7 +3,9 @@
 # "at least as fast as MPI at every size" (shared memory, W = 8), the TCP path against
 # MPI restricted to TCP and against gloo, the settings that choose algorithms by size,
 # and what Python itself costs per call.  Every part runs under `timeout`; a part that
-# fails or times out is logged and the next one runs.  At most 390 s (the parts' limits), less on a 64-core host.
+# fails or times out is logged and the next one runs.  At most 495 s (the parts' limits), less on a 64-core host.
+# The TCP parts time many calls a size: with 50, the W = 8 TCP means came out about twice
+# the 1000-call ones on one host (docs/results/32-vcpu-h200-host/parity-2 against parity-3).
 #
 # usage:   PYTHONPATH=$PWD tools/cpu_parity.sh [OUT]        (from the repository root)
 #          OUT: folder for the JSON and log files (default ./cpu-parity-logs, or $OUT)
@@ -31,15 +33,15 @@ MPI=()
 [ -n "${MPIEXEC:-}" ] && MPI=(--mpiexec "$MPIEXEC")
 
 if [ -n "${CPU_PARITY_QUICK:-}" ]; then
-    W=2; BIG=64K; TCP_MAX=4K; SMALL_MAX=1K; WORLDS="2"; ITERS=5; WARM=1
+    W=2; BIG=64K; TCP_MAX=4K; SMALL_MAX=1K; WORLDS="2"; ITERS=5; WARM=1; TCP_ITERS=5; TCP_WARM=1
     CAL_SIZES=(-b 4K -e 16K -f 4); ONESHOT="16384 65536"; FLOOR_ITERS=2000; COST=(300 2)
     LIMIT_A=120; LIMIT_B=90; LIMIT_C=60; LIMIT_D=60; LIMIT_E=60
 else
-    W=8; BIG=256M; TCP_MAX=1M; SMALL_MAX=64K; WORLDS="2 4 8 16"; ITERS=50; WARM=5
+    W=8; BIG=256M; TCP_MAX=1M; SMALL_MAX=64K; WORLDS="2 4 8 16"; ITERS=50; WARM=5; TCP_ITERS=1000; TCP_WARM=50
     CAL_SIZES=(-b 4K -e 1M -f 2); ONESHOT="32768 65536 131072 262144 524288"; FLOOR_ITERS=10000
     COST=(3000 5)
-    # at most 120 + 45 + 4 x 25 + 5 x 15 + 2 x 25 = 390 s
-    LIMIT_A=120; LIMIT_B=45; LIMIT_C=25; LIMIT_D=15; LIMIT_E=25
+    # at most 120 + 90 + 4 x 40 + 5 x 15 + 2 x 25 = 495 s
+    LIMIT_A=120; LIMIT_B=90; LIMIT_C=40; LIMIT_D=15; LIMIT_E=25
 fi
 
 # mpiexec options that keep MPI off shared memory.  Open MPI: the ob1 PML (UCX would
@@ -83,13 +85,13 @@ if wants b; then
     echo "# MPI over TCP with: ${TCP_ARGS:-(no options known for this launcher: MPI may use shared memory)}" \
         | tee -a "$OUT/summary.txt"
     part tcp-w$W $LIMIT_B "${BENCH[@]}" --world $W --transport tcp --baseline all "${MPI[@]}" \
-        --mpi-args "$TCP_ARGS" -b 4 -e $TCP_MAX -f 4 -n $ITERS -w $WARM --json "$OUT/tcp-w$W.json"
+        --mpi-args "$TCP_ARGS" -b 4 -e $TCP_MAX -f 4 -n $TCP_ITERS -w $TCP_WARM --json "$OUT/tcp-w$W.json"
 fi
 
 if wants c; then
     for w in $WORLDS; do
         part tcp-w$w-gloo $LIMIT_C "${BENCH[@]}" --world "$w" --transport tcp --baseline gloo -b 4 \
-            -e $SMALL_MAX -f 4 -n 20 -w 3 --json "$OUT/tcp-w$w-gloo.json"
+            -e $SMALL_MAX -f 4 -n $((TCP_ITERS / 5)) -w $TCP_WARM --json "$OUT/tcp-w$w-gloo.json"
     done
 fi
 
