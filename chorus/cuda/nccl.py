@@ -65,6 +65,26 @@ WATCH_S = 0.05
 NCCL_REDUCE_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"})
 
 
+def on_current_stream(opts):
+    """torch's options ``opts`` for an op the caller's stream waits for: ProcessGroupNCCL
+    queues it on the current stream itself (``asyncOp`` off, as torch's own synchronous
+    calls set it), instead of on its own stream with an event to wait for each way.
+    chorus's synchronous hand-offs ran at 0.98-0.99x torch's all_reduce at 16 MiB on 4
+    H200s with the option left on, with or without the agreement's barrier beside them
+    (docs/results/4xh200/speed-run-8/default-shapes/, handoff-agree/).  A torch without
+    the option: as it is."""
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = False
+    return opts
+
+
+def waited(work) -> None:
+    """The current stream waits for torch's Work ``work`` (None: a synchronous op on the
+    current stream, for which ProcessGroupNCCL makes no Work)."""
+    if work is not None:
+        work.wait()
+
+
 def nccl_reduces(dtype: str, reduce_op: str) -> bool:
     """Whether NCCL reduces ``dtype`` (chorus's name) with ``reduce_op`` as chorus would.
 
@@ -195,7 +215,8 @@ class NcclPeers:
         self.store = None  # the torch store it is made over
         self.broken: BaseException | None = None
         self.aborting: threading.Thread | None = None  # the failure listener's abort, while it runs
-        self.reduce_options: dict = {}  # reduce op -> torch's AllreduceOptions for it
+        self.reduce_options: dict = {}  # (reduce op, wait) -> torch's AllreduceOptions for them
+        self.pending = None  # torch's Work of the last async all_reduce, until a synchronous op follows it
         self.watching: threading.Event | None = None  # set to stop watch()'s thread
         self.watcher: threading.Thread | None = None
         self.aborted = False  # once set, the communicator is never made (again)
@@ -276,31 +297,53 @@ class NcclPeers:
 
     def all_reduce(self, tensor, reduce_op: str, wait: bool = True):
         """``tensor`` = NCCL's all_reduce of it over the members (enqueued; the current
-        stream waits for it unless ``wait`` is False); torch's Work of it."""
-        opts = self.reduce_options.get(reduce_op)
+        stream waits for it unless ``wait`` is False: then NCCL's stream runs it, as
+        ProcessGroupNCCL's async ops, and the caller's goes on); torch's Work of it (None
+        where a synchronous op made none: see on_current_stream)."""
+        opts = self.reduce_options.get((reduce_op, wait))
         if opts is None:  # (made once per op: each costs microseconds a call would pay)
             import torch.distributed as dist
 
-            opts = self.reduce_options[reduce_op] = dist.AllreduceOptions()
+            opts = dist.AllreduceOptions()
             opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
+            self.reduce_options[(reduce_op, wait)] = on_current_stream(opts) if wait else opts
+        if wait and self.pending is not None:
+            self.ordered()
         work = (self.nccl or self.group()).allreduce([tensor], opts)
-        if wait:
+        if not wait:
+            self.pending = work
+        elif work is not None:
             work.wait()
         return work
+
+    def ordered(self) -> None:
+        """Before a synchronous op (queued on the current stream): the current stream waits
+        for the last async all_reduce, which runs on NCCL's stream, so that two kernels of
+        the communicator never run at once (NCCL's stream kept them in order when every op
+        went there)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.wait()
 
     def all_gather(self, output, tensor) -> None:
         """``output`` (W blocks) = every member's ``tensor``, in member order (enqueued
         likewise)."""
-        self.group()._allgather_base(as_bytes(output), as_bytes(tensor)).wait()
+        from torch.distributed import distributed_c10d
+
+        # (AllgatherOptions: torch.distributed does not re-export it)
+        opts = on_current_stream(distributed_c10d.AllgatherOptions())
+        self.ordered()
+        waited(self.group()._allgather_base(as_bytes(output), as_bytes(tensor), opts))
 
     def reduce_scatter(self, output, tensor, reduce_op: str) -> None:
         """``output`` = NCCL's reduction of block i (this member's index) of every
         member's ``tensor`` (W blocks), enqueued likewise."""
         import torch.distributed as dist
 
-        opts = dist.ReduceScatterOptions()
+        opts = on_current_stream(dist.ReduceScatterOptions())
         opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
-        self.group()._reduce_scatter_base(output, tensor, opts).wait()
+        self.ordered()
+        waited(self.group()._reduce_scatter_base(output, tensor, opts))
 
     def all_to_all(self, output, tensor, send_counts, recv_counts) -> None:
         """``output`` = block i of every member's ``tensor``, in member order (1-D tensors:
@@ -311,16 +354,18 @@ class NcclPeers:
         import torch.distributed as dist
 
         item = tensor.element_size()
-        self.group().alltoall_base(as_bytes(output), as_bytes(tensor), [c * item for c in recv_counts],
-                                   [c * item for c in send_counts], dist.AllToAllOptions()).wait()
+        self.ordered()
+        waited(self.group().alltoall_base(as_bytes(output), as_bytes(tensor), [c * item for c in recv_counts],
+                                          [c * item for c in send_counts], on_current_stream(dist.AllToAllOptions())))
 
     def broadcast(self, tensor, root: int) -> None:
         """``tensor`` = member ``root``'s (its index in ``ranks``), enqueued likewise."""
         import torch.distributed as dist
 
-        opts = dist.BroadcastOptions()
+        opts = on_current_stream(dist.BroadcastOptions())
         opts.rootRank = root
-        self.group().broadcast([as_bytes(tensor)], opts).wait()
+        self.ordered()
+        waited(self.group().broadcast([as_bytes(tensor)], opts))
 
     def abort(self) -> None:
         """Abort the communicator (NCCL's kernels stop waiting); idempotent."""
