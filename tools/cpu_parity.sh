@@ -4,8 +4,8 @@
 # MPI restricted to TCP and against gloo, the settings that choose algorithms by size,
 # and what Python itself costs per call.  Every part runs under `timeout`; a part that
 # fails or times out is logged and the next one runs.  At most 495 s (the parts' limits), less on a 64-core host.
-# The TCP parts time many calls a size: with 50, the W = 8 TCP means came out about twice
-# the 1000-call ones on one host (docs/results/32-vcpu-h200-host/parity-2 against parity-3).
+# The TCP parts time 1000 calls a size against MPI (200 against gloo), as the 16-vCPU
+# runs in docs/results/16-vcpu-xeon/tcp-exchange/ were timed.
 #
 # usage:   PYTHONPATH=$PWD tools/cpu_parity.sh [OUT]        (from the repository root)
 #          OUT: folder for the JSON and log files (default ./cpu-parity-logs, or $OUT)
