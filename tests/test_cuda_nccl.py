@@ -137,19 +137,18 @@ def test_a_broadcast_reaches_nccl_as_bytes_from_the_root_s_index():
             return SimpleNamespace(wait=lambda: None)
 
     peers = NcclPeers.__new__(NcclPeers)
-    peers.ranks, peers.nccl, peers.pending = (1, 3, 4), Group(), None
+    peers.ranks, peers.nccl = (1, 3, 4), Group()
     peers.group = lambda: peers.nccl
     data = torch.zeros(6, dtype=torch.int16)
     peers.run(SimpleNamespace(name="broadcast", buffers={"data": data}, root=3))
     assert got == [(torch.uint8, 12, 1)]
 
 
-def test_synchronous_hand_offs_run_on_the_current_stream_after_any_async_one():
+def test_synchronous_hand_offs_run_on_the_current_stream():
     """A hand-off the caller's stream waits for asks ProcessGroupNCCL to queue it on the
-    current stream (asyncOp off, as torch's synchronous calls do; it then may return no
-    Work); an async all_reduce stays on NCCL's stream, and the next synchronous op makes
-    the current stream wait for it first, so two of the communicator's kernels never run
-    at once."""
+    current stream (asyncOp off, as torch's synchronous calls do; it may then return no
+    Work, or one to wait for); an async all_reduce stays on NCCL's stream, its Work
+    returned unwaited."""
     from chorus.cuda.nccl import NcclPeers
 
     seen = []
@@ -164,42 +163,34 @@ def test_synchronous_hand_offs_run_on_the_current_stream_after_any_async_one():
     class Group:
         def allreduce(self, tensors, opts):
             seen.append(("all_reduce", opts.asyncOp))
-            return Work("all_reduce") if opts.asyncOp else None  # (torch may return none for a sync op)
+            return Work("all_reduce") if opts.asyncOp else None  # (torch makes none for a sync op)
 
         def _allgather_base(self, output, tensor, opts):
             seen.append(("all_gather", opts.asyncOp))
-            return Work("all_gather")
+            return Work("all_gather")  # (an older torch's Work: waited)
 
         def _reduce_scatter_base(self, output, tensor, opts):
             seen.append(("reduce_scatter", opts.asyncOp))
-            return None
 
         def alltoall_base(self, output, tensor, recv, send, opts):
             seen.append(("all_to_all", opts.asyncOp))
-            return None
 
         def broadcast(self, tensors, opts):
             seen.append(("broadcast", opts.asyncOp))
-            return None
 
     peers = NcclPeers.__new__(NcclPeers)
-    peers.ranks, peers.nccl, peers.pending, peers.reduce_options = (0, 1), Group(), None, {}
+    peers.ranks, peers.nccl, peers.reduce_options = (0, 1), Group(), {}
     peers.group = lambda: peers.nccl
     t = torch.zeros(4)
-    assert peers.all_reduce(t, "SUM") is None  # synchronous: on the current stream, no Work to wait for
-    assert seen == [("all_reduce", False)]
-    seen.clear()
-    async_work = peers.all_reduce(t, "SUM", wait=False)  # async: NCCL's stream, its Work kept
-    peers.all_reduce(t, "SUM", wait=False)  # NCCL's stream orders it after the first
+    assert peers.all_reduce(t, "SUM") is None
+    work = peers.all_reduce(t, "SUM", wait=False)
+    assert isinstance(work, Work) and peers.all_reduce(t, "SUM") is None
     peers.all_gather(torch.zeros(8), t)
-    assert isinstance(async_work, Work)
-    assert seen == [("all_reduce", True), ("all_reduce", True), ("wait", "all_reduce"), ("all_gather", False),
-                    ("wait", "all_gather")]
-    seen.clear()
-    peers.reduce_scatter(torch.zeros(2), t, "SUM")  # nothing async left to wait for
+    peers.reduce_scatter(torch.zeros(2), t, "SUM")
     peers.all_to_all(t, t, [2, 2], [2, 2])
     peers.broadcast(t, 1)
-    assert seen == [("reduce_scatter", False), ("all_to_all", False), ("broadcast", False)]
+    assert seen == [("all_reduce", False), ("all_reduce", True), ("all_reduce", False), ("all_gather", False),
+                    ("wait", "all_gather"), ("reduce_scatter", False), ("all_to_all", False), ("broadcast", False)]
 
 
 def test_each_communicator_a_group_makes_has_its_own_address_key():

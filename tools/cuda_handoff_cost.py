@@ -72,7 +72,7 @@ def body(rank: int, world: int, port: int, out: str) -> None:
     tdist, dist = init_both(rank, world, port)
     import chorus.cuda.component as component
     import chorus.debug.flight as flight
-    from chorus.cuda.nccl import NcclPeers
+    from chorus.cuda.nccl import NcclPeers, on_current_stream, waited
 
     t = torch.ones(1 << 19, dtype=torch.bfloat16, device="cuda")
     res: dict[str, float | str] = {}
@@ -93,8 +93,8 @@ def body(rank: int, world: int, port: int, out: str) -> None:
     res["chorus auto (own kernels)"] = per_call(lambda: dist.all_reduce(t))
     peers = seen.get("agree") or seen["NcclPeers.all_reduce"]
     res["NcclPeers.all_reduce alone"] = per_call(lambda: peers.all_reduce(t, "SUM"))
-    group, opts = peers.group(), tdist.AllreduceOptions()
-    res["its ProcessGroupNCCL.allreduce+wait"] = per_call(lambda: group.allreduce([t], opts).wait())
+    group, opts = peers.group(), on_current_stream(tdist.AllreduceOptions())  # (as chorus's synchronous call)
+    res["its ProcessGroupNCCL.allreduce+wait"] = per_call(lambda: waited(group.allreduce([t], opts)))
     res["NcclPeers.agree alone"] = per_call(lambda: peers.agree(SimpleNamespace(fingerprint=12345)))
     agree, NcclPeers.agree = NcclPeers.agree, lambda self, call: None
     res["chorus algorithm=nccl, agreement off"] = per_call(lambda: dist.all_reduce(t, algorithm="nccl"), n)

@@ -41,6 +41,7 @@ def body(rank: int, world: int, port: int, out: str) -> None:
 
     from chorus.api.state import current
     from chorus.components.select import device_component
+    from chorus.cuda.nccl import on_current_stream, waited
 
     tdist, dist = init_both(rank, world, port)
     t = torch.ones(1 << 19, dtype=torch.bfloat16, device="cuda")
@@ -56,8 +57,8 @@ def body(rank: int, world: int, port: int, out: str) -> None:
     comp = device_component(current().default_group, "cuda")
     pg = comp._nccl.group()
     default = tdist.distributed_c10d._get_default_group()
-    opts = tdist.AllreduceOptions()
-    row("its PG allreduce+wait", lambda: pg.allreduce([t], opts).wait())
+    opts = on_current_stream(tdist.AllreduceOptions())  # (as chorus's synchronous call and torch's own)
+    row("its PG allreduce+wait", lambda: waited(pg.allreduce([t], opts)))
     row("its PG allreduce, no wait", lambda: pg.allreduce([t], opts))
     lanes = comp.lanes
 
@@ -67,11 +68,11 @@ def body(rank: int, world: int, port: int, out: str) -> None:
 
     def barrier_then(group) -> None:
         barrier()
-        group.allreduce([t], opts).wait()
+        waited(group.allreduce([t], opts))
 
     row("lanes barrier alone", barrier)
     row("barrier + PG allreduce+wait", lambda: barrier_then(pg))
-    row("torch PG allreduce+wait", lambda: default.allreduce([t], opts).wait())
+    row("torch PG allreduce+wait", lambda: waited(default.allreduce([t], opts)))
     row("barrier + torch PG allreduce+wait", lambda: barrier_then(default))
     comp._nccl_guard = False  # the CPU agreement instead (CHORUS_CUDA_NCCL_AGREE=cpu)
     row("chorus nccl (cpu agree)", lambda: dist.all_reduce(t, algorithm="nccl"))

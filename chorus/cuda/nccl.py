@@ -9,8 +9,8 @@ faster than chorus's: all_reduce, all_gather and reduce_scatter from a size on
     peers = NcclPeers(g, (0, 2), agree_on=sub)   # sub: a chorus sub-group of those ranks
     peers.agree(call)                            # every member called the same op, or
                                                  # CollectiveMismatchError on each of them
-    peers.group().allreduce([t], opts).wait()    # NCCL, ordered after the current stream;
-                                                 # the current stream waits for it
+    peers.all_reduce(t, "SUM")                   # NCCL's kernel queued on the current
+                                                 # stream (on_current_stream)
 
 What chorus adds to NCCL:
 
@@ -68,7 +68,10 @@ NCCL_REDUCE_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "in
 def on_current_stream(opts):
     """torch's options ``opts`` for an op the caller's stream waits for: ProcessGroupNCCL
     queues it on the current stream itself (``asyncOp`` off, as torch's own synchronous
-    calls set it), instead of on its own stream with an event to wait for each way.
+    calls set it), instead of on its own stream with an event to wait for each way.  An
+    async all_reduce (DDP's buckets) still runs on NCCL's stream; NCCL itself orders one
+    communicator's launches whatever streams they come on (each waits for the last on the
+    communicator's own device stream), so a synchronous op after it cannot overtake it.
     chorus's synchronous hand-offs ran at 0.98-0.99x torch's all_reduce at 16 MiB on 4
     H200s with the option left on, with or without the agreement's barrier beside them
     (docs/results/4xh200/speed-run-8/default-shapes/, handoff-agree/).  A torch without
@@ -216,7 +219,6 @@ class NcclPeers:
         self.broken: BaseException | None = None
         self.aborting: threading.Thread | None = None  # the failure listener's abort, while it runs
         self.reduce_options: dict = {}  # (reduce op, wait) -> torch's AllreduceOptions for them
-        self.pending = None  # torch's Work of the last async all_reduce, until a synchronous op follows it
         self.watching: threading.Event | None = None  # set to stop watch()'s thread
         self.watcher: threading.Thread | None = None
         self.aborted = False  # once set, the communicator is never made (again)
@@ -307,23 +309,10 @@ class NcclPeers:
             opts = dist.AllreduceOptions()
             opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
             self.reduce_options[(reduce_op, wait)] = on_current_stream(opts) if wait else opts
-        if wait and self.pending is not None:
-            self.ordered()
         work = (self.nccl or self.group()).allreduce([tensor], opts)
-        if not wait:
-            self.pending = work
-        elif work is not None:
+        if wait and work is not None:
             work.wait()
         return work
-
-    def ordered(self) -> None:
-        """Before a synchronous op (queued on the current stream): the current stream waits
-        for the last async all_reduce, which runs on NCCL's stream, so that two kernels of
-        the communicator never run at once (NCCL's stream kept them in order when every op
-        went there)."""
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            pending.wait()
 
     def all_gather(self, output, tensor) -> None:
         """``output`` (W blocks) = every member's ``tensor``, in member order (enqueued
@@ -332,7 +321,6 @@ class NcclPeers:
 
         # (AllgatherOptions: torch.distributed does not re-export it)
         opts = on_current_stream(distributed_c10d.AllgatherOptions())
-        self.ordered()
         waited(self.group()._allgather_base(as_bytes(output), as_bytes(tensor), opts))
 
     def reduce_scatter(self, output, tensor, reduce_op: str) -> None:
@@ -342,7 +330,6 @@ class NcclPeers:
 
         opts = on_current_stream(dist.ReduceScatterOptions())
         opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
-        self.ordered()
         waited(self.group()._reduce_scatter_base(output, tensor, opts))
 
     def all_to_all(self, output, tensor, send_counts, recv_counts) -> None:
@@ -354,7 +341,6 @@ class NcclPeers:
         import torch.distributed as dist
 
         item = tensor.element_size()
-        self.ordered()
         waited(self.group().alltoall_base(as_bytes(output), as_bytes(tensor), [c * item for c in recv_counts],
                                           [c * item for c in send_counts], on_current_stream(dist.AllToAllOptions())))
 
@@ -364,7 +350,6 @@ class NcclPeers:
 
         opts = on_current_stream(dist.BroadcastOptions())
         opts.rootRank = root
-        self.ordered()
         waited(self.group().broadcast([as_bytes(tensor)], opts))
 
     def abort(self) -> None:

@@ -16,9 +16,9 @@ chorus's CUDA component inside each host, one communicator per rail between host
 Why torch's ProcessGroupNCCL for a rail, not another binding: the GPU extra already
 requires torch with CUDA, which ships NCCL and its network plugins; a rail communicator is
 one ProcessGroupNCCL (chorus.cuda.nccl.NcclPeers: over a torch TCPStore that the rail's
-first member serves), with no package beside torch.  Its ops run on NCCL's stream, ordered
-after the caller's current stream; ``wait()`` makes the current stream wait for them, so
-the three phases below queue on the GPU without the CPU waiting for any of them.
+first member serves), with no package beside torch.  Its ops are queued on the caller's
+current stream (chorus.cuda.nccl.on_current_stream), so the three phases below queue on
+the GPU, in order, without the CPU waiting for any of them.
 
 all_reduce, with L ranks a host and n elements (padded to a multiple of L in a scratch
 buffer when L does not divide n)::
