@@ -455,8 +455,8 @@ class CudaComponent(Component):
         op and every later one raise CollectiveMismatchError naming both calls.
         ``running``: torch's Work of NCCL's op where the caller's stream does not wait for
         it: the group's next op on chorus's kernels runs after it (Lanes.unjoined), as ops
-        of one ProcessGroupNCCL do; hand-offs in a row need nothing (NCCL's stream orders
-        them), so none waits for it here."""
+        of one ProcessGroupNCCL do; hand-offs in a row need nothing (NCCL orders one
+        communicator's launches, whatever their streams), so none waits for it here."""
         beside = self._side()
         with self.lock:
             lanes = self.lanes
