@@ -26,15 +26,18 @@
 #      off and on alternating (tools/cuda_lane_cost.py; $LOGS/lane/lane-rank*.txt)
 #  10. bound_all_reduce, bound_all_gather, bound_reduce_scatter: part 8's loops up to
 #      256 KiB with each rank on the CPUs of its GPU (chorus bench --bind gpu)
-#  11. bars: all_reduce 8 MiB .. 128 MiB (x2) against NCCL, three rounds
-#  12. handoff_from: all_reduce 4 MiB .. 32 MiB (x2) by chorus's two_shot_push, by chorus's
+#  11. bars: all_reduce 8 MiB .. 128 MiB (x2) against NCCL, three rounds of 300 calls
+#  12. unheld_large_all_gather, unheld_large_reduce_scatter: part 8's loops at 16 .. 64 MiB (x2), where
+#      both go to NCCL; unheld_all_to_all, unheld_broadcast: 1 KiB .. 16 MiB (x8), all on NCCL
+#  13. handoff_from: all_reduce 4 MiB .. 32 MiB (x2) by chorus's two_shot_push, by chorus's
 #      hand-off to NCCL, and by NCCL itself, three rounds (CHORUS_CUDA_NCCL_FROM_BYTES)
-# Parts 8, 10 and 11 run three rounds each (chorus bench --rounds 3: medians, and the
+# Parts 8, 10, 11 and 12 run three rounds each (chorus bench --rounds 3: medians, and the
 # range of NCCL's time over chorus's across the rounds).
 # CHORUS_SPEED_PARTS="all_reduce graph ..." runs only the parts named (smoke, all_reduce,
 # calibrate, rails, ddp, all_gather, reduce_scatter, broadcast, all_to_all, graph,
 # unheld_all_reduce, unheld_all_gather, unheld_reduce_scatter, lane, bound_all_reduce,
-# bound_all_gather, bound_reduce_scatter, bars, handoff_from).
+# bound_all_gather, bound_reduce_scatter, bars, unheld_large_all_gather, unheld_large_reduce_scatter,
+# unheld_all_to_all, unheld_broadcast, handoff_from).
 # then a compact table per part: size, chorus us (GPU), chorus cpu us, nccl us, nccl/chorus,
 # symm us, #wrong.  Exits non-zero unless every part passed.
 set -uo pipefail
@@ -138,8 +141,20 @@ for c in all_reduce all_gather reduce_scatter; do
       --baseline nccl --bind gpu --rounds 3
 done
 # the bandwidth bars' sizes (8-16 MiB: at most NCCL's time; 128 MiB: 0.95x its bus bandwidth), three rounds
-bench bars 90 --collective all_reduce -b 8M -e 128M -f 2 -n 50 -w 5 --scale-iters --baseline nccl --rounds 3
+# (300 calls a size: with --scale-iters's handful at 8 MiB, NCCL's time read 74.3 us against 59.2 with
+# 300, docs/results/4xh200/speed-run-8/bars.log against default-shapes/bars.log)
+bench bars 90 --collective all_reduce -b 8M -e 128M -f 2 -n 300 -w 20 --baseline nccl --rounds 3
 # where the hand-off to NCCL should begin: chorus's two-shot, chorus's hand-off and NCCL itself, three rounds
+# the hand-offs as eager loops run them (the CPU's pace counts): all_gather and reduce_scatter where
+# they go to NCCL (FSDP's sizes), all_to_all and broadcast at every size
+for c in all_gather reduce_scatter; do
+  NCCL_RUNTIME_CONNECT=0 bench "unheld_large_$c" 60 --collective "$c" -b 16M -e 64M -f 2 -n 100 -w 10 --unheld \
+      --baseline nccl --rounds 3
+done
+for c in all_to_all broadcast; do
+  NCCL_RUNTIME_CONNECT=0 bench "unheld_$c" 60 --collective "$c" -b 1K -e 16M -f 8 -n 100 -w 10 --unheld --baseline nccl \
+      --rounds 3
+done
 bench handoff_from 100 --collective all_reduce -b 4M -e 32M -f 2 -n 100 -w 10 --scale-iters --baseline nccl \
     --algorithm two_shot_push,nccl --rounds 3
 
@@ -162,7 +177,8 @@ def load(name):
 
 for name in ("all_reduce", "graph", "rails", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
              "unheld_all_reduce", "unheld_all_gather", "unheld_reduce_scatter", "bound_all_reduce",
-             "bound_all_gather", "bound_reduce_scatter", "bars"):
+             "bound_all_gather", "bound_reduce_scatter", "bars", "unheld_large_all_gather",
+             "unheld_large_reduce_scatter", "unheld_all_to_all", "unheld_broadcast"):
     doc = load(name)
     if doc is None:
         print(f"\n== {name}: no results (see {name}.log)")
