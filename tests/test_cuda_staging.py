@@ -181,3 +181,36 @@ def test_members_that_are_threads_of_one_process_get_no_workspace(monkeypatch):
     tokens = {}
     monkeypatch.setattr(workspace, "process_token", lambda: tokens[current().default_group.rank()])
     assert run_threads(processes, W) == [True] * W
+
+
+@pytest.mark.parametrize("fails_at", ["host_alloc", "zero"])
+def test_a_workspace_whose_making_fails_lets_go_of_what_it_allocated(monkeypatch, fails_at):
+    """Workspace.__init__ frees the device memory (and the control page) it got when a
+    later step raises: create() has no workspace to close then."""
+    import numpy as np
+
+    from chorus.cuda import layout as L
+    from chorus.cuda import workspace
+
+    freed = []
+    page = np.zeros(L.CONTROL_WORDS, np.int64)
+
+    def host_alloc(nbytes):
+        if fails_at == "host_alloc":
+            raise MemoryError("no pinned memory")
+        return 88
+
+    def zero(*a, **k):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(workspace.runtime, "malloc", lambda nbytes: 77)
+    monkeypatch.setattr(workspace.runtime, "host_alloc", host_alloc)
+    monkeypatch.setattr(workspace.runtime, "host_words", lambda addr, n: memoryview(page).cast("B").cast("q"))
+    monkeypatch.setattr(workspace.runtime, "free", lambda ptr: freed.append(("free", ptr)))
+    monkeypatch.setattr(workspace.runtime, "host_free", lambda addr: freed.append(("host_free", addr)))
+    monkeypatch.setattr(torch, "as_tensor", zero)
+    pg = type("PG", (), {"rank": lambda self: 0, "size": lambda self: 2, "members": (0, 1)})()
+    with pytest.raises((MemoryError, RuntimeError)):
+        workspace.Workspace(pg, 1 << 20)
+    assert freed == ([("free", 77)] if fails_at == "host_alloc" else [("free", 77), ("host_free", 88)])

@@ -115,18 +115,25 @@ class Workspace:
         self.members = pg.members
         self.layout = L.Layout.of(self.world, total)
         self.device = torch.device("cuda", torch.cuda.current_device())
-        self.ptr = runtime.malloc(total)
-        self.host_addr = runtime.host_alloc(L.CONTROL_WORDS * 8)
-        self.words = runtime.host_words(self.host_addr, L.CONTROL_WORDS)
-        self.words.cast("B")[:] = bytes(8 * L.CONTROL_WORDS)
         self.bases: list[int] = []
         self.barriers = 0  # barriers the check made (chorus.cuda.lanes counts on from there)
         self.setup_s = 0.0  # seconds create() took: allocation, exchange, mapping and check
         self.phases: dict[str, float] = {}  # seconds of each of those steps (Phases), this rank's
         self._opened: list[int] = []
         self._torch = torch
-        torch.as_tensor(runtime.DeviceArray(self.ptr, total), device=self.device).zero_()
-        torch.cuda.synchronize(self.device)
+        self.ptr = runtime.malloc(total)
+        self.host_addr = 0
+        try:
+            self.host_addr = runtime.host_alloc(L.CONTROL_WORDS * 8)
+            self.words = runtime.host_words(self.host_addr, L.CONTROL_WORDS)
+            self.words.cast("B")[:] = bytes(8 * L.CONTROL_WORDS)
+            torch.as_tensor(runtime.DeviceArray(self.ptr, total), device=self.device).zero_()
+            torch.cuda.synchronize(self.device)
+        except BaseException:  # (create() never got a workspace to close: let go of what was made here)
+            runtime.free(self.ptr)
+            if self.host_addr:
+                runtime.host_free(self.host_addr)
+            raise
 
     @staticmethod
     def itemsize(dtype: str) -> int:
