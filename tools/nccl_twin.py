@@ -23,20 +23,9 @@ from functools import partial
 
 import torch
 import torch.multiprocessing as mp
+from cuda_handoff_parts import gpu_call
 
 SIZES = (8 << 20, 16 << 20, 32 << 20)
-
-
-def timed(fn, iters: int) -> float:
-    """GPU us per call of ``iters`` back-to-back calls of ``fn``."""
-    a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    a.record()
-    for _ in range(iters):
-        fn()
-    z.record()
-    z.synchronize()
-    return a.elapsed_time(z) * 1e3 / iters
 
 
 def body(rank: int, world: int, port: int, rounds: int, iters: int, sizes: list[int]) -> None:
@@ -60,11 +49,6 @@ def body(rank: int, world: int, port: int, rounds: int, iters: int, sizes: list[
              "twin": lambda t: twin.allreduce([t], opts).wait(),
              "twin-sync": twin_sync}
     times: dict[tuple[str, int], list[float]] = {}
-    for size in sizes:
-        t = torch.ones(size // 2, dtype=torch.bfloat16, device="cuda")
-        for call in calls.values():
-            for _ in range(10):
-                call(t)
     for r in range(rounds):
         for size in sizes:
             t = torch.ones(size // 2, dtype=torch.bfloat16, device="cuda")
@@ -72,7 +56,7 @@ def body(rank: int, world: int, port: int, rounds: int, iters: int, sizes: list[
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 tdist.barrier()
-                times.setdefault((name, size), []).append(timed(partial(calls[name], t), iters))
+                times.setdefault((name, size), []).append(gpu_call(partial(calls[name], t), iters, held=False))
     if rank == 0:
         print(f"# nccl_twin: {world} GPUs ({torch.cuda.get_device_name(0)}), torch {torch.__version__}, "
               f"bf16 all_reduce, {iters} back-to-back calls a timing, {rounds} rounds (the order turning)")

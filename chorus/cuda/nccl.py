@@ -310,8 +310,8 @@ class NcclPeers:
             opts.reduceOp = getattr(dist.ReduceOp, NCCL_OPS[reduce_op])
             self.reduce_options[(reduce_op, wait)] = on_current_stream(opts) if wait else opts
         work = (self.nccl or self.group()).allreduce([tensor], opts)
-        if wait and work is not None:
-            work.wait()
+        if wait:
+            waited(work)
         return work
 
     def all_gather(self, output, tensor) -> None:
