@@ -11,7 +11,7 @@ forced with ``CHORUS_ALGO_<COLLECTIVE>`` under ``chorus bench --transport tcp``)
 
     collective      rule
     all_reduce      <= 32 KiB, or W >= 8 and <= 256 KiB: recursive_doubling;
-                    < 16 MiB: rabenseifner; else ring
+                    W = 4 and >= 8 MiB, or >= 16 MiB: ring; else rabenseifner
     broadcast       < 1 MiB or W <= 2: binomial; else chain (pipelined)
     reduce          binomial
     all_gather      <= 32 KiB per rank: bruck; else ring
@@ -61,8 +61,12 @@ def default_algorithm(collective: str, world: int, nbytes: int, uniform: bool = 
         # 12260-13028), W=2 10790, 9998 against 11593, 10487; 4 MiB level or rabenseifner
         # ahead (W=2 2404, 2370 against 2185, 1990).  So ring from 16 MiB: its pipeline
         # keeps sending, receiving and reducing at once, which the 2-vCPU VM's four ranks
-        # could not.
-        return "rabenseifner" if nbytes < 16 * MIB else "ring"
+        # could not.  At W = 4 ring leads from 8 MiB on the 16-vCPU host (two runs, three
+        # rounds each, docs/results/16-vcpu-h200-host/tcp-large/: 8 MiB 4237 and 5006 us
+        # against rabenseifner's 5713 and 5843, gloo 4735-5346; level at 4 MiB).
+        if nbytes >= 16 * MIB or (world == 4 and nbytes >= 8 * MIB):
+            return "ring"
+        return "rabenseifner"
     if collective == "broadcast":
         return "binomial" if nbytes < MIB or world <= 2 else "chain"
     if collective == "all_gather":

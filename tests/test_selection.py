@@ -14,6 +14,9 @@ from chorus.selection import KIB, MIB, default_algorithm
     (2, 16 * MIB - 4, "rabenseifner"),
     (2, 16 * MIB, "ring"),  # ring's pipeline from 16 MiB (docs/results/16-vcpu-xeon/tcp-ring-16m/)
     (4, 16 * MIB, "ring"),
+    (4, 8 * MIB - 4, "rabenseifner"),
+    (4, 8 * MIB, "ring"),  # W = 4 from 8 MiB (docs/results/16-vcpu-h200-host/tcp-large/)
+    (8, 8 * MIB, "rabenseifner"),
     (16, 256 * MIB, "ring"),
 ])
 def test_all_reduce_by_size_and_world(world, nbytes, want):
