@@ -117,6 +117,7 @@ def install(world: World, transport, backend: str, timeout: float, store=None,
     flight.forget(transport.rank)  # a new world: the flight recorder starts afresh
     world.default_group = ProcessGroup(0, tuple(range(transport.world_size)), transport.rank, transport,
                                        timeout, name="WORLD", backend=backend)
+    world.default_group.store = store
     world.groups = {0: world.default_group}
     crash.install(destroy_process_group)  # BYE at a normal exit; the cause to the peers at a failure
     try:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from chorus import config
 from chorus.call import Call
 from chorus.components.base import Component, run_in_order
+from chorus.components.channels import Channels
+from chorus.engine import OpContext, run_schedule
 from chorus.schedules.registry import schedule as build_schedule
 from chorus.selection import COLLECTIVES, choose, without_hierarchy
 from chorus.wire.dtypes import DTYPE_CODES
@@ -39,10 +41,11 @@ class ScheduleComponent(Component):
 
     name = "tcp"
 
-    def __init__(self, announce: Callable[[object], None] | None = None):
+    def __init__(self, announce: Callable[[object], None] | None = None, channels: Channels | None = None):
         self.forced = forced_algorithms()
         self.announce = announce
         self.segment = config.get("CHORUS_SEGMENT_BYTES")
+        self.channels = channels  # a large all_reduce's extra sockets (chorus.components.channels)
 
     def supports(self, call: Call) -> str:
         requested = call.algorithm
@@ -69,13 +72,45 @@ class ScheduleComponent(Component):
     def start(self, call: Call, algorithm: str) -> Work | None:
         pg = call.group
         itemsize = next(iter(call.buffers.values())).itemsize if call.buffers else 1
-        sched = self.schedule(pg, call.name, algorithm, call.args, call.root, itemsize)
         code = DTYPE_CODES[call.dtype]
         announce = self.announce
+        channels = self.channels if call.name == "all_reduce" else None
+        if channels is not None:
+            parts = channels.parts(call.nbytes)
+            if parts > 1:
+                return run_in_order(call, self.name, algorithm,
+                                    lambda ctx: self._in_parts(call, algorithm, ctx, parts, itemsize, code),
+                                    channels=parts)
+        sched = self.schedule(pg, call.name, algorithm, call.args, call.root, itemsize)
 
         def transfers(ctx) -> None:
             if announce is not None:
                 announce(ctx)
             pg.run_schedule(sched, call.buffers, ctx, code, call.combine, algorithm)
+            if channels is not None and channels.should_open(call.nbytes):
+                channels.open(max(1.0, pg.timeout))
 
         return run_in_order(call, self.name, algorithm, transfers)
+
+    def _in_parts(self, call: Call, algorithm: str, ctx, parts: int, itemsize: int, code: int) -> None:
+        """``call`` (an all_reduce) as ``parts`` all_reduces of contiguous parts of its data,
+        part k on channel k (chorus.components.channels)."""
+        pg = call.group
+        data = call.buffers["data"]
+        members = tuple(range(pg.size()))  # a channel's ranks are the group's
+
+        def run_part(k: int, offset: int, size: int, transport) -> None:
+            sched = self.schedule(pg, "all_reduce", algorithm, {"count": size}, -1, itemsize)
+            part = {"data": data[offset:offset + size]}
+            if transport is None:
+                pg.run_schedule(sched, part, ctx, code, call.combine, algorithm)
+                return
+            part_ctx = OpContext(ctx.name, ctx.group, ctx.seq, ctx.fingerprint, members, ctx.deadline)
+            run_schedule(sched, part, transport, part_ctx, code, call.combine, self.channels.workspaces[k - 1],
+                         algorithm)
+
+        self.channels.run(parts, data.size, run_part)
+
+    def close(self) -> None:
+        if self.channels is not None:
+            self.channels.close()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 
 from chorus.call import Call
+from chorus.components import channels
 from chorus.components.schedules import ScheduleComponent, forced_algorithms
 from chorus.components.shm import ShmComponent
 from chorus.components.tcp_lane import TcpLane
@@ -83,7 +84,7 @@ def attach(pg, *, settings: bool = True) -> None:
 
     pg.hierarchy = build(pg, hosts, attach)
     if pg.hierarchy is None:
-        schedules = ScheduleComponent()
+        schedules = ScheduleComponent(channels=channels.for_group(pg, pg.store))
         pg.components = (schedules,)
         pg.lane = TcpLane(pg, schedules)
     else:

@@ -188,6 +188,12 @@ class TcpTransport(TcpReceiving, Transport):
         self._wait_for_mesh(deadline)
         threading.Thread(target=self._heartbeat_loop, name=f"chorus-heartbeat-r{rank}", daemon=True).start()
 
+    def sibling(self, rank: int, world_size: int, store, timeout: float) -> TcpTransport:
+        """Another transport, among ``world_size`` ranks met through ``store`` (this rank is
+        ``rank`` there), with this one's token and address: a group's extra channels
+        (chorus.components.channels).  Every one of those ranks calls it."""
+        return TcpTransport(rank, world_size, store, token=self._token, timeout=timeout, host=self.listen_host)
+
     # -- set-up ----------------------------------------------------------------------------
     def _connect(self, peer: int, addr: str, deadline: float) -> None:
         host, _, port = addr.rpartition(":")
