@@ -267,9 +267,9 @@ SETTINGS: dict[str, Setting] = _declare(
                     "channels); 0: as many as this rank's CPUs allow (its usable CPUs over "
                     "LOCAL_WORLD_SIZE, else the job's size), at most 4; the members of a group use "
                     "the least any of them asks for; 1: one (no channels)"),
-    Setting("CHORUS_TCP_CHANNEL_BYTES", "int", 1 * MIB, minimum=1, unit="bytes",
-            meaning="the least an all_reduce gives each channel: one of n bytes per rank runs in "
-                    "min(channels, n // this) parts"),
+    Setting("CHORUS_TCP_CHANNEL_BYTES", "int", 4 * MIB, minimum=1, unit="bytes",
+            meaning="an all_reduce of n >= this many bytes per rank runs in min(channels, "
+                    "max(2, n // this)) parts, one per channel"),
     Setting("CHORUS_TCP_SPIN_US", "float", minimum=0, unit="microseconds",
             meaning="how long a rank waiting for a small TCP message polls its socket before it "
                     "sleeps in poll(); unset: 200 where every rank of the host has a core of its "

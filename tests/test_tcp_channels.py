@@ -8,6 +8,7 @@ import sys
 import textwrap
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from proc_support import reserved_port
 import chorus as dist
 from chorus import config
 from chorus.components.channels import Channels
+from chorus.store import HashStore
 from chorus.testing import run_processes
 
 PART = 64 << 10  # CHORUS_TCP_CHANNEL_BYTES here: every size above the TCP lane's (CHORUS_TCP_LANE_BYTES)
@@ -56,7 +58,7 @@ def _split_body(rank, world):
     ch = _channels()
     before_open = ch.count
     small = np.ones(10, np.float32)
-    dist.all_reduce(small)  # too small for two parts: nothing opens
+    dist.all_reduce(small)  # too small to be split: nothing opens
     after_small = ch.count
     out = {"small": bool((small == world).all())}
     first = np.full(2 * PART // 4, rank + 1, np.float32)
@@ -87,6 +89,17 @@ def test_a_large_all_reduce_runs_in_parts_on_every_channel_with_the_same_bits_ev
         assert runs == 13  # every all_reduce after the channels opened
         assert all(out.values()), out
     assert results[0][5] == results[1][5] == results[2][5]  # bit-identical on every rank
+
+
+@pytest.mark.parametrize("count, nbytes, parts", [
+    (None, 64 << 20, 1),  # not open yet
+    (4, (4 << 20) - 1, 1), (4, 4 << 20, 2), (4, 8 << 20, 2), (4, 12 << 20, 3), (4, 64 << 20, 4),
+    (2, 64 << 20, 2), (3, 5 << 20, 2),
+])
+def test_parts_by_size_and_count(count, nbytes, parts):
+    ch = Channels(SimpleNamespace(id=7), store=HashStore())
+    ch.min_bytes, ch.count = 4 << 20, count
+    assert ch.parts(nbytes) == parts
 
 
 def _least_body(rank, world):
@@ -156,7 +169,7 @@ _KILL_SCRIPT = textwrap.dedent("""
     outdir = sys.argv[1]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    x = np.ones(1 << 20, np.float32)  # 4 MiB: 4 parts of 1 MiB
+    x = np.ones(1 << 20, np.float32)  # 4 MiB: 4 parts of 1 MiB (CHORUS_TCP_CHANNEL_BYTES=1 MiB)
     dist.all_reduce(x)  # opens the channels
     dist.all_reduce(x)
     open(f"{outdir}/ready{rank}", "w").close()
@@ -181,7 +194,8 @@ def test_a_rank_killed_during_split_all_reduces_fails_every_survivor_with_peer_l
         procs = []
         for rank in range(3):
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="3",
-                       CHORUS_TOKEN="channels-kill", CHORUS_TRANSPORT="tcp", CHORUS_TCP_CHANNELS="4")
+                       CHORUS_TOKEN="channels-kill", CHORUS_TRANSPORT="tcp", CHORUS_TCP_CHANNELS="4",
+                       CHORUS_TCP_CHANNEL_BYTES=str(1 << 20))
             procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, env=env))
         try:

@@ -7,25 +7,32 @@ the count, every CPU busy (``tools/tcp_streams.py``,
 docs/results/16-vcpu-h200-host/tcp-large/tcp-streams.txt).  As NCCL's socket transport
 opens several sockets per peer, a group whose collectives run over TCP opens channels:
 ``count - 1`` more TCP transports among its members, beside the group's own (channel 0).
-An all_reduce of ``n`` bytes per rank then runs as ``min(count, n // CHORUS_TCP_CHANNEL_BYTES)``
-all_reduces of contiguous parts, each part the call's algorithm on its own channel, part 0
-in the calling thread and part k in channel k's thread::
+An all_reduce of ``n >= CHORUS_TCP_CHANNEL_BYTES`` (4 MiB) per rank then runs as
+``min(count, max(2, n // CHORUS_TCP_CHANNEL_BYTES))`` all_reduces of contiguous parts, each
+the call's algorithm on its own channel, part 0 in the calling thread and part k in
+channel k's thread::
 
     K = 2, every rank:   data[:n0]  all_reduce on the group's transport     (this thread)
                          data[n0:]  all_reduce on channel 1's connections   (channel 1's thread)
     every rank ends with op over every rank's data, element by element, as before; the
     bits are the same on every rank (each part is one all_reduce of the group).
 
+The rule is measured (docs/results/16-vcpu-h200-host/channels-8954bb7/): two parts lead
+at 4 MiB (W = 4: 1.19x gloo's speed, against 0.95x unsplit), and four parts of 2 MiB at
+W = 4, 8 MiB ran at 0.97x where two of 4 MiB ran at 1.32x.
+
 Part 0 always travels on the group's own transport, so a member that calls something else
 is still met there with a CollectiveMismatchError, and a lost member with PeerLostError.
 
-Opening.  The channels open right after the group's first all_reduce large enough for two
-parts, inside that op: it completed on this rank, so every member made the same call and
+Opening.  The channels open right after the group's first all_reduce large enough to be
+split, inside that op: it completed on this rank, so every member made the same call and
 opens them at the same point.  Each member asks for ``CHORUS_TCP_CHANNELS``, or when that
 is 0 for what its CPUs allow (its usable CPUs over the ranks on its host, at most 4); the
 group takes the least, so every member splits alike; 1 means no channels.  The members
 meet through the job's store (keys ``channels/<group id>/...``); groups without one (a
 hierarchy's hidden sub-groups, ranks that are threads of one process) have no channels.
+A synchronous all_reduce small enough for the TCP lane (chorus.components.tcp_lane)
+never reaches them.
 
 Failures.  A part that fails closes the channels: the others' pending transfers fail at
 once, the op raises part 0's error if it has one (its transport settles a mismatch), else
@@ -116,13 +123,13 @@ class Channels:
 
     def parts(self, nbytes: int) -> int:
         """In how many parts an all_reduce of ``nbytes`` per rank runs now (1: unsplit)."""
-        if self.count is None:
+        if self.count is None or nbytes < self.min_bytes:
             return 1
-        return max(1, min(self.count, nbytes // self.min_bytes))
+        return min(self.count, max(2, nbytes // self.min_bytes))
 
     def should_open(self, nbytes: int) -> bool:
         """Whether an all_reduce of ``nbytes`` per rank that just completed opens them."""
-        return self.count is None and self.broken is None and nbytes >= 2 * self.min_bytes
+        return self.count is None and self.broken is None and nbytes >= self.min_bytes
 
     def open(self, timeout: float) -> None:
         """Agree on the count with the other members and connect (every member calls this
