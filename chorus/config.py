@@ -264,12 +264,13 @@ SETTINGS: dict[str, Setting] = _declare(
                     "dtype, shape and op (same algorithm and bits as the general path); 0: never"),
     Setting("CHORUS_TCP_CHANNELS", "int", 0, minimum=0, maximum=8,
             meaning="sockets per pair of ranks for a large all_reduce over TCP (chorus.components."
-                    "channels); 0: as many as this rank's CPUs allow (its usable CPUs over "
-                    "LOCAL_WORLD_SIZE, else the job's size), at most 4; the members of a group use "
-                    "the least any of them asks for; 1: one (no channels)"),
+                    "channels); 0: as many as this rank's CPUs allow (its usable CPUs over the "
+                    "job's ranks on its host), at most 4; the job uses the least any rank asks "
+                    "for; 1: one (no channels)"),
     Setting("CHORUS_TCP_CHANNEL_BYTES", "int", 4 * MIB, minimum=1, unit="bytes",
-            meaning="an all_reduce of n >= this many bytes per rank runs in min(channels, "
-                    "max(2, n // this)) parts, one per channel"),
+            meaning="an all_reduce of n >= this many bytes per rank (and more than every rank's "
+                    "CHORUS_TCP_LANE_BYTES) runs in min(channels, max(2, n // this)) parts, one per "
+                    "channel; the job uses the largest any rank gives"),
     Setting("CHORUS_TCP_SPIN_US", "float", minimum=0, unit="microseconds",
             meaning="how long a rank waiting for a small TCP message polls its socket before it "
                     "sleeps in poll(); unset: 200 where every rank of the host has a core of its "

@@ -60,7 +60,7 @@ class ProcessGroup:
         self.workspace = Workspace()  # ops of a group never run concurrently: one suffices
         self.shm = None  # a chorus.shm.group.ShmGroup when every member shares this host
         self.hierarchy = None  # a chorus.components.hierarchy.Hierarchy when members span hosts
-        self.store = None  # the job's store, where members meet after set-up (None: they cannot)
+        self.channels = None  # the job's extra TCP transports (chorus.components.channels), if any
         # The collective components, in the order selection asks them
         # (chorus.components.select; set when the group is created).
         self.components: tuple = ()

@@ -8,16 +8,13 @@ import sys
 import textwrap
 import threading
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from proc_support import reserved_port
 
 import chorus as dist
-from chorus import config
-from chorus.components.channels import Channels
-from chorus.store import HashStore
+from chorus.components.channels import Channels, GroupChannels, agreed
 from chorus.testing import run_processes
 
 PART = 64 << 10  # CHORUS_TCP_CHANNEL_BYTES here: every size above the TCP lane's (CHORUS_TCP_LANE_BYTES)
@@ -29,20 +26,20 @@ def channels_env(monkeypatch):
     monkeypatch.setenv("CHORUS_TCP_CHANNEL_BYTES", str(PART))
 
 
-def _channels():
+def _split():
     return dist.group.WORLD.components[0].channels
 
 
 def _counting_runs():
-    """Count Channels.run calls in this process: {"runs": n}."""
+    """Count GroupChannels.run calls in this process: {"runs": n}."""
     seen = {"runs": 0}
-    original = Channels.run
+    original = GroupChannels.run
 
     def run(self, count, total, run_part):
         seen["runs"] += 1
         return original(self, count, total, run_part)
 
-    Channels.run = run
+    GroupChannels.run = run
     return seen
 
 
@@ -55,15 +52,12 @@ def _values(rank, n, dtype):
 
 def _split_body(rank, world):
     seen = _counting_runs()
-    ch = _channels()
-    before_open = ch.count
+    out = {}
     small = np.ones(10, np.float32)
-    dist.all_reduce(small)  # too small to be split: nothing opens
-    after_small = ch.count
-    out = {"small": bool((small == world).all())}
-    first = np.full(2 * PART // 4, rank + 1, np.float32)
-    dist.all_reduce(first)  # the first large enough: runs unsplit, then the channels open
-    out["first"] = bool((first == world * (world + 1) / 2).all())
+    dist.all_reduce(small)  # the TCP lane's
+    lane = np.ones(PART // 4, np.float32)
+    dist.all_reduce(lane)  # no larger than the lane's bytes: never split
+    out["small"] = bool((small == world).all() and (lane == world).all())
     digests = {}
     for dtype, op in (("float32", dist.ReduceOp.SUM), ("float64", dist.ReduceOp.MAX),
                       ("int64", dist.ReduceOp.SUM), ("float16", dist.ReduceOp.SUM)):
@@ -78,54 +72,107 @@ def _split_body(rank, world):
     y = np.full(5 * PART // 4, rank, np.int32)
     dist.all_reduce(y, async_op=True).wait()
     out["async"] = bool((y == world * (world - 1) // 2).all())
-    return before_open, after_small, ch.count, seen["runs"], out, digests
+    z = np.full(3 * PART // 4, rank + 1, np.float32)
+    dist.all_reduce(z, op=dist.ReduceOp.AVG)  # the hooks around the parts run once
+    out["avg"] = bool(np.allclose(z, (world + 1) / 2))
+    return _split().channels.count, seen["runs"], out, digests
 
 
 def test_a_large_all_reduce_runs_in_parts_on_every_channel_with_the_same_bits_everywhere(channels_env, monkeypatch):
     monkeypatch.setenv("CHORUS_TCP_CHANNELS", "3")
     results = run_processes(_split_body, 3)
-    for before_open, after_small, count, runs, out, _ in results:
-        assert (before_open, after_small, count) == (None, None, 3)
-        assert runs == 13  # every all_reduce after the channels opened
+    for count, runs, out, _ in results:
+        assert count == 3
+        assert runs == 14  # every all_reduce larger than the lane's
         assert all(out.values()), out
-    assert results[0][5] == results[1][5] == results[2][5]  # bit-identical on every rank
+    assert results[0][3] == results[1][3] == results[2][3]  # bit-identical on every rank
 
 
 @pytest.mark.parametrize("count, nbytes, parts", [
-    (None, 64 << 20, 1),  # not open yet
     (4, (4 << 20) - 1, 1), (4, 4 << 20, 2), (4, 8 << 20, 2), (4, 12 << 20, 3), (4, 64 << 20, 4),
     (2, 64 << 20, 2), (3, 5 << 20, 2),
 ])
 def test_parts_by_size_and_count(count, nbytes, parts):
-    ch = Channels(SimpleNamespace(id=7), store=HashStore())
-    ch.min_bytes, ch.count = 4 << 20, count
-    assert ch.parts(nbytes) == parts
+    assert Channels([], count, 4 << 20, 64 << 10).parts(nbytes) == parts
 
 
-def _least_body(rank, world):
-    with config.override(CHORUS_TCP_CHANNELS=4 if rank == 0 else 2):
-        x = np.full(8 * PART // 4, 1.0, np.float32)
-        dist.all_reduce(x)  # opens them
-        dist.all_reduce(x)
-    return _channels().count, bool((x == world * world).all())
+def test_a_size_a_tcp_lane_may_take_is_never_split():
+    assert Channels([], 4, 64 << 10, 1 << 20).parts(1 << 20) == 1
+    assert Channels([], 4, 64 << 10, 1 << 20).parts((1 << 20) + 4) == 4
 
 
-def test_members_asking_for_different_counts_use_the_least(channels_env):
-    assert run_processes(_least_body, 2) == [(2, True), (2, True)]
+def _entry(asked=0, cpus=16, host="a", local=99, nbytes=4 << 20, lane=64 << 10, tcp=True):
+    return {"asked": asked, "cpus": cpus, "host": host, "local": local, "bytes": nbytes, "lane": lane, "tcp": tcp}
 
 
-def test_one_channel_asked_means_none(channels_env, monkeypatch):
-    monkeypatch.setenv("CHORUS_TCP_CHANNELS", "1")
-    assert run_processes(_channels_of_world, 2) == [False, False]
+@pytest.mark.parametrize("table, want", [
+    ([_entry()] * 2, (4, 4 << 20, 64 << 10)),  # 16 CPUs for 2 ranks on the host: at most 4
+    ([_entry()] * 8, (2, 4 << 20, 64 << 10)),  # 16 for 8
+    ([_entry()] * 16, (1, 4 << 20, 64 << 10)),  # none to spare
+    ([_entry(host="a"), _entry(host="b")] * 8, (2, 4 << 20, 64 << 10)),  # two hosts of 8 ranks
+    ([_entry(host="a", cpus=2), _entry(host="b")], (2, 4 << 20, 64 << 10)),  # one per host: 2 and 16 CPUs
+    ([_entry(asked=1), _entry(asked=4)], (1, 4 << 20, 64 << 10)),  # one rank asks for none
+    ([_entry(asked=3), _entry()], (3, 4 << 20, 64 << 10)),
+    ([_entry(host="", local=4), _entry(host="", local=4)], (4, 4 << 20, 64 << 10)),  # no host: LOCAL_WORLD_SIZE
+    ([_entry(nbytes=1 << 20, lane=1 << 20), _entry(nbytes=8 << 20)], (4, 8 << 20, 1 << 20)),
+    ([_entry(tcp=False)] * 2, (1, 4 << 20, 64 << 10)),  # one host, shared memory: no TCP group
+    ([_entry(tcp=False), _entry(tcp=True)], (4, 4 << 20, 64 << 10)),  # one rank over TCP only
+    ([_entry(host="a", tcp=False), _entry(host="b", tcp=False)], (4, 4 << 20, 64 << 10)),  # two hosts
+])
+def test_every_rank_reads_the_same_table_and_agrees(table, want):
+    assert agreed(table) == want
 
 
-def _channels_of_world(rank, world):
-    return _channels() is not None
+_LAUNCH_SCRIPT = textwrap.dedent("""
+    import sys, numpy as np, chorus as dist
+    dist.init_process_group("gloo")
+    x = np.ones(1 << 16, np.float32)
+    dist.all_reduce(x)
+    channels = dist.group.WORLD.components[0].channels
+    print(channels.channels.count if channels else 1, float(x[0]))
+    dist.destroy_process_group()
+""")
+
+
+def _launch(tmp_path, script, envs, timeout=60):
+    """Run ``script`` as ranks with per-rank environments ``envs``; each rank's stdout."""
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    with reserved_port() as port:
+        procs = [subprocess.Popen([sys.executable, str(path), str(tmp_path)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                           RANK=str(rank), WORLD_SIZE=str(len(envs)), CHORUS_TOKEN="channels",
+                                           CHORUS_TRANSPORT="tcp", **env))
+                 for rank, env in enumerate(envs)]
+        try:
+            outs = [p.communicate(timeout=timeout) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+                p.communicate()
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    return [out for out, _ in outs]
+
+
+def test_ranks_asking_for_different_counts_use_the_least_and_one_means_none(tmp_path):
+    small = {"CHORUS_TCP_CHANNEL_BYTES": str(PART)}
+    assert _launch(tmp_path, _LAUNCH_SCRIPT, [dict(small, CHORUS_TCP_CHANNELS="4"),
+                                              dict(small, CHORUS_TCP_CHANNELS="2")]) == ["2 2.0\n"] * 2
+    assert _launch(tmp_path, _LAUNCH_SCRIPT, [dict(small, CHORUS_TCP_CHANNELS="1"),
+                                              dict(small, CHORUS_TCP_CHANNELS="3")]) == ["1 2.0\n"] * 2
+
+
+def test_ranks_with_different_channel_and_lane_bytes_split_alike(tmp_path):
+    """Rank 1's lane takes the 256 KiB all_reduce; rank 0, whose lane is 64 KiB, must not split it."""
+    envs = [{"CHORUS_TCP_CHANNELS": "2", "CHORUS_TCP_CHANNEL_BYTES": str(PART)},
+            {"CHORUS_TCP_CHANNELS": "2", "CHORUS_TCP_CHANNEL_BYTES": str(PART // 2),
+             "CHORUS_TCP_LANE_BYTES": str(4 * PART)}]
+    assert _launch(tmp_path, _LAUNCH_SCRIPT, envs) == ["2 2.0\n"] * 2
 
 
 def _mismatch_body(rank, world):
-    x = np.ones(4 * PART // 4, np.float32)
-    dist.all_reduce(x)  # opens them
     y = np.ones((4 if rank == 0 else 6) * PART // 4, np.float32)
     start = time.monotonic()
     try:
@@ -135,7 +182,7 @@ def _mismatch_body(rank, world):
     return "no error", time.monotonic() - start, ""
 
 
-def test_a_mismatch_after_the_channels_open_is_named_on_every_rank(channels_env, monkeypatch):
+def test_a_mismatch_between_split_all_reduces_is_named_on_every_rank(channels_env, monkeypatch):
     monkeypatch.setenv("CHORUS_TCP_CHANNELS", "2")
     for name, seconds, message in run_processes(_mismatch_body, 2, op_timeout=30):
         assert name == "CollectiveMismatchError", message
@@ -143,25 +190,44 @@ def test_a_mismatch_after_the_channels_open_is_named_on_every_rank(channels_env,
         assert "all_reduce" in message
 
 
+def _two_groups_body(rank, world):
+    g1, g2 = dist.new_group([0, 1]), dist.new_group([0, 1])
+    a, b = np.full(4 * PART // 4, 1.0, np.float32), np.full(4 * PART // 4, 2.0, np.float32)
+    first, second = (g1, a), (g2, b)
+    if rank == 1:
+        first, second = second, first
+    work = dist.all_reduce(first[1], group=first[0], async_op=True)
+    dist.all_reduce(second[1], group=second[0])
+    work.wait()
+    return float(a[0]), float(b[0])
+
+
+def test_two_groups_split_at_once_in_opposite_orders(channels_env, monkeypatch):
+    monkeypatch.setenv("CHORUS_TCP_CHANNELS", "2")
+    assert run_processes(_two_groups_body, 2, op_timeout=30) == [(2.0, 4.0)] * 2
+
+
 def _close_body(rank, world):
     g = dist.new_group([0, 1])
     x = np.ones(4 * PART // 4, np.float32)
     dist.all_reduce(x, group=g)
-    dist.all_reduce(x, group=g)
-    opened = g.components[0].channels.count
-    channel_threads = lambda: [t.name for t in threading.enumerate() if "channel" in t.name]  # noqa: E731
-    during = channel_threads()
+    names = lambda: sorted(t.name for t in threading.enumerate() if t.name.startswith("chorus-"))  # noqa: E731
+    during = [n for n in names() if "channel" in n]
     dist.destroy_process_group(g)
     deadline = time.monotonic() + 5
-    while channel_threads() and time.monotonic() < deadline:
+    while any("channel" in n for n in names()) and time.monotonic() < deadline:
         time.sleep(0.01)
-    return opened, len(during), channel_threads(), float(x[0])
+    after_group = [n for n in names() if "channel" in n]
+    dist.destroy_process_group()
+    while names() and time.monotonic() < deadline + 5:
+        time.sleep(0.01)
+    return float(x[0]), during, after_group, names()
 
 
-def test_destroying_the_group_closes_its_channels(channels_env, monkeypatch):
+def test_destroying_a_group_stops_its_threads_and_leaving_closes_the_channels(channels_env, monkeypatch):
     monkeypatch.setenv("CHORUS_TCP_CHANNELS", "2")
-    for opened, during, after, value in run_processes(_close_body, 2):
-        assert (opened, during, after, value) == (2, 1, [], 4.0)
+    for value, during, after_group, after_world in run_processes(_close_body, 2):
+        assert (value, len(during), after_group, after_world) == (2.0, 1, [], [])
 
 
 _KILL_SCRIPT = textwrap.dedent("""

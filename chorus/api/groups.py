@@ -80,7 +80,7 @@ def new_group(ranks=None, timeout: timedelta | float | None = None, backend=None
     pg = ProcessGroup(gid, members, world.rank, world.transport,
                       world.default_group.timeout if t is None else t,
                       name=group_desc or f"group{gid}", backend=world.backend)
-    pg.store = world.store
+    pg.channels = world.channels
     world.groups[gid] = pg
     attach_components(pg)
     return pg if pg.is_member() else GroupMember.NON_GROUP_MEMBER

@@ -106,6 +106,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
 def install(world: World, transport, backend: str, timeout: float, store=None,
             local_rank: int = 0, local_world_size: int = 1) -> None:
     """Make ``transport`` this rank's world (used by init_process_group and chorus.testing)."""
+    # imported here so that `import chorus` stays fast
+    from chorus.components.channels import open_channels
+
     world.backend = backend
     world.store = store
     world.transport = transport
@@ -117,10 +120,12 @@ def install(world: World, transport, backend: str, timeout: float, store=None,
     flight.forget(transport.rank)  # a new world: the flight recorder starts afresh
     world.default_group = ProcessGroup(0, tuple(range(transport.world_size)), transport.rank, transport,
                                        timeout, name="WORLD", backend=backend)
-    world.default_group.store = store
     world.groups = {0: world.default_group}
     crash.install(destroy_process_group)  # BYE at a normal exit; the cause to the peers at a failure
     try:
+        # every rank, now: the job's extra TCP transports for large all_reduces, if the
+        # ranks agree on any (chorus.components.channels)
+        world.channels = world.default_group.channels = open_channels(transport, store, timeout)
         attach_components(world.default_group)
     except BaseException:
         destroy_process_group()
@@ -153,12 +158,15 @@ def destroy_process_group(group=None) -> None:
     trace.stop({pg.id: pg.name for pg in world.groups.values()})  # writes CHORUS_TRACE's file
     for pg in world.groups.values():
         _close_shm(pg)
-    transport, store = world.transport, world.closes
+    transport, store, channels = world.transport, world.closes, world.channels
     world.default_group = None
+    world.channels = None
     world.groups = {}
     world.transport = None
     world.store = world.closes = None
     world.rank = world.world_size = -1
+    if channels is not None:
+        channels.close()
     transport.close()
     close = getattr(store, "close", None)
     if close is not None:

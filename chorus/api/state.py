@@ -20,6 +20,7 @@ class World:
     store: Any = None  # this init's view of the job's store (keys of one init apart from the next's)
     closes: Any = None  # the store destroy_process_group closes (the rendezvous's own)
     transport: Any = None
+    channels: Any = None  # the job's extra TCP transports (chorus.components.channels), or None
     groups: dict[int, ProcessGroup] = field(default_factory=dict)
     group_count: int = 0  # new_group calls so far (every rank calls it in the same order)
     rank: int = -1

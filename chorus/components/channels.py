@@ -5,15 +5,16 @@ loopback on the 16-vCPU host, 3.1 GB/s each way per rank with one socket per nei
 W = 2, 5.3 with two and 7.4 with four; 2.3, 3.0 and 3.3 at W = 8; 1.7 at W = 16 whatever
 the count, every CPU busy (``tools/tcp_streams.py``,
 docs/results/16-vcpu-h200-host/tcp-large/tcp-streams.txt).  As NCCL's socket transport
-opens several sockets per peer, a group whose collectives run over TCP opens channels:
-``count - 1`` more TCP transports among its members, beside the group's own (channel 0).
-An all_reduce of ``n >= CHORUS_TCP_CHANNEL_BYTES`` (4 MiB) per rank then runs as
-``min(count, max(2, n // CHORUS_TCP_CHANNEL_BYTES))`` all_reduces of contiguous parts, each
-the call's algorithm on its own channel, part 0 in the calling thread and part k in
-channel k's thread::
+opens several sockets per peer, a job opens channels: ``count - 1`` more TCP transports
+among all its ranks, beside its own (channel 0), made when the job starts.  In a group
+whose collectives run over TCP (no shared-memory window, no hierarchy), an all_reduce of
+``n`` bytes per rank, at least ``CHORUS_TCP_CHANNEL_BYTES`` (4 MiB) and more than any
+rank's ``CHORUS_TCP_LANE_BYTES``, then runs as ``min(count, max(2, n // CHORUS_TCP_CHANNEL_BYTES))``
+all_reduces of contiguous parts, each the call's algorithm on its own channel, part 0 in
+the calling thread and part k in a thread of the group's for channel k::
 
-    K = 2, every rank:   data[:n0]  all_reduce on the group's transport     (this thread)
-                         data[n0:]  all_reduce on channel 1's connections   (channel 1's thread)
+    K = 2, every rank:   data[:n0]  all_reduce on the job's transport    (this thread)
+                         data[n0:]  all_reduce on channel 1's sockets    (the group's channel-1 thread)
     every rank ends with op over every rank's data, element by element, as before; the
     bits are the same on every rank (each part is one all_reduce of the group).
 
@@ -21,28 +22,30 @@ The rule is measured (docs/results/16-vcpu-h200-host/channels-8954bb7/): two par
 at 4 MiB (W = 4: 1.19x gloo's speed, against 0.95x unsplit), and four parts of 2 MiB at
 W = 4, 8 MiB ran at 0.97x where two of 4 MiB ran at 1.32x.
 
-Part 0 always travels on the group's own transport, so a member that calls something else
-is still met there with a CollectiveMismatchError, and a lost member with PeerLostError.
+Agreement.  When the job starts, every rank publishes in the job's store what it asks for
+(``CHORUS_TCP_CHANNELS``, 0: as many as its CPUs allow, its usable CPUs over the job's
+ranks on its host, at most 4), its host, ``CHORUS_TCP_CHANNEL_BYTES`` and
+``CHORUS_TCP_LANE_BYTES``; every rank reads the same table and takes the least count, the
+largest channel bytes and the largest lane bytes.  So every rank splits an op alike, a
+call the TCP lane may take on some rank is never split, and no split depends on when a
+rank issues its calls.  A count of 1 (one rank asks for 1, no rank has CPUs to spare, or
+every rank is on one host and may use shared memory, so no group runs over TCP) opens
+nothing.
 
-Opening.  The channels open right after the group's first all_reduce large enough to be
-split, inside that op: it completed on this rank, so every member made the same call and
-opens them at the same point.  Each member asks for ``CHORUS_TCP_CHANNELS``, or when that
-is 0 for what its CPUs allow (its usable CPUs over the ranks on its host, at most 4); the
-group takes the least, so every member splits alike; 1 means no channels.  The members
-meet through the job's store (keys ``channels/<group id>/...``); groups without one (a
-hierarchy's hidden sub-groups, ranks that are threads of one process) have no channels.
-A synchronous all_reduce small enough for the TCP lane (chorus.components.tcp_lane)
-never reaches them.
-
-Failures.  A part that fails closes the channels: the others' pending transfers fail at
-once, the op raises part 0's error if it has one (its transport settles a mismatch), else
-the first part's; every later all_reduce that would use them raises AbortedError naming
-that first error, since the members may no longer agree on the split.
+Channels are transports of the job, so their errors name global ranks, and every group
+registers with them; the threads that run parts are the group's own (one per channel),
+so two groups' ops never wait for each other's parts.  Part 0 always travels on the job's
+own transport, so a member that calls something else is met there with a
+CollectiveMismatchError as before; every part carries the op's sequence number and
+fingerprint, and a lost member fails each channel's part with PeerLostError.  The op
+raises part 0's error if it has one, else the first part's; each channel keeps its own
+failure state per group, as the job's transport does.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import queue
 import threading
 from collections.abc import Callable
@@ -51,39 +54,92 @@ from chorus import config
 from chorus.engine import Workspace
 from chorus.errors import AbortedError
 from chorus.host import cpus
+from chorus.host.identity import NO_HOST, host_digest, transport_mode
 from chorus.schedules.chunks import offsets, split
 from chorus.store import PrefixStore
 from chorus.transport.waiting import WaitReport
 
-MOST_AUTO = 4  # channels a member asks for when CHORUS_TCP_CHANNELS is 0, at most
+MOST_AUTO = 4  # channels a rank asks for when CHORUS_TCP_CHANNELS is 0, at most
 
 
-def wanted_channels(world_size: int) -> int:
-    """The channels this rank asks for: ``CHORUS_TCP_CHANNELS``, or when that is 0 its
-    usable CPUs over the ranks on its host, between 1 and MOST_AUTO."""
-    asked = config.get("CHORUS_TCP_CHANNELS")
-    if asked:
-        return asked
-    return max(1, min(MOST_AUTO, cpus.usable() // cpus.ranks_here(world_size)))
+def agreed(table: list[dict]) -> tuple[int, int, int]:
+    """(count, channel bytes, lane bytes) from every rank's entry (``offer`` of each rank,
+    in rank order): the least count asked, the largest channel and lane bytes.  A job on
+    one host whose ranks all may use shared memory runs no collective over TCP: count 1."""
+    hosts: dict[str, int] = {}
+    for entry in table:
+        hosts[entry["host"]] = hosts.get(entry["host"], 0) + 1
+    if len(hosts) == 1 and "" not in hosts and not any(e["tcp"] for e in table):
+        return 1, max(e["bytes"] for e in table), max(e["lane"] for e in table)
+    counts = []
+    for entry in table:
+        if entry["asked"]:
+            counts.append(entry["asked"])
+            continue
+        here = entry["local"] if entry["host"] == "" else hosts[entry["host"]]
+        counts.append(max(1, min(MOST_AUTO, entry["cpus"] // max(1, here))))
+    return min(counts), max(e["bytes"] for e in table), max(e["lane"] for e in table)
 
 
-def for_group(pg, store) -> Channels | None:
-    """``pg``'s channels, or None where it can have none (no store, one member, a
-    transport other than TCP, or CHORUS_TCP_CHANNELS=1)."""
-    if store is None or pg.size() < 2 or getattr(pg.transport, "name", "") != "tcp":
+def offer(rank: int, world_size: int) -> dict:
+    """This rank's entry in the agreement (see the module docstring)."""
+    digest = host_digest(rank)
+    return {"asked": config.get("CHORUS_TCP_CHANNELS"), "cpus": cpus.usable(), "tcp": transport_mode() == "tcp",
+            "host": "" if digest == NO_HOST else digest.hex(), "local": cpus.ranks_here(world_size),
+            "bytes": config.get("CHORUS_TCP_CHANNEL_BYTES"), "lane": config.get("CHORUS_TCP_LANE_BYTES")}
+
+
+def open_channels(transport, store, timeout: float) -> Channels | None:
+    """The job's channels, or None when the ranks agree on one (every rank of the job calls
+    this once, right after its transport is up; ``store``: this start's view of the job's
+    store)."""
+    if store is None or transport.world_size < 2 or getattr(transport, "name", "") != "tcp":
         return None
-    if config.get("CHORUS_TCP_CHANNELS") == 1:
+    rank, size = transport.rank, transport.world_size
+    store.set(f"channels/offer/{rank}", json.dumps(offer(rank, size)))
+    table = [json.loads(v) for v in store.multi_get([f"channels/offer/{r}" for r in range(size)])]
+    count, min_bytes, floor = agreed(table)
+    if count < 2:
         return None
-    return Channels(pg, store)
+    transports = []
+    try:
+        for k in range(1, count):
+            transports.append(transport.sibling(rank, size, PrefixStore(f"channels/{k}", store), timeout))
+    except BaseException:
+        for t in transports:
+            t.close()
+        raise
+    return Channels(transports, count, min_bytes, floor)
+
+
+class Channels:
+    """The job's channels 1 .. count - 1 and the rule that splits an all_reduce among them."""
+
+    def __init__(self, transports: list, count: int, min_bytes: int, floor: int):
+        self.transports = transports
+        self.count = count
+        self.min_bytes = min_bytes  # the least all_reduce that is split
+        self.floor = floor  # the largest a TCP lane may take unsplit: only larger ones split
+
+    def parts(self, nbytes: int) -> int:
+        """In how many parts an all_reduce of ``nbytes`` per rank runs (1: unsplit)."""
+        if nbytes < self.min_bytes or nbytes <= self.floor:
+            return 1
+        return min(self.count, max(2, nbytes // self.min_bytes))
+
+    def close(self) -> None:
+        """The job ends: say BYE on every channel (after its groups are destroyed)."""
+        transports, self.transports = self.transports, []
+        for transport in transports:
+            transport.close()
 
 
 class _Worker:
-    """One thread that runs one channel's parts, in order."""
+    """One thread that runs a group's parts on one channel, in the group's order."""
 
     def __init__(self, name: str):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
 
     def submit(self, fn: Callable[[], None]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -107,94 +163,60 @@ class _Worker:
                 future.set_result(None)
 
 
-class Channels:
-    """A group's extra TCP transports for large all_reduces (see the module docstring)."""
+class GroupChannels:
+    """One group's use of the job's channels: its threads (made at its first split op)
+    and receive temporaries, one per channel."""
 
-    def __init__(self, pg, store):
+    def __init__(self, pg, channels: Channels):
         self.pg = pg
-        self.store = PrefixStore(f"channels/{pg.id}", store)
-        self.min_bytes = config.get("CHORUS_TCP_CHANNEL_BYTES")
-        self.count: int | None = None  # agreed when they open; 1: none
-        self.transports: list = []  # channels 1 .. count - 1
-        self.workers: list[_Worker] = []
-        self.workspaces: list[Workspace] = []  # each channel's receive temporaries
-        self.broken: BaseException | None = None
+        self.channels = channels
+        self.workspaces = [Workspace() for _ in channels.transports]
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
         self._closed = False
+        interval = config.get("CHORUS_WAIT_REPORT_S")
+        me = pg.members[pg.rank()]
+        for k, transport in enumerate(channels.transports, start=1):
+            transport.register_group(pg.id, pg.members, WaitReport(me, f"{pg.name} (channel {k})", interval))
 
     def parts(self, nbytes: int) -> int:
-        """In how many parts an all_reduce of ``nbytes`` per rank runs now (1: unsplit)."""
-        if self.count is None or nbytes < self.min_bytes:
-            return 1
-        return min(self.count, max(2, nbytes // self.min_bytes))
+        return self.channels.parts(nbytes)
 
-    def should_open(self, nbytes: int) -> bool:
-        """Whether an all_reduce of ``nbytes`` per rank that just completed opens them."""
-        return self.count is None and self.broken is None and nbytes >= self.min_bytes
-
-    def open(self, timeout: float) -> None:
-        """Agree on the count with the other members and connect (every member calls this
-        after the same op; see Opening in the module docstring)."""
-        pg = self.pg
-        rank, size = pg.rank(), pg.size()
-        try:
-            self.store.set(f"wants/{rank}", str(wanted_channels(pg.transport.world_size)))
-            counts = [int(v) for v in self.store.multi_get([f"wants/{r}" for r in range(size)])]
-            count = min(counts)
-            for k in range(1, count):
-                transport = pg.transport.sibling(rank, size, PrefixStore(str(k), self.store), timeout)
-                transport.register_group(pg.id, range(size), WaitReport(
-                    pg.members[rank], f"{pg.name} (channel {k})", config.get("CHORUS_WAIT_REPORT_S")))
-                self.transports.append(transport)
-                self.workers.append(_Worker(f"chorus-group{pg.id}-channel{k}"))
-                self.workspaces.append(Workspace())
-        except BaseException as exc:
-            self._break(exc)
-            raise
-        self.count = count
-
-    def run(self, count: int, total: int, run_part: Callable[[int, int, int, object], None]) -> None:
-        """Run ``run_part(k, offset, size, transport)`` for the ``count`` parts of ``total``
-        elements, part k on channel k (None: the group's own transport), at once."""
-        if self.broken is not None:
-            raise AbortedError(
-                f"all_reduce on group {self.pg.name}: its TCP channels closed when an earlier "
-                f"all_reduce failed ({type(self.broken).__name__}: {self.broken}); destroy the group "
-                "(or re-initialise) and create it again") from None
+    def run(self, count: int, total: int, run_part: Callable[[int, int, int, object, Workspace | None], None]) -> None:
+        """Run ``run_part(k, offset, size, transport, workspace)`` for the ``count`` parts
+        of ``total`` elements at once: part k on channel k (part 0: transport and
+        workspace None, the group's own, in this thread)."""
+        with self._lock:
+            if self._closed:
+                raise AbortedError(f"all_reduce on group {self.pg.name}: the group was destroyed")
+            while len(self._workers) < count - 1:
+                self._workers.append(_Worker(f"chorus-group{self.pg.id}-channel{len(self._workers) + 1}"))
+            workers = self._workers[:count - 1]
+        transports = self.channels.transports
+        if len(transports) < count - 1:
+            raise AbortedError(f"all_reduce on group {self.pg.name}: the job's channels are closed "
+                               "(destroy_process_group was called)")
         sizes = split(total, count)
         starts = offsets(sizes)
-        futures = [self.workers[k - 1].submit(
-            lambda k=k, transport=self.transports[k - 1]: run_part(k, starts[k], sizes[k], transport))
+        futures = [workers[k - 1].submit(
+            lambda k=k, t=transports[k - 1], w=self.workspaces[k - 1]: run_part(k, starts[k], sizes[k], t, w))
             for k in range(1, count)]
         first: BaseException | None = None
         try:
-            run_part(0, 0, sizes[0], None)
+            run_part(0, 0, sizes[0], None, None)
         except BaseException as exc:
             first = exc
-            self._break(exc)
         for future in futures:
             exc = future.exception()
-            if exc is not None and first is None:
+            if first is None:
                 first = exc
-                self._break(exc)
         if first is not None:
             raise first
 
-    def _break(self, exc: BaseException) -> None:
-        """Close the channels after ``exc``: pending transfers on them fail at once."""
-        if self.broken is None:
-            self.broken = exc
-        self._close_transports()
-
-    def _close_transports(self) -> None:
-        transports, self.transports = self.transports, []
-        workers, self.workers = self.workers, []
-        for transport in transports:
-            transport.close()
+    def close(self) -> None:
+        """The group is destroyed: its threads end once their queued parts are done."""
+        with self._lock:
+            self._closed = True
+            workers, self._workers = self._workers, []
         for worker in workers:
             worker.stop()
-
-    def close(self) -> None:
-        """The group is destroyed: say BYE on every channel and stop their threads."""
-        if not self._closed:
-            self._closed = True
-            self._close_transports()

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from chorus import config
 from chorus.call import Call
 from chorus.components.base import Component, run_in_order
-from chorus.components.channels import Channels
-from chorus.engine import OpContext, run_schedule
+from chorus.components.channels import GroupChannels
+from chorus.engine import run_schedule
 from chorus.schedules.registry import schedule as build_schedule
 from chorus.selection import COLLECTIVES, choose, without_hierarchy
 from chorus.wire.dtypes import DTYPE_CODES
@@ -41,11 +41,11 @@ class ScheduleComponent(Component):
 
     name = "tcp"
 
-    def __init__(self, announce: Callable[[object], None] | None = None, channels: Channels | None = None):
+    def __init__(self, announce: Callable[[object], None] | None = None, channels: GroupChannels | None = None):
         self.forced = forced_algorithms()
         self.announce = announce
         self.segment = config.get("CHORUS_SEGMENT_BYTES")
-        self.channels = channels  # a large all_reduce's extra sockets (chorus.components.channels)
+        self.channels = channels  # a large all_reduce's parts on the job's channels (chorus.components.channels)
 
     def supports(self, call: Call) -> str:
         requested = call.algorithm
@@ -87,27 +87,22 @@ class ScheduleComponent(Component):
             if announce is not None:
                 announce(ctx)
             pg.run_schedule(sched, call.buffers, ctx, code, call.combine, algorithm)
-            if channels is not None and channels.should_open(call.nbytes):
-                channels.open(max(1.0, pg.timeout))
 
         return run_in_order(call, self.name, algorithm, transfers)
 
     def _in_parts(self, call: Call, algorithm: str, ctx, parts: int, itemsize: int, code: int) -> None:
         """``call`` (an all_reduce) as ``parts`` all_reduces of contiguous parts of its data,
-        part k on channel k (chorus.components.channels)."""
+        part k on channel k (chorus.components.channels), each with the op's context."""
         pg = call.group
         data = call.buffers["data"]
-        members = tuple(range(pg.size()))  # a channel's ranks are the group's
 
-        def run_part(k: int, offset: int, size: int, transport) -> None:
+        def run_part(k: int, offset: int, size: int, transport, workspace) -> None:
             sched = self.schedule(pg, "all_reduce", algorithm, {"count": size}, -1, itemsize)
             part = {"data": data[offset:offset + size]}
             if transport is None:
                 pg.run_schedule(sched, part, ctx, code, call.combine, algorithm)
-                return
-            part_ctx = OpContext(ctx.name, ctx.group, ctx.seq, ctx.fingerprint, members, ctx.deadline)
-            run_schedule(sched, part, transport, part_ctx, code, call.combine, self.channels.workspaces[k - 1],
-                         algorithm)
+            else:
+                run_schedule(sched, part, transport, ctx, code, call.combine, workspace, algorithm)
 
         self.channels.run(parts, data.size, run_part)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 
 from chorus.call import Call
-from chorus.components import channels
+from chorus.components.channels import GroupChannels
 from chorus.components.schedules import ScheduleComponent, forced_algorithms
 from chorus.components.shm import ShmComponent
 from chorus.components.tcp_lane import TcpLane
@@ -84,7 +84,8 @@ def attach(pg, *, settings: bool = True) -> None:
 
     pg.hierarchy = build(pg, hosts, attach)
     if pg.hierarchy is None:
-        schedules = ScheduleComponent(channels=channels.for_group(pg, pg.store))
+        split = GroupChannels(pg, pg.channels) if pg.channels is not None else None
+        schedules = ScheduleComponent(channels=split)
         pg.components = (schedules,)
         pg.lane = TcpLane(pg, schedules)
     else:

@@ -109,7 +109,7 @@ class Fabric:
         else:
             gid = int(group_store.get(key))
         pg = ProcessGroup(gid, members, self.rank, self.world.transport, timeout, name=name, backend="chorus")
-        pg.store = self.store
+        pg.channels = self.world.channels
         self.world.groups[gid] = pg
         with entered(self.world):
             attach_components(pg)
