@@ -35,9 +35,9 @@ def _counting_runs():
     seen = {"runs": 0}
     original = GroupChannels.run
 
-    def run(self, count, total, run_part):
+    def run(self, ctx, count, total, run_part):
         seen["runs"] += 1
-        return original(self, count, total, run_part)
+        return original(self, ctx, count, total, run_part)
 
     GroupChannels.run = run
     return seen
@@ -118,6 +118,8 @@ def _entry(asked=0, cpus=16, host="a", local=99, nbytes=4 << 20, lane=64 << 10, 
     ([_entry(tcp=False)] * 2, (1, 4 << 20, 64 << 10)),  # one host, shared memory: no TCP group
     ([_entry(tcp=False), _entry(tcp=True)], (4, 4 << 20, 64 << 10)),  # one rank over TCP only
     ([_entry(host="a", tcp=False), _entry(host="b", tcp=False)], (4, 4 << 20, 64 << 10)),  # two hosts
+    ([_entry(host=str(h)) for h in range(200)], (2, 4 << 20, 64 << 10)),  # at most 256 more sockets a rank
+    ([_entry(host=str(h), asked=4) for h in range(200)], (4, 4 << 20, 64 << 10)),  # unless asked
 ])
 def test_every_rank_reads_the_same_table_and_agrees(table, want):
     assert agreed(table) == want
@@ -134,8 +136,9 @@ _LAUNCH_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _launch(tmp_path, script, envs, timeout=60):
-    """Run ``script`` as ranks with per-rank environments ``envs``; each rank's stdout."""
+def _launch(tmp_path, script, envs, timeout=60, check=True):
+    """Run ``script`` as ranks with per-rank environments ``envs``: each rank's stdout
+    (``check`` False: each rank's (exit status, stdout, stderr))."""
     path = tmp_path / "job.py"
     path.write_text(script)
     with reserved_port() as port:
@@ -151,6 +154,8 @@ def _launch(tmp_path, script, envs, timeout=60):
             for p in procs:
                 p.kill()
                 p.communicate()
+    if not check:
+        return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
     return [out for out, _ in outs]
@@ -172,6 +177,15 @@ def test_ranks_with_different_channel_and_lane_bytes_split_alike(tmp_path):
     assert _launch(tmp_path, _LAUNCH_SCRIPT, envs) == ["2 2.0\n"] * 2
 
 
+def test_a_setting_out_of_range_on_one_rank_fails_every_rank_at_start(tmp_path):
+    start = time.monotonic()
+    results = _launch(tmp_path, _LAUNCH_SCRIPT, [{}, {"CHORUS_TCP_CHANNELS": "9"}], check=False)
+    assert time.monotonic() - start < 20
+    for code, _, err in results:
+        assert code != 0
+        assert "rank 1: CHORUS_TCP_CHANNELS" in err, err[-2000:]
+
+
 def _mismatch_body(rank, world):
     y = np.ones((4 if rank == 0 else 6) * PART // 4, np.float32)
     start = time.monotonic()
@@ -188,6 +202,26 @@ def test_a_mismatch_between_split_all_reduces_is_named_on_every_rank(channels_en
         assert name == "CollectiveMismatchError", message
         assert seconds < 10
         assert "all_reduce" in message
+
+
+def _split_against_lane_body(rank, world):
+    y = np.ones(4 * PART // 4 if rank == 0 else 10, np.float32)  # split on rank 0, the lane's on rank 1
+    start = time.monotonic()
+    try:
+        dist.all_reduce(y)
+    except dist.CollectiveMismatchError as exc:
+        took = time.monotonic() - start
+        if rank == 1:
+            time.sleep(5)  # still here: rank 0's parts on the channels must not wait for it to leave
+        return type(exc).__name__, took
+    return "no error", time.monotonic() - start
+
+
+def test_a_split_all_reduce_against_another_call_fails_at_once_on_every_rank(channels_env, monkeypatch):
+    monkeypatch.setenv("CHORUS_TCP_CHANNELS", "2")
+    for name, seconds in run_processes(_split_against_lane_body, 2, op_timeout=30):
+        assert name == "CollectiveMismatchError"
+        assert seconds < 3
 
 
 def _two_groups_body(rank, world):

@@ -32,14 +32,20 @@ rank issues its calls.  A count of 1 (one rank asks for 1, no rank has CPUs to s
 every rank is on one host and may use shared memory, so no group runs over TCP) opens
 nothing.
 
-Channels are transports of the job, so their errors name global ranks, and every group
-registers with them; the threads that run parts are the group's own (one per channel),
-so two groups' ops never wait for each other's parts.  Part 0 always travels on the job's
-own transport, so a member that calls something else is met there with a
-CollectiveMismatchError as before; every part carries the op's sequence number and
-fingerprint, and a lost member fails each channel's part with PeerLostError.  The op
-raises part 0's error if it has one, else the first part's; each channel keeps its own
-failure state per group, as the job's transport does.
+Channels are transports of the job (without shared-memory rings: they carry only split
+all_reduces), so their errors name global ranks, and every group registers with them; at
+most MOST_PEER_SOCKETS more sockets a rank unless asked for.  The threads that run parts
+are the group's own (one per channel), so two groups' ops never wait for each other's
+parts.  Part 0 always travels on the job's own transport, so a member that calls
+something else is met there with a CollectiveMismatchError as before; every part carries
+the op's sequence number and fingerprint, and a lost member fails each channel's part
+with PeerLostError.  The first part to fail makes the others give up at once
+(``Transport.abandon`` on every transport of the op), and the op raises that first error.
+
+Results are the same on every rank, but not the same bits as the unsplit all_reduce's
+where the reduction rounds (each part reduces in its own order), and the split depends on
+the ranks' CPUs when ``CHORUS_TCP_CHANNELS`` is 0: set it for bit-reproducible runs
+across machines.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from collections.abc import Callable
 
 from chorus import config
 from chorus.engine import Workspace
-from chorus.errors import AbortedError
+from chorus.errors import AbortedError, InvalidArgumentError
 from chorus.host import cpus
 from chorus.host.identity import NO_HOST, host_digest, transport_mode
 from chorus.schedules.chunks import offsets, split
@@ -60,6 +66,7 @@ from chorus.store import PrefixStore
 from chorus.transport.waiting import WaitReport
 
 MOST_AUTO = 4  # channels a rank asks for when CHORUS_TCP_CHANNELS is 0, at most
+MOST_PEER_SOCKETS = 256  # ... and so that it holds at most this many sockets more than without
 
 
 def agreed(table: list[dict]) -> tuple[int, int, int]:
@@ -71,22 +78,29 @@ def agreed(table: list[dict]) -> tuple[int, int, int]:
         hosts[entry["host"]] = hosts.get(entry["host"], 0) + 1
     if len(hosts) == 1 and "" not in hosts and not any(e["tcp"] for e in table):
         return 1, max(e["bytes"] for e in table), max(e["lane"] for e in table)
+    most = max(1, 1 + MOST_PEER_SOCKETS // max(1, len(table) - 1))  # (extra sockets a rank holds, when auto)
     counts = []
     for entry in table:
         if entry["asked"]:
             counts.append(entry["asked"])
             continue
         here = entry["local"] if entry["host"] == "" else hosts[entry["host"]]
-        counts.append(max(1, min(MOST_AUTO, entry["cpus"] // max(1, here))))
+        counts.append(max(1, min(MOST_AUTO, most, entry["cpus"] // max(1, here))))
     return min(counts), max(e["bytes"] for e in table), max(e["lane"] for e in table)
 
 
 def offer(rank: int, world_size: int) -> dict:
-    """This rank's entry in the agreement (see the module docstring)."""
-    digest = host_digest(rank)
-    return {"asked": config.get("CHORUS_TCP_CHANNELS"), "cpus": cpus.usable(), "tcp": transport_mode() == "tcp",
-            "host": "" if digest == NO_HOST else digest.hex(), "local": cpus.ranks_here(world_size),
-            "bytes": config.get("CHORUS_TCP_CHANNEL_BYTES"), "lane": config.get("CHORUS_TCP_LANE_BYTES")}
+    """This rank's entry in the agreement (see the module docstring); a rank that cannot
+    make one (a setting out of range) offers ``{"error": why}`` instead, so that every
+    rank raises it rather than wait for an entry that never comes."""
+    try:
+        tcp = transport_mode() == "tcp"  # (then no host: its CHORUS_HOST_ID is not read)
+        digest = NO_HOST if tcp else host_digest(rank)
+        return {"asked": config.get("CHORUS_TCP_CHANNELS"), "cpus": cpus.usable(), "tcp": tcp,
+                "host": "" if digest == NO_HOST else digest.hex(), "local": cpus.ranks_here(world_size),
+                "bytes": config.get("CHORUS_TCP_CHANNEL_BYTES"), "lane": config.get("CHORUS_TCP_LANE_BYTES")}
+    except ValueError as exc:  # ConfigError, or a CHORUS_HOST_ID list too short for this rank
+        return {"error": str(exc)}
 
 
 def open_channels(transport, store, timeout: float) -> Channels | None:
@@ -98,6 +112,9 @@ def open_channels(transport, store, timeout: float) -> Channels | None:
     rank, size = transport.rank, transport.world_size
     store.set(f"channels/offer/{rank}", json.dumps(offer(rank, size)))
     table = [json.loads(v) for v in store.multi_get([f"channels/offer/{r}" for r in range(size)])]
+    bad = [(r, e["error"]) for r, e in enumerate(table) if "error" in e]
+    if bad:
+        raise InvalidArgumentError("init_process_group: " + "; ".join(f"rank {r}: {why}" for r, why in bad))
     count, min_bytes, floor = agreed(table)
     if count < 2:
         return None
@@ -182,41 +199,59 @@ class GroupChannels:
     def parts(self, nbytes: int) -> int:
         return self.channels.parts(nbytes)
 
-    def run(self, count: int, total: int, run_part: Callable[[int, int, int, object, Workspace | None], None]) -> None:
+    def run(self, ctx, count: int, total: int,
+            run_part: Callable[[int, int, int, object, Workspace | None], None]) -> None:
         """Run ``run_part(k, offset, size, transport, workspace)`` for the ``count`` parts
-        of ``total`` elements at once: part k on channel k (part 0: transport and
-        workspace None, the group's own, in this thread)."""
-        with self._lock:
-            if self._closed:
-                raise AbortedError(f"all_reduce on group {self.pg.name}: the group was destroyed")
-            while len(self._workers) < count - 1:
-                self._workers.append(_Worker(f"chorus-group{self.pg.id}-channel{len(self._workers) + 1}"))
-            workers = self._workers[:count - 1]
-        transports = self.channels.transports
-        if len(transports) < count - 1:
-            raise AbortedError(f"all_reduce on group {self.pg.name}: the job's channels are closed "
-                               "(destroy_process_group was called)")
+        of ``total`` elements of op ``ctx`` at once: part k on channel k (part 0: transport
+        and workspace None, the group's own, in this thread).  The first part to fail makes
+        every other part give up at once (Transport.abandon), and its error is raised."""
         sizes = split(total, count)
         starts = offsets(sizes)
-        futures = [workers[k - 1].submit(
-            lambda k=k, t=transports[k - 1], w=self.workspaces[k - 1]: run_part(k, starts[k], sizes[k], t, w))
-            for k in range(1, count)]
-        first: BaseException | None = None
+        main = self.pg.transport
+        transports = self.channels.transports[:count - 1]
+        errors: list[BaseException] = []  # in the order the parts failed
+        lock = threading.Lock()
+
+        def failed(exc: BaseException) -> None:
+            with lock:
+                errors.append(exc)
+                if len(errors) > 1:
+                    return
+            why = f"{ctx.describe()}: another part of this split all_reduce failed ({type(exc).__name__})"
+            for transport in (main, *transports):
+                transport.abandon(ctx.group, ctx.seq, why)
+
+        def on_done(future: concurrent.futures.Future) -> None:
+            exc = future.exception()
+            if exc is not None:
+                failed(exc)
+
+        with self._lock:  # (close() cannot slip its stop between these submissions)
+            if self._closed:
+                raise AbortedError(f"{ctx.describe()}: the group was destroyed")
+            if len(transports) < count - 1:
+                raise AbortedError(f"{ctx.describe()}: the job's channels are closed "
+                                   "(destroy_process_group was called)")
+            while len(self._workers) < count - 1:
+                self._workers.append(_Worker(f"chorus-group{self.pg.id}-channel{len(self._workers) + 1}"))
+            futures = []
+            for k in range(1, count):
+                future = self._workers[k - 1].submit(
+                    lambda k=k: run_part(k, starts[k], sizes[k], transports[k - 1], self.workspaces[k - 1]))
+                future.add_done_callback(on_done)
+                futures.append(future)
         try:
             run_part(0, 0, sizes[0], None, None)
         except BaseException as exc:
-            first = exc
-        for future in futures:
-            exc = future.exception()
-            if first is None:
-                first = exc
-        if first is not None:
-            raise first
+            failed(exc)
+        concurrent.futures.wait(futures)
+        if errors:
+            raise errors[0]
 
     def close(self) -> None:
         """The group is destroyed: its threads end once their queued parts are done."""
         with self._lock:
             self._closed = True
             workers, self._workers = self._workers, []
-        for worker in workers:
-            worker.stop()
+            for worker in workers:
+                worker.stop()

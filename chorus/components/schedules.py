@@ -104,7 +104,7 @@ class ScheduleComponent(Component):
             else:
                 run_schedule(sched, part, transport, ctx, code, call.combine, workspace, algorithm)
 
-        self.channels.run(parts, data.size, run_part)
+        self.channels.run(ctx, parts, data.size, run_part)
 
     def close(self) -> None:
         if self.channels is not None:

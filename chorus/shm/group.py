@@ -274,7 +274,7 @@ class ShmGroup:
         return exc
 
     def _check_transport(self, ctx) -> None:
-        error = self.transport.failure(self.group, None, expect=(ctx.seq, ctx.fingerprint))
+        error = self.sync.transport_error(ctx)  # (a lost member's error names the op, as a wait's does)
         if error is not None:
             raise error
 

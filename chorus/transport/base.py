@@ -32,7 +32,7 @@ from chorus.transport.rendezvous_sends import (
 )
 from chorus.transport.waiting import WaitReport, wait_long
 from chorus.wire.dtypes import dtype_name
-from chorus.wire.fingerprint import describe, describe_calls
+from chorus.wire.fingerprint import describe, describe_calls, describe_report
 from chorus.wire.frames import Header, Kind, LostReason, abort_tag, pack_failed, pack_fields
 
 log = logging.getLogger("chorus")
@@ -74,6 +74,7 @@ class Transport:
         # group -> its first report of another rank's call: (culprit, detector, seq, fingerprint)
         self._seen: dict[int, tuple[int, int, int, int]] = {}
         self.closed_reason: str | None = None
+        self.abandoned: dict[int, tuple[int, str]] = {}  # group -> (seq, why): abandon()
         # Whether every peer proved the job token (the TCP transport with a token, given or
         # derived for a job on one host: chorus.host.secret): object
         # collectives unpickle anything only from authenticated peers (chorus.api.safe_pickle).
@@ -325,8 +326,11 @@ class Transport:
         mismatch in the group, a dead member, a peer that left."""
         if self.closed_reason is not None:
             return AbortedError(f"the transport is closed ({self.closed_reason}); re-initialise first")
-        if not self.dead and not self.left and not self.mismatched:
+        if not self.dead and not self.left and not self.mismatched and not self.abandoned:
             return None
+        gave_up = self.abandoned.get(group)
+        if gave_up is not None and expect is not None and expect[0] == gave_up[0]:
+            return AbortedError(gave_up[1])
         if group in self.mismatched and (expect is None or expect[0] >= self.mismatched_at[group]):
             return self.mismatch_error(group, expect)
         members = self._groups.get(group, ())
@@ -336,6 +340,15 @@ class Transport:
         if peer is not None and peer in self.left and not receiving:
             return self._lost_error(peer, "left the job (destroy_process_group)", group)
         return None
+
+    def abandon(self, group: int, seq: int, why: str) -> None:
+        """Op ``seq`` of ``group`` failed on another transport of this rank (chorus.components.
+        channels): its transfers here, pending or to come, fail with AbortedError(``why``)."""
+        with self._state_lock:
+            self.abandoned[group] = (seq, why)
+        self._matcher.fail_where(lambda h: h.group == group and h.expect is not None and h.expect[0] == seq,
+                                 lambda h: AbortedError(why))
+        self._fail_sends(lambda h: h.group == group, lambda h: AbortedError(why))
 
     def _lost_error(self, rank: int, why: str, group: int,
                     handle: Handle | None = None) -> PeerLostError | CollectiveMismatchError:
@@ -491,7 +504,7 @@ class Transport:
             if why:
                 text = f"{why}; {text}"
             else:
-                text += _reported(calls, members, seen)
+                text += describe_report(calls, members, seen)
         return CollectiveMismatchError(
             f"collective mismatch on group {group} (this rank is rank {self.rank}): {text}. The group is "
             "unusable from now on. Every rank of a group must call the same collectives, in the same order, "
@@ -578,21 +591,3 @@ def control_header(kind: Kind, tag: int = 0, group: int = 0) -> bytes:
 def monotonic_deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
-
-def _reported(calls: dict[int, tuple[int, int]], members: list[int],
-              seen: tuple[int, int, int, int] | None) -> str:
-    """What a mismatch message adds when the calls known do not differ: the first report
-    of a rank found not to match (``seen``: culprit, detector, seq, fingerprint, the rank
-    that found it named as such, not blamed), and, every call known, that the same call
-    ran different ways."""
-    if seen is not None:
-        culprit, detector, seq, fprint = seen
-        if calls.get(culprit) != (seq, fprint):  # (the first word about that rank named another call)
-            return f"; rank {detector} found rank {culprit} calling {describe(fprint)} as op #{seq}"
-    if calls and set(members) <= calls.keys():
-        who = "" if seen is None else f"rank {seen[1]} found rank {seen[0]} running it another way; "
-        return (f": the same call, run different ways ({who}algorithm=, CHORUS_ALGO_* and CHORUS_TRANSPORT "
-                "must be the same on every rank)")
-    if seen is not None:  # (some calls not known yet)
-        return f"; rank {seen[1]} found that rank {seen[0]}'s call does not match its own"
-    return ""

@@ -143,9 +143,10 @@ class Pairing:
         return RingReader(self.segment.buf, self._offset(1 - self.out_index), self.ring_bytes, **waiting)
 
 
-def connector_side(sock: socket.socket, rank: int, world_size: int) -> Pairing | None:
-    """Run the connector's part (rank ``rank`` connecting to a lower rank) on ``sock``."""
-    ring = wanted_ring_bytes(world_size) if enabled() else 0
+def connector_side(sock: socket.socket, rank: int, world_size: int, rings: bool = True) -> Pairing | None:
+    """Run the connector's part (rank ``rank`` connecting to a lower rank) on ``sock``
+    (``rings`` False: ask for none)."""
+    ring = wanted_ring_bytes(world_size) if rings and enabled() else 0
     digest = host_digest(rank) if ring else NO_HOST
     sock.sendall(_WANT.pack(digest, ring))
     size, ring, min_bytes, nonce, path = _OFFER.unpack(recv_exact(sock, _OFFER.size))
@@ -167,11 +168,11 @@ def connector_side(sock: socket.socket, rank: int, world_size: int) -> Pairing |
 
 
 def acceptor_side(sock: socket.socket, rank: int, peer: int, world_size: int,
-                  deadline: float | None = None) -> Pairing | None:
+                  deadline: float | None = None, rings: bool = True) -> Pairing | None:
     """Run the acceptor's part (rank ``rank`` accepting rank ``peer``) on ``sock``; its
-    reads end by ``deadline`` (time.monotonic(); TimeoutError)."""
+    reads end by ``deadline`` (time.monotonic(); TimeoutError); ``rings`` False: offer none."""
     digest, their_ring = _WANT.unpack(recv_exact(sock, _WANT.size, deadline))
-    ring = wanted_ring_bytes(world_size) if enabled() else 0
+    ring = wanted_ring_bytes(world_size) if rings and enabled() else 0
     ring = min(ring, their_ring)
     if not ring or digest == NO_HOST or digest != host_digest(rank):
         sock.sendall(_OFFER.pack(0, 0, 0, b"", b""))

@@ -158,9 +158,10 @@ class TcpTransport(TcpReceiving, Transport):
     name = "tcp"
 
     def __init__(self, rank: int, world_size: int, store, *, token: bytes | None,
-                 timeout: float, host: str | None = None):
+                 timeout: float, host: str | None = None, rings: bool = True):
         super().__init__(rank, world_size)
         self._token = token
+        self._rings = rings  # shared-memory rings with peers on this host (chorus.transport.shm_link)
         self.authenticated = token is not None  # every connection proves it (net.*_handshake)
         self._conns: dict[int, _Connection] = {}
         self._conns_cv = threading.Condition()
@@ -177,7 +178,7 @@ class TcpTransport(TcpReceiving, Transport):
         self._session = int(store.get("tcp/session"))
         store.set(f"tcp/addr/{rank}", f"{host}:{port}")
         self._doorway = Doorway(listener, rank=rank, world_size=world_size, token=token, session=self._session,
-                                connected=self._conns.__contains__, register=self._register)
+                                connected=self._conns.__contains__, register=self._register, rings=rings)
         self._doorway.start()
         deadline = time.monotonic() + timeout
         # Fetch every address before connecting: rank 0's set-up (and so the store it
@@ -190,9 +191,10 @@ class TcpTransport(TcpReceiving, Transport):
 
     def sibling(self, rank: int, world_size: int, store, timeout: float) -> TcpTransport:
         """Another transport, among ``world_size`` ranks met through ``store`` (this rank is
-        ``rank`` there), with this one's token and address: a group's extra channels
-        (chorus.components.channels).  Every one of those ranks calls it."""
-        return TcpTransport(rank, world_size, store, token=self._token, timeout=timeout, host=self.listen_host)
+        ``rank`` there), with this one's token and address and no shared-memory rings: the
+        job's channels (chorus.components.channels).  Every one of those ranks calls it."""
+        return TcpTransport(rank, world_size, store, token=self._token, timeout=timeout, host=self.listen_host,
+                            rings=False)
 
     # -- set-up ----------------------------------------------------------------------------
     def _connect(self, peer: int, addr: str, deadline: float) -> None:
@@ -203,7 +205,7 @@ class TcpTransport(TcpReceiving, Transport):
                      + self._session.to_bytes(8, "little"))
         sock.settimeout(max(1.0, deadline - time.monotonic()))
         try:
-            pairing = shm_link.connector_side(sock, self.rank, self.world_size)
+            pairing = shm_link.connector_side(sock, self.rank, self.world_size, self._rings)
         except (OSError, ConnectionError) as exc:
             sock.close()
             raise RendezvousError(

@@ -43,12 +43,13 @@ class Doorway:
     already has one.  Settings are read here, when the transport is created."""
 
     def __init__(self, listener: socket.socket, *, rank: int, world_size: int, token: bytes | None,
-                 session: int, connected: Callable[[int], bool], register: Register):
+                 session: int, connected: Callable[[int], bool], register: Register, rings: bool = True):
         self.listener = listener
         self.rank = rank
         self.world_size = world_size
         self.token = token
         self.session = session
+        self.rings = rings  # offer connecting peers shared-memory rings (chorus.transport.shm_link)
         self.connected: Callable[[int], bool] | None = connected
         self.register: Register | None = register  # both dropped at close: no cycle to the transport
         self.handshake_s = config.get("CHORUS_HANDSHAKE_TIMEOUT")
@@ -134,7 +135,7 @@ class Doorway:
                 raise ProtocolError("the transport is closed")
             if connected(peer):
                 raise ProtocolError(f"rank {peer} is already connected")
-            pairing = shm_link.acceptor_side(sock, self.rank, peer, self.world_size, deadline)
+            pairing = shm_link.acceptor_side(sock, self.rank, peer, self.world_size, deadline, self.rings)
             register(peer, sock, pairing)
         except TimeoutError:
             log.warning("chorus rank %d: closed a transport connection from %s: no complete handshake "

@@ -79,3 +79,22 @@ def ranks_text(ranks: list[int]) -> str:
             runs.append([r])
     parts = [f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run)) for run in runs]
     return f"ranks [{', '.join(parts)}]"
+
+
+def describe_report(calls: dict[int, tuple[int, int]], members: list[int],
+                    seen: tuple[int, int, int, int] | None) -> str:
+    """What a mismatch message adds when the calls known do not differ: the first report
+    of a rank found not to match (``seen``: culprit, detector, seq, fingerprint, the rank
+    that found it named as such, not blamed), and, every call known, that the same call
+    ran different ways."""
+    if seen is not None:
+        culprit, detector, seq, fprint = seen
+        if calls.get(culprit) != (seq, fprint):  # (the first word about that rank named another call)
+            return f"; rank {detector} found rank {culprit} calling {describe(fprint)} as op #{seq}"
+    if calls and set(members) <= calls.keys():
+        who = "" if seen is None else f"rank {seen[1]} found rank {seen[0]} running it another way; "
+        return (f": the same call, run different ways ({who}algorithm=, CHORUS_ALGO_* and CHORUS_TRANSPORT "
+                "must be the same on every rank)")
+    if seen is not None:  # (some calls not known yet)
+        return f"; rank {seen[1]} found that rank {seen[0]}'s call does not match its own"
+    return ""
