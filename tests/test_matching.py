@@ -64,3 +64,17 @@ def test_fail_where_fails_posted_and_claimed():
     m.fail_where(lambda h: h.group == 5, lambda h: RuntimeError("gone"))
     assert posted.done() and str(posted.error) == "gone"
     assert not other.done()
+
+
+def test_discard_where_drops_unclaimed_stashed_messages_only():
+    m = Matcher()
+    dropped, kept = m.claim(1, _hdr(tag=7)), m.claim(1, _hdr(tag=8))
+    claimed = m.claim(1, _hdr(tag=9))  # still being read when its receive is posted: claimed
+    m.arrival_ready(dropped, memoryview(b"x"))
+    m.arrival_ready(kept, memoryview(b"y"))
+    receive = Handle(1, D, 0, 9)
+    assert m.post(receive) is None and claimed.claimant is receive
+    m.discard_where(lambda a: a.header.tag in (7, 9))
+    assert m.post(Handle(1, D, 0, 8)) is kept
+    assert m.find_unexpected(lambda a: a.header.tag == 7) is None
+    assert m.arrival_ready(claimed, memoryview(b"z")) is receive

@@ -39,8 +39,11 @@ are the group's own (one per channel), so two groups' ops never wait for each ot
 parts.  Part 0 always travels on the job's own transport, so a member that calls
 something else is met there with a CollectiveMismatchError as before; every part carries
 the op's sequence number and fingerprint, and a lost member fails each channel's part
-with PeerLostError.  The first part to fail makes the others give up at once
-(``Transport.abandon`` on every transport of the op), and the op raises that first error.
+with PeerLostError.  On a rank, the first part to fail makes that rank's other parts give
+up at once (``Transport.abandon`` on every transport of the op: its receives fail, its
+late frames are dropped), and the op raises that first error.  The other ranks learn of
+a failure as they do of any rank's (a mismatch, a lost member); one that only this rank
+saw leaves them waiting until their op's timeout, as an unsplit op would.
 
 Results are the same on every rank, but not the same bits as the unsplit all_reduce's
 where the reduction rounds (each part reduces in its own order), and the split depends on
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -64,6 +68,8 @@ from chorus.host.identity import NO_HOST, host_digest, transport_mode
 from chorus.schedules.chunks import offsets, split
 from chorus.store import PrefixStore
 from chorus.transport.waiting import WaitReport
+
+log = logging.getLogger("chorus")
 
 MOST_AUTO = 4  # channels a rank asks for when CHORUS_TCP_CHANNELS is 0, at most
 MOST_PEER_SOCKETS = 256  # ... and so that it holds at most this many sockets more than without
@@ -110,7 +116,10 @@ def open_channels(transport, store, timeout: float) -> Channels | None:
     if store is None or transport.world_size < 2 or getattr(transport, "name", "") != "tcp":
         return None
     rank, size = transport.rank, transport.world_size
-    store.set(f"channels/offer/{rank}", json.dumps(offer(rank, size)))
+    mine = offer(rank, size)
+    store.set(f"channels/offer/{rank}", json.dumps(mine))
+    if "error" in mine:  # (told the others first; the store's host may leave once it has read it)
+        raise InvalidArgumentError(f"init_process_group: rank {rank}: {mine['error']}")
     table = [json.loads(v) for v in store.multi_get([f"channels/offer/{r}" for r in range(size)])]
     bad = [(r, e["error"]) for r, e in enumerate(table) if "error" in e]
     if bad:
@@ -204,7 +213,7 @@ class GroupChannels:
         """Run ``run_part(k, offset, size, transport, workspace)`` for the ``count`` parts
         of ``total`` elements of op ``ctx`` at once: part k on channel k (part 0: transport
         and workspace None, the group's own, in this thread).  The first part to fail makes
-        every other part give up at once (Transport.abandon), and its error is raised."""
+        this rank's other parts give up at once (Transport.abandon), and its error is raised."""
         sizes = split(total, count)
         starts = offsets(sizes)
         main = self.pg.transport
@@ -214,14 +223,19 @@ class GroupChannels:
 
         def failed(exc: BaseException) -> None:
             with lock:
+                if any(e is exc for e in errors):
+                    return
                 errors.append(exc)
                 if len(errors) > 1:
                     return
             why = f"{ctx.describe()}: another part of this split all_reduce failed ({type(exc).__name__})"
             for transport in (main, *transports):
-                transport.abandon(ctx.group, ctx.seq, why)
+                try:
+                    transport.abandon(ctx.group, ctx.seq, why)
+                except Exception:  # noqa: BLE001 - the others must still give up
+                    log.exception("chorus: could not abandon %s on a transport", ctx.describe())
 
-        def on_done(future: concurrent.futures.Future) -> None:
+        def on_done(future: concurrent.futures.Future) -> None:  # (early: the others give up at once)
             exc = future.exception()
             if exc is not None:
                 failed(exc)
@@ -245,7 +259,15 @@ class GroupChannels:
         except BaseException as exc:
             failed(exc)
         concurrent.futures.wait(futures)
+        for future in futures:  # (the source of truth: a done-callback may not have run yet)
+            exc = future.exception()
+            if exc is not None:
+                failed(exc)
         if errors:
+            # A transfer of the failed op may still land in these buffers (a payload a
+            # reader thread was reading): the next op gets fresh ones.
+            self.pg.workspace = Workspace()
+            self.workspaces = [Workspace() for _ in self.workspaces]
             raise errors[0]
 
     def close(self) -> None:

@@ -343,12 +343,14 @@ class Transport:
 
     def abandon(self, group: int, seq: int, why: str) -> None:
         """Op ``seq`` of ``group`` failed on another transport of this rank (chorus.components.
-        channels): its transfers here, pending or to come, fail with AbortedError(``why``)."""
+        channels): its receives here, pending or to come, fail with AbortedError(``why``),
+        and its frames that arrive later are not taken for another op's (no mismatch)."""
         with self._state_lock:
             self.abandoned[group] = (seq, why)
         self._matcher.fail_where(lambda h: h.group == group and h.expect is not None and h.expect[0] == seq,
                                  lambda h: AbortedError(why))
-        self._fail_sends(lambda h: h.group == group, lambda h: AbortedError(why))
+        self._matcher.discard_where(lambda a: a.header.kind == Kind.COLL and a.header.group == group
+                                    and a.header.seq == seq)
 
     def _lost_error(self, rank: int, why: str, group: int,
                     handle: Handle | None = None) -> PeerLostError | CollectiveMismatchError:
@@ -535,8 +537,9 @@ class Transport:
     # frame of an op this rank has already finished (it will never be consumed).
     def _check_stash_against(self, handle: Handle) -> None:
         seq, fp = handle.expect
+        gave_up = self.abandoned.get(handle.group, (-1,))[0]
         a = self._matcher.find_unexpected(
-            lambda a: a.header.kind == Kind.COLL and a.header.group == handle.group
+            lambda a: a.header.kind == Kind.COLL and a.header.group == handle.group and a.header.seq != gave_up
             and (a.header.seq < seq or (a.header.seq == seq and a.header.fingerprint != fp)))
         if a is not None:
             self.group_mismatch(handle.group, a.peer, a.header.seq, a.header.fingerprint, self.rank)
@@ -550,6 +553,9 @@ class Transport:
     def stashed(self, source: int, header: Header) -> None:
         """Transports call this when a frame found no posted receive and was stashed."""
         if header.kind != Kind.COLL:
+            return
+        if header.seq == self.abandoned.get(header.group, (-1,))[0]:  # (a late frame of an abandoned op)
+            self._matcher.discard_where(lambda a: a.header is header)
             return
         if header.seq <= self.finished_seq.get(header.group, -1):
             self.group_mismatch(header.group, source, header.seq, header.fingerprint, self.rank)

@@ -163,6 +163,17 @@ class Matcher:
                         return a
         return None
 
+    def discard_where(self, pred: Callable[[Arrival], bool]) -> None:
+        """Drop the stashed messages for which ``pred`` holds that no receive claimed (an
+        abandoned op's, which no receive will take: Transport.abandon)."""
+        with self._lock:
+            for key in list(self._unexpected):
+                kept = deque(a for a in self._unexpected[key] if a.claimant is not None or not pred(a))
+                if kept:
+                    self._unexpected[key] = kept
+                else:
+                    del self._unexpected[key]
+
     def stashes(self) -> bool:
         """Whether any message is stashed (read without the lock: a frame stashed while a
         caller acts on False is checked against the receives posted by then, ``Transport.stashed``)."""
