@@ -177,13 +177,16 @@ def test_ranks_with_different_channel_and_lane_bytes_split_alike(tmp_path):
     assert _launch(tmp_path, _LAUNCH_SCRIPT, envs) == ["2 2.0\n"] * 2
 
 
-def test_a_setting_out_of_range_on_one_rank_fails_every_rank_at_start(tmp_path):
+@pytest.mark.parametrize("bad", [0, 1])
+def test_a_setting_out_of_range_on_one_rank_fails_every_rank_at_start(tmp_path, bad):
     start = time.monotonic()
-    results = _launch(tmp_path, _LAUNCH_SCRIPT, [{}, {"CHORUS_TCP_CHANNELS": "9"}], check=False)
+    envs = [{}, {}]
+    envs[bad] = {"CHORUS_TCP_CHANNELS": "9"}
+    results = _launch(tmp_path, _LAUNCH_SCRIPT, envs, check=False)
     assert time.monotonic() - start < 20
     for code, _, err in results:
         assert code != 0
-        assert "rank 1: CHORUS_TCP_CHANNELS" in err, err[-2000:]
+        assert f"rank {bad}: CHORUS_TCP_CHANNELS" in err, err[-2000:]
 
 
 def _mismatch_body(rank, world):

@@ -25,8 +25,8 @@ W = 4, 8 MiB ran at 0.97x where two of 4 MiB ran at 1.32x.
 Agreement.  When the job starts, every rank publishes in the job's store what it asks for
 (``CHORUS_TCP_CHANNELS``, 0: as many as its CPUs allow, its usable CPUs over the job's
 ranks on its host, at most 4), its host, ``CHORUS_TCP_CHANNEL_BYTES`` and
-``CHORUS_TCP_LANE_BYTES``; every rank reads the same table and takes the least count, the
-largest channel bytes and the largest lane bytes.  So every rank splits an op alike, a
+``CHORUS_TCP_LANE_BYTES``; rank 0 reads the table and publishes the least count, the
+largest channel bytes and the largest lane bytes, which every rank takes.  So every rank splits an op alike, a
 call the TCP lane may take on some rank is never split, and no split depends on when a
 rank issues its calls.  A count of 1 (one rank asks for 1, no rank has CPUs to spare, or
 every rank is on one host and may use shared memory, so no group runs over TCP) opens
@@ -58,6 +58,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from chorus import config
@@ -73,6 +74,7 @@ log = logging.getLogger("chorus")
 
 MOST_AUTO = 4  # channels a rank asks for when CHORUS_TCP_CHANNELS is 0, at most
 MOST_PEER_SOCKETS = 256  # ... and so that it holds at most this many sockets more than without
+READ_GRACE_S = 5.0  # how long rank 0 waits for every rank to read a failed agreement before it raises
 
 
 def agreed(table: list[dict]) -> tuple[int, int, int]:
@@ -118,13 +120,25 @@ def open_channels(transport, store, timeout: float) -> Channels | None:
     rank, size = transport.rank, transport.world_size
     mine = offer(rank, size)
     store.set(f"channels/offer/{rank}", json.dumps(mine))
-    if "error" in mine:  # (told the others first; the store's host may leave once it has read it)
+    if "error" in mine and rank != 0:  # (rank 0 tells every rank, the store's host may leave soon after)
+        store.add("channels/read", 1)  # (nothing to read: rank 0 need not wait for this rank)
         raise InvalidArgumentError(f"init_process_group: rank {rank}: {mine['error']}")
-    table = [json.loads(v) for v in store.multi_get([f"channels/offer/{r}" for r in range(size)])]
-    bad = [(r, e["error"]) for r, e in enumerate(table) if "error" in e]
-    if bad:
-        raise InvalidArgumentError("init_process_group: " + "; ".join(f"rank {r}: {why}" for r, why in bad))
-    count, min_bytes, floor = agreed(table)
+    if rank == 0:  # rank 0 reads every offer and publishes the outcome: O(W) reads, not O(W^2)
+        table = [json.loads(v) for v in store.multi_get([f"channels/offer/{r}" for r in range(size)])]
+        bad = [(r, e["error"]) for r, e in enumerate(table) if "error" in e]
+        outcome = ({"error": "; ".join(f"rank {r}: {why}" for r, why in bad)} if bad
+                   else dict(zip(("count", "bytes", "lane"), agreed(table), strict=True)))
+        store.set("channels/agreed", json.dumps(outcome))
+        if "error" in outcome:  # the store may live in this process: let the others read it first
+            until = time.monotonic() + READ_GRACE_S
+            while store.add("channels/read", 0) < size - 1 and time.monotonic() < until:
+                time.sleep(0.01)
+    else:
+        outcome = json.loads(store.get("channels/agreed"))
+        store.add("channels/read", 1)
+    if "error" in outcome:
+        raise InvalidArgumentError(f"init_process_group: {outcome['error']}")
+    count, min_bytes, floor = outcome["count"], outcome["bytes"], outcome["lane"]
     if count < 2:
         return None
     transports = []
