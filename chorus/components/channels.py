@@ -40,8 +40,9 @@ parts.  Part 0 always travels on the job's own transport, so a member that calls
 something else is met there with a CollectiveMismatchError as before; every part carries
 the op's sequence number and fingerprint, and a lost member fails each channel's part
 with PeerLostError.  On a rank, the first part to fail makes that rank's other parts give
-up at once (``Transport.abandon`` on every transport of the op: its receives fail, its
-late frames are dropped), and the op raises that first error.  The other ranks learn of
+up at once (``Transport.abandon``: their receives fail, their late frames are dropped),
+part 0 as well unless the failure is one the job's transport learns of by itself (a lost
+or departed member, a mismatch); the op raises part 0's error, else the first part's.  The other ranks learn of
 a failure as they do of any rank's (a mismatch, a lost member); one that only this rank
 saw leaves them waiting until their op's timeout, as an unsplit op would.
 
@@ -63,7 +64,7 @@ from collections.abc import Callable
 
 from chorus import config
 from chorus.engine import Workspace
-from chorus.errors import AbortedError, InvalidArgumentError
+from chorus.errors import AbortedError, CollectiveMismatchError, InvalidArgumentError, PeerLostError
 from chorus.host import cpus
 from chorus.host.identity import NO_HOST, host_digest, transport_mode
 from chorus.schedules.chunks import offsets, split
@@ -227,7 +228,9 @@ class GroupChannels:
         """Run ``run_part(k, offset, size, transport, workspace)`` for the ``count`` parts
         of ``total`` elements of op ``ctx`` at once: part k on channel k (part 0: transport
         and workspace None, the group's own, in this thread).  The first part to fail makes
-        this rank's other parts give up at once (Transport.abandon), and its error is raised."""
+        this rank's other parts give up at once (Transport.abandon; part 0 too, unless the
+        job's transport learns of that failure itself), and part 0's error is raised, else
+        the first part's."""
         sizes = split(total, count)
         starts = offsets(sizes)
         main = self.pg.transport
@@ -243,7 +246,11 @@ class GroupChannels:
                 if len(errors) > 1:
                     return
             why = f"{ctx.describe()}: another part of this split all_reduce failed ({type(exc).__name__})"
-            for transport in (main, *transports):
+            # A lost or departed member, or a mismatch, reaches the job's transport by itself,
+            # with the whole story (the mismatch's calls, the notice before a BYE): part 0
+            # goes on to meet it there.  Anything else only this rank knows of.
+            told = isinstance(exc, (PeerLostError, CollectiveMismatchError))
+            for transport in (transports if told else (main, *transports)):
                 try:
                     transport.abandon(ctx.group, ctx.seq, why)
                 except Exception:  # noqa: BLE001 - the others must still give up
@@ -268,9 +275,11 @@ class GroupChannels:
                     lambda k=k: run_part(k, starts[k], sizes[k], transports[k - 1], self.workspaces[k - 1]))
                 future.add_done_callback(on_done)
                 futures.append(future)
+        own: BaseException | None = None  # part 0's error
         try:
             run_part(0, 0, sizes[0], None, None)
         except BaseException as exc:
+            own = exc
             failed(exc)
         concurrent.futures.wait(futures)
         for future in futures:  # (the source of truth: a done-callback may not have run yet)
@@ -282,6 +291,8 @@ class GroupChannels:
             # reader thread was reading): the next op gets fresh ones.
             self.pg.workspace = Workspace()
             self.workspaces = [Workspace() for _ in self.workspaces]
+            if own is not None and not (isinstance(own, AbortedError) and own is not errors[0]):
+                raise own  # (the job's transport's account: it settles a mismatch's calls)
             raise errors[0]
 
     def close(self) -> None:
