@@ -57,7 +57,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -175,35 +174,6 @@ class Channels:
             transport.close()
 
 
-class _Worker:
-    """One thread that runs a group's parts on one channel, in the group's order."""
-
-    def __init__(self, name: str):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name=name, daemon=True).start()
-
-    def submit(self, fn: Callable[[], None]) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._jobs.put((fn, future))
-        return future
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, future = job
-            try:
-                fn()
-            except BaseException as exc:  # handed to the calling thread, raised there
-                future.set_exception(exc)
-            else:
-                future.set_result(None)
-
-
 class GroupChannels:
     """One group's use of the job's channels: its threads (made at its first split op)
     and receive temporaries, one per channel."""
@@ -212,7 +182,8 @@ class GroupChannels:
         self.pg = pg
         self.channels = channels
         self.workspaces = [Workspace() for _ in channels.transports]
-        self._workers: list[_Worker] = []
+        # one thread per channel, so a group's parts on a channel run in its order
+        self._workers: list[concurrent.futures.ThreadPoolExecutor] = []
         self._lock = threading.Lock()
         self._closed = False
         interval = config.get("CHORUS_WAIT_REPORT_S")
@@ -268,7 +239,8 @@ class GroupChannels:
                 raise AbortedError(f"{ctx.describe()}: the job's channels are closed "
                                    "(destroy_process_group was called)")
             while len(self._workers) < count - 1:
-                self._workers.append(_Worker(f"chorus-group{self.pg.id}-channel{len(self._workers) + 1}"))
+                self._workers.append(concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix=f"chorus-group{self.pg.id}-channel{len(self._workers) + 1}"))
             futures = []
             for k in range(1, count):
                 future = self._workers[k - 1].submit(
@@ -301,4 +273,4 @@ class GroupChannels:
             self._closed = True
             workers, self._workers = self._workers, []
             for worker in workers:
-                worker.stop()
+                worker.shutdown(wait=False)
