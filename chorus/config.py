@@ -258,6 +258,11 @@ SETTINGS: dict[str, Setting] = _declare(
       for name, names in _ALGORITHMS.items()),
     Setting("CHORUS_SEGMENT_BYTES", "int", 1 * MIB, minimum=1, unit="bytes",
             meaning="pipelining unit of the ring and chain algorithms"),
+    Setting("CHORUS_HIER_RING_BYTES", "int", 1 * MIB, minimum=0, unit="bytes",
+            meaning="an all_reduce of at least this many bytes per rank, on a group that spans hosts "
+                    "holding consecutive ranks, runs the flat ring through the hosts instead of the "
+                    "hierarchy's three phases (chorus.components.hierarchy); 0: never; must be equal "
+                    "on every rank"),
     Setting("CHORUS_TCP_LANE_BYTES", "int", 64 * KIB, minimum=0, maximum=16 * MIB, unit="bytes",
             meaning="a synchronous all_reduce of up to this many bytes per rank, on a group whose "
                     "collectives run over TCP (no shared-memory window), runs from a plan cached per "

@@ -452,3 +452,86 @@ def test_hosts_that_call_on_either_side_of_the_column_size_see_the_mismatch_at_o
         return time.monotonic() - started
 
     assert max(run_threads(body, 4, op_timeout=20.0)) < 5.0
+
+
+RING_COUNT = (1 << 20) // 4 + 16  # float32 elements: just over CHORUS_HIER_RING_BYTES's 1 MiB
+
+
+@pytest.mark.parametrize("layout, expected", [("2+2", "ring"), ("1+3", "ring"), ("interleaved", "hierarchical")])
+def test_a_large_all_reduce_runs_the_ring_through_hosts_of_consecutive_ranks(layout, expected, monkeypatch):
+    """From 1 MiB, hosts that hold consecutive ranks run the flat ring (each host entered
+    once); interleaved hosts keep the phases.  Either way every rank gets the flat ring's
+    bits (small integers: every order is exact)."""
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS[layout])
+    w = len(LAYOUTS[layout].split(","))
+    ways = []
+
+    def listen(e):
+        if e.what == "begin" and e.group == 0:
+            ways.append((e.component, e.algorithm))
+
+    recorder.attach(listen)
+    try:
+        def body(rank, w):
+            x = values(rank, RING_COUNT, "float32")
+            dist.all_reduce(x)
+            y = values(rank, RING_COUNT, "float32")
+            dist.all_reduce(y, algorithm="ring")
+            return bits(x), bits(y)
+
+        results = run_threads(body, w)
+    finally:
+        recorder.detach()
+    expected_sum = sum(values(r, RING_COUNT, "float32") for r in range(w))
+    for mine, flat in results:
+        assert mine.tobytes() == flat.tobytes() == expected_sum.tobytes()
+    assert collections.Counter(ways)[("hierarchical", expected)] == w, ways
+
+
+def test_the_ring_size_setting_zero_keeps_the_phases(monkeypatch):
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["2+2"])
+    monkeypatch.setenv("CHORUS_HIER_RING_BYTES", "0")
+    ways = []
+    recorder.attach(lambda e: ways.append(e.algorithm) if e.what == "begin" and e.group == 0 else None)
+    try:
+        results = run_threads(lambda rank, w: dist.all_reduce(np.ones(RING_COUNT, np.float32)) or 0, 4)
+    finally:
+        recorder.detach()
+    assert results == [0] * 4 and ways == ["hierarchical"] * 4
+
+
+@pytest.mark.parametrize("large", [(2, 3), (0,), (1, 2, 3)], ids=["host-b", "one-rank", "across-hosts"])
+def test_ranks_on_either_side_of_the_ring_size_see_the_mismatch_at_once(monkeypatch, large):
+    """Ranks ``large`` call an all_reduce of over 1 MiB (the ring on the group), the others
+    one of 512 KiB (the phases on the sub-groups): every rank raises CollectiveMismatchError
+    within seconds, its message naming both calls, instead of waiting in different groups."""
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["2+2"])
+
+    def body(rank, w):
+        x = np.ones(RING_COUNT if rank in large else RING_COUNT // 2, np.float32)
+        dist.barrier()
+        started = time.monotonic()
+        with pytest.raises(dist.CollectiveMismatchError) as info:
+            dist.all_reduce(x)
+        return time.monotonic() - started, str(info.value)
+
+    for elapsed, message in run_threads(body, 4, op_timeout=30.0):
+        assert elapsed < 5.0, (elapsed, message)
+        assert f"count={RING_COUNT}" in message and f"count={RING_COUNT // 2}" in message, message
+
+
+def test_a_rank_on_the_latency_lane_and_ranks_on_the_ring_see_the_mismatch_at_once(monkeypatch):
+    """Rank 1 calls a small all_reduce (the two phases on the sub-groups' lanes), the
+    others one of over 1 MiB (the ring on the group)."""
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["2+2"])
+
+    def body(rank, w):
+        x = np.ones(8 if rank == 1 else RING_COUNT, np.float32)
+        dist.barrier()
+        started = time.monotonic()
+        with pytest.raises(dist.CollectiveMismatchError) as info:
+            dist.all_reduce(x)
+        return time.monotonic() - started, str(info.value)
+
+    for elapsed, message in run_threads(body, 4, op_timeout=30.0):
+        assert elapsed < 5.0 and "count=8" in message and f"count={RING_COUNT}" in message, (elapsed, message)

@@ -83,6 +83,7 @@ def test_shared_memory_reports_ops_and_every_sync_copy_and_reduction(events):
 
 def test_hierarchical_ops_report_their_phases_and_the_sub_groups_ops(monkeypatch, events):
     monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
+    monkeypatch.setenv("CHORUS_HIER_RING_BYTES", "0")  # the large all_reduce in phases too
     run_threads(program, 4)
     check_ops(events, "hierarchical", ["all_reduce", "all_gather"], 4, ["phase"])
     check_ops(events, "tcp", ["all_to_all"], 4, ["send", "recv"])  # all_to_all stays flat
@@ -93,6 +94,15 @@ def test_hierarchical_ops_report_their_phases_and_the_sub_groups_ops(monkeypatch
                                                         "all_gather"}
     sub_groups = {e.group for e in events if e.what == "begin" and e.group != 0}
     assert len(sub_groups) == 4  # two hosts' groups, the leaders' (the first column) and the second column
+
+
+def test_a_large_all_reduce_across_hosts_reports_the_ring_and_its_transfers(monkeypatch, events):
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
+    run_threads(program, 4)
+    ways = [(e.component, e.algorithm) for e in events if e.what == "begin" and e.group == 0 and e.op == "all_reduce"]
+    assert ways.count(("hierarchical", "ring")) == 4, ways  # the large one; the small one runs two phases
+    moved = [e for e in events if e.what in ("send", "recv") and e.group == 0 and e.op == "all_reduce"]
+    assert {e.what for e in moved} == {"send", "recv"} and all(e.peer >= 0 for e in moved)
 
 
 def test_nothing_is_reported_once_detached(events):

@@ -25,10 +25,9 @@ from chorus import config, net
 from chorus.errors import BufferMismatchError, CommTimeoutError, PeerLostError
 from chorus.store import HashStore, TCPStore, TCPStoreServer
 from chorus.transport import shm_link
-from chorus.transport.base import control_header
 from chorus.transport.ring import RingReader, RingWriter, ring_size
 from chorus.transport.tcp import TcpTransport
-from chorus.wire.frames import MAX_PAYLOAD, Kind, pack_fields
+from chorus.wire.frames import MAX_PAYLOAD, Kind, control_header, pack_fields
 from chorus.wire.handshake import ClientHandshake
 
 TOKEN = b"hardening-test-token"

@@ -252,6 +252,29 @@ def test_lane_over_real_tcp_matches_the_threads():
             assert value.tobytes() == threads[0][key].tobytes(), (key, rank)
 
 
+def _shapes_body(rank, world):
+    """all_reduce of arrays of several shapes, each three times (the cached plan again)."""
+    out = []
+    for shape in [(), (3,), (2, 3), (2, 1, 4)]:
+        for k in range(3):
+            x = np.array(np.arange(np.prod(shape, dtype=int)).reshape(shape) + 10 * k + rank, np.float32)
+            dist.all_reduce(x)
+            out.append((shape, k, x))
+    return out, len(dist.group.WORLD.lane.reduce_log)
+
+
+@pytest.mark.slow
+def test_lane_over_real_tcp_keeps_each_arrays_shape():
+    """W = 4 over TCP: two exchange rounds, each sending its snapshot (tcp_lane's plan runs
+    the copy as the exchange's first part), on arrays of 0 to 3 dimensions."""
+    world = 4
+    for out, ops in run_processes(_shapes_body, world):
+        assert ops == 12
+        for shape, k, x in out:
+            want = world * (np.arange(np.prod(shape, dtype=int)).reshape(shape) + 10 * k) + sum(range(world))
+            assert x.shape == shape and np.array_equal(x, want.astype(np.float32)), (shape, k, x)
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("op", ["MIN", "MAX"])
 def test_signed_zeros_give_the_same_bits_on_every_rank(world, op):

@@ -91,7 +91,7 @@ def attach(pg, *, settings: bool = True) -> None:
     else:
         from chorus.components.hierarchy_lane import HierarchyLane
 
-        pg.components = (pg.hierarchy, ScheduleComponent())
+        pg.components = (pg.hierarchy, pg.hierarchy.schedules)
         pg.lane = HierarchyLane(pg, pg.hierarchy) if pg.hierarchy.column is not None else None
 
 

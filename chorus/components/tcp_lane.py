@@ -55,11 +55,11 @@ COLL = int(Kind.COLL)
 
 class Plan:
     """One all_reduce of one (dtype, shape, op) on one group, compiled: ``data`` (the plan's
-    copy of the array, flat), ``steps`` (per step: the receives as (peer, tag, view,
+    copy of the array, of its shape), ``steps`` (per step: the receives as (peer, tag, view,
     finish), the sends as (peer, tag, view), the copies as callables, whether its one
     receive is read by ``recv_now`` after the sends, and, for an exchange with one peer,
-    (peer, send tag, send view, receive tag, receive view, finish); peers are global
-    ranks), the wire
+    (peer, send tag, send view, receive tag, receive view, finish, the copies that come
+    first: a step before it that only copied); peers are global ranks), the wire
     dtype code, the fingerprint, whether the result is divided by W (AVG), and the dtype
     name that division takes.  ``component`` and ``algorithm`` name it in
     the flight recorder."""
@@ -113,12 +113,18 @@ def compile_schedule(schedule, members: tuple[int, ...], data: np.ndarray, combi
                 sends.append((members[op.peer], op.tag, raw(op.src)))
             elif isinstance(op, Copy):
                 dst, src = region(op.dst), region(op.src)
-                copies.append(partial(combine, dst, src) if op.reduce else partial(np.copyto, dst, src))
+                # (dst[...] = src: np.copyto's result for one dtype, without its Python-level call)
+                copies.append(partial(combine, dst, src) if op.reduce else partial(dst.__setitem__, Ellipsis, src))
         lone = len(recvs) == 1 and reads_now(recvs[0][0], len(recvs[0][2]))
         # A lone receive from the peer of the step's one send, with no local copy to order
         # against either, is an exchange (Transport.exchange_now).
         pair = (sends[0][0], sends[0][1], sends[0][2], recvs[0][1], recvs[0][2], recvs[0][3]) if (
             lone and len(sends) == 1 and not copies and sends[0][0] == recvs[0][0]) else None
+        if pair is not None:
+            # A step before it that only copies (recursive doubling's snapshot of what it
+            # sends) runs as the exchange's first part: the same order, one step fewer.
+            before = steps.pop()[2] if steps and not steps[-1][0] and not steps[-1][1] else ()
+            pair += (before,)
         steps.append((tuple(recvs), tuple(sends), tuple(copies), lone, pair))
     return tuple(steps)
 
@@ -141,17 +147,18 @@ class TcpLane(ReduceLane):
     def _reduce_run(self, seq: int, plan: Plan, arr: np.ndarray) -> None:
         """Run ``plan`` as op ``seq`` of the group on ``arr`` (the caller's array)."""
         pg = self.pg
-        flat = arr.reshape(-1)
         t, group, code, fp = pg.transport, pg.id, plan.code, plan.fingerprint
         deadline = time.monotonic() + pg.timeout
         ctx = None  # the op's OpContext, made only where a wait or an error names the op
         try:
             data = plan.data
-            data[...] = flat
+            data[...] = arr  # (the same shape: no reshape either way)
             expect = (seq, fp)
             for recvs, sends, copies, lone, pair in plan.steps:
                 if pair is not None:
-                    peer, send_tag, out, recv_tag, into, finish = pair
+                    peer, send_tag, out, recv_tag, into, finish, before = pair
+                    for copy in before:
+                        copy()
                     handles = t.exchange_now(peer, out, into, COLL, group, send_tag, recv_tag, seq, code, fp, finish,
                                              deadline)
                     if handles:
@@ -181,7 +188,7 @@ class TcpLane(ReduceLane):
                     ctx = ctx or OpContext("all_reduce", group, seq, fp, pg.members, deadline)
                     t.wait_all(handles, deadline, ctx.describe, label=ctx.label)
             t.finished(group, seq, fp)
-            flat[...] = data
+            arr[...] = data
         except BaseException as exc:
             error = settled(pg, exc, ctx or OpContext("all_reduce", group, seq, fp, pg.members, deadline))
             if error is exc:
@@ -200,8 +207,9 @@ class TcpLane(ReduceLane):
             return False  # (a CHORUS_ALGO_ALL_REDUCE the general path rejects)
         count = buf.numel
         schedule = self.schedules.schedule(pg, "all_reduce", algorithm, {"count": count}, -1, arr.itemsize)
-        data = np.empty(count, arr.dtype)
-        steps = compile_schedule(schedule, pg.members, data, combiner(op, buf.dtype), pg.transport.reads_now)
+        data = np.empty(arr.shape, arr.dtype)
+        steps = compile_schedule(schedule, pg.members, data.reshape(-1), combiner(op, buf.dtype),
+                                 pg.transport.reads_now)
         plan = Plan(data, steps, DTYPE_CODES[buf.dtype], fingerprint("all_reduce", buf.dtype, count, -1, op.name),
                     op.name == "AVG", buf.dtype, algorithm)
         self.plans[(arr.dtype, arr.shape, op.name)] = plan

@@ -239,17 +239,16 @@ def failed(entry: list, rank: int, exc: BaseException) -> None:
     on_error(rank, exc)
 
 
-def run_lane(ring: Ring, log: list, seq: int, rank: int, run, *args) -> None:
-    """``run(*args)``, latency-lane op ``seq`` of ``ring`` (group rank ``rank``'s): noted in
-    the lane's ``log``, the clock read at times (:func:`tick`), a failure kept, the op
-    marked done."""
+def run_lane(ring: Ring, log: list, seq: int, run, *args) -> None:
+    """``run(seq, *args)``, latency-lane op ``seq`` of ``ring``: noted in the lane's
+    ``log``, the clock read at times (:func:`tick`), a failure kept, the op marked done."""
     log.append(seq)
     if seq >= ring.clock_at:
         tick(ring, seq)
     try:
-        run(*args)
+        run(seq, *args)
     except BaseException as exc:
-        failed_lane(ring, seq, rank, exc)
+        failed_lane(ring, seq, ring.members[ring.group_rank], exc)
         raise
     ring.done = seq
 

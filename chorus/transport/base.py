@@ -26,10 +26,7 @@ from collections.abc import Callable, Iterable
 from chorus.errors import AbortedError, BufferMismatchError, CollectiveMismatchError, PeerLostError
 from chorus.transport.handles import Handle, wait_all
 from chorus.transport.matching import Arrival, Matcher
-from chorus.transport.rendezvous_sends import (
-    RendezvousSends,
-    SendHandle,
-)
+from chorus.transport.rendezvous_sends import RendezvousSends, SendHandle
 from chorus.transport.waiting import WaitReport, wait_long
 from chorus.wire.dtypes import dtype_name
 from chorus.wire.fingerprint import describe, describe_calls, describe_report
@@ -550,6 +547,17 @@ class Transport:
         self.finished_seq[group] = seq
         self.finished_call[group] = (seq, fingerprint)
 
+    def elsewhere(self, group: int, seq: int, fingerprint: int) -> None:
+        """Op ``seq`` of ``group`` runs on other groups (a hierarchy's phases): ``finished``
+        from its start, and a frame of it (or earlier) already stashed is a mismatch."""
+        self.finished(group, seq, fingerprint)
+        if self._matcher.stashes():
+            gave_up = self.abandoned.get(group, (-1,))[0]
+            a = self._matcher.find_unexpected(lambda a: a.header.kind == Kind.COLL and a.header.group == group
+                                              and a.header.seq <= seq and a.header.seq != gave_up)
+            if a is not None:
+                self.group_mismatch(group, a.peer, a.header.seq, a.header.fingerprint, self.rank)
+
     def stashed(self, source: int, header: Header) -> None:
         """Transports call this when a frame found no posted receive and was stashed."""
         if header.kind != Kind.COLL:
@@ -588,12 +596,4 @@ class Transport:
         self.sends.fail_where(lambda h: True, lambda h: AbortedError(
             "the process group was destroyed while this send waited for its receive"))
 
-
-def control_header(kind: Kind, tag: int = 0, group: int = 0) -> bytes:
-    """Header bytes of a payload-less control frame (HEARTBEAT, PEER_LOST, BYE, HELLO)."""
-    return pack_fields(int(kind), group, tag, 0, 0, 0, 0)
-
-
-def monotonic_deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
 

@@ -59,14 +59,14 @@ from chorus import config, net
 from chorus.errors import RendezvousError
 from chorus.host import cpus
 from chorus.transport import shm_link
-from chorus.transport.base import Transport, control_header
+from chorus.transport.base import Transport
 from chorus.transport.handles import Handle
 from chorus.transport.ring import RingReader, RingWriter
 from chorus.transport.tcp_accept import Doorway
 from chorus.transport.tcp_reader import BELL, BufferedReader
 from chorus.transport.tcp_receive import ReadRole, TcpReceiving
-from chorus.transport.tcp_writer import SEND_SLICE_S, bound_sends, send_some
-from chorus.wire.frames import MAX_PAYLOAD, Kind, LostReason, pack_fields
+from chorus.transport.tcp_writer import SEND_SLICE_S, bound_sends, send_rest, send_some
+from chorus.wire.frames import MAX_PAYLOAD, Kind, LostReason, control_header, pack_fields
 
 log = logging.getLogger("chorus")
 
@@ -269,7 +269,9 @@ class TcpTransport(TcpReceiving, Transport):
         ``sync`` or small): None once all of it is out.  Otherwise its handle (``handle``,
         or one made here from ``key``, (kind, group, tag, dtype)), queued for the sender
         thread with the frame or what is left of it, or failed."""
-        with conn.cv:
+        cv = conn.cv
+        cv.acquire()  # (not ``with``: a Condition's __enter__ and __exit__ are two more calls per send)
+        try:
             if conn.queue or not (sync or len(view) <= INLINE_MAX):
                 handle = handle or Handle(conn.peer, key[0], key[1], key[2], view, key[3])
                 self._enqueue(conn, (header, view, 0, handle))
@@ -287,6 +289,8 @@ class TcpTransport(TcpReceiving, Transport):
                 handle = handle or Handle(conn.peer, key[0], key[1], key[2], view, key[3])
                 self._enqueue(conn, (*rest, handle))
                 return handle
+        finally:
+            cv.release()
         return None
 
     def _enqueue(self, conn: _Connection, item: tuple[bytes, memoryview, int, Handle | None]) -> None:
@@ -345,9 +349,14 @@ class TcpTransport(TcpReceiving, Transport):
         if header:
             if n <= COALESCE_MAX and not done:
                 header, view, n = (header + view if n else header), _EMPTY, 0
-            sent = send_some(conn.sock, header, until, conn.gone)  # small frames: one send()
+            try:  # (send_some written out: a small frame is one send(), and this is its cost)
+                sent = conn.sock.send(header)
+            except BlockingIOError:  # a whole slice without room
+                sent = 0
             if sent < len(header):
-                return header[sent:], view, done
+                sent = send_rest(conn.sock, header, sent, until, conn.gone)
+                if sent < len(header):
+                    return header[sent:], view, done
         if done < n:
             done += send_some(conn.sock, view[done:], until, conn.gone)
             if done < n:

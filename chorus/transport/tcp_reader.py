@@ -21,8 +21,7 @@ from __future__ import annotations
 import select
 import socket
 
-from chorus.transport.base import control_header
-from chorus.wire.frames import HEADER_SIZE, Kind
+from chorus.wire.frames import HEADER_SIZE, Kind, control_header
 
 BUFFER_BYTES = 256 * 1024
 _NBYTES_AT = 28  # offset of the payload length (u64, little-endian) in a frame header
@@ -83,6 +82,8 @@ class BufferedReader:
         frame is another (nothing consumed)."""
         start, have = self._start, self._end - self._start
         if have < HEADER_SIZE:
+            if not have:
+                return 0
             return 0 if self._view[start: self._end] == header[:have] else -1
         if self._view[start: start + HEADER_SIZE] != header:
             return -1

@@ -257,22 +257,30 @@ class TcpReceiving:
         whole from this thread, then ``_take_held`` reads for the reply.  Where either part
         cannot go this way, the part left goes the usual way (``send_now``/``recv_now``)."""
         conn = self._conns.get(peer)
-        matcher = self._matcher
-        frame = pack_fields(kind, group, send_tag, seq, len(out), dtype, fingerprint)  # (before the role: no
-        reply = pack_fields(kind, group, recv_tag, seq, len(into), dtype, fingerprint)  # raise while holding it)
-        if (conn is None or conn.queue or max(len(out), len(into)) > min(DIRECT_MAX, conn.ring_min - 1)
-                or matcher.stashes() or matcher.awaits(peer) or peer in self.left
-                or self.failure(group, peer, expect=(seq, fingerprint)) is not None
+        n_out, n_in = len(out), len(into)
+        # The headers, packed before the role is taken (nothing raises while it is held); the
+        # reply's is the frame's where tag and size agree (a recursive-doubling swap).
+        frame = pack_fields(kind, group, send_tag, seq, n_out, dtype, fingerprint)
+        reply = frame if recv_tag == send_tag and n_in == n_out else pack_fields(
+            kind, group, recv_tag, seq, n_in, dtype, fingerprint)
+        if (conn is None or conn.queue or max(n_out, n_in) > min(DIRECT_MAX, conn.ring_min - 1)
                 or not conn.role.lock.acquire(blocking=False)):
             return super().exchange_now(peer, out, into, kind, group, send_tag, recv_tag, seq, dtype, fingerprint,
                                         finish, deadline)
-        expect = (seq, fingerprint)
+        matcher, expect = self._matcher, (seq, fingerprint)
+        # Checked holding the role, so that no frame of this connection can be stashed before
+        # _take_held reads for the reply (it need not check again; `left` fails the send here).
+        if (matcher.stashes() or matcher.awaits(peer) or peer in self.left
+                or self.failure(group, peer, expect=expect) is not None):
+            conn.role.lock.release()  # (the usual path wakes the reader thread if it must)
+            return super().exchange_now(peer, out, into, kind, group, send_tag, recv_tag, seq, dtype, fingerprint,
+                                        finish, deadline)
         try:
             sent = self._send_inline(conn, frame, out, True, None, (kind, group, send_tag, dtype))
         except BaseException:
             conn.role.lock.release()
             raise
-        if sent is None and self._take_held(conn, into, reply, group, expect, deadline):
+        if sent is None and self._take_held(conn, into, reply, group, expect, deadline, checked=True):
             return self._taken(peer, into, kind, group, recv_tag, dtype, expect, finish)
         if sent is not None:
             conn.role.lock.release()
@@ -304,23 +312,23 @@ class TcpReceiving:
         return self._take_held(conn, view, header, group, expect, deadline)
 
     def _take_held(self, conn, view: memoryview, header: bytes, group: int, expect: tuple[int, int],
-                   deadline: float | None) -> bool:
+                   deadline: float | None, checked: bool = False) -> bool:
         """(Holding ``conn.role``, which this releases) read until the next frame of ``conn``
         is ``header`` with its payload, then copy the payload into ``view`` (Handle, matcher,
         frame parsing: none of it).  False, nothing consumed, if another frame comes first
         (the usual path handles it: a mismatch, a failure notice, a heartbeat), a failure is
         recorded, the connection fails, or DIRECT_S passes.  For its first ``spin_s`` it
-        polls the socket without sleeping."""
+        polls the socket without sleeping.  ``checked``: the caller found nothing stashed
+        and no failure while holding the role already."""
         role, matcher, peer = conn.role, self._matcher, conn.peer
         reader = conn.reader
         took = False
+        now, until = 0.0, None  # (the clock is read once a read finds nothing)
         try:
             # (checked holding the role: no frame of this connection is stashed meanwhile)
-            if matcher.stashes() or self.failure(group, peer, receiving=True, expect=expect) is not None:
+            if not checked and (matcher.stashes()
+                                or self.failure(group, peer, receiving=True, expect=expect) is not None):
                 return False
-            now = time.monotonic()
-            until = now + DIRECT_S if deadline is None else min(deadline, now + DIRECT_S)
-            spin_until = now + self.spin_s
             while not conn.broken:
                 got = reader.take(header, view)
                 if got:
@@ -329,6 +337,9 @@ class TcpReceiving:
                 if reader.fill_nowait():
                     continue
                 now = time.monotonic()
+                if until is None:
+                    until = now + DIRECT_S if deadline is None else min(deadline, now + DIRECT_S)
+                    spin_until = now + self.spin_s
                 if now >= until:
                     break
                 if now < spin_until:
@@ -338,18 +349,20 @@ class TcpReceiving:
                 if self.failure(group, peer, receiving=True, expect=expect):
                     break
                 reader.readable(SLICE_S)
+            now = time.monotonic()
             if took:
-                conn.last_heard = time.monotonic()
+                conn.last_heard = now
             # Frames behind it, or the other frame that came first: read those here in full now,
             # which the reader thread's poll would miss (the usual path may fail at once, unread).
             if reader.frame_buffered() >= 0:
                 self._read_for(conn, _TAKEN, deadline)
+                now = time.monotonic()
             if took and matcher.stashes():  # another peer's frame of this op or an earlier one, stashed meanwhile
                 self._check_stash_against(_Expecting(group, expect))
         except OSError as exc:  # EOF, a reset: the peer is cut off as _read_for does; the usual path reports it
             self._read_failed(conn, exc)
         finally:
-            role.last_caller = time.monotonic()
+            role.last_caller = now or time.monotonic()
             role.lock.release()
             if matcher.awaits(peer) or self.sends.pending:
                 role.need()

@@ -36,9 +36,12 @@ def send_some(sock: socket.socket, data, until: float | None, gone: Callable[[],
         sent = sock.send(data)
     except BlockingIOError:  # a whole slice without room: the peer reads nothing
         sent = 0
+    return sent if sent == len(data) else send_rest(sock, data, sent, until, gone)
+
+
+def send_rest(sock: socket.socket, data, sent: int, until: float | None, gone: Callable[[], str | None]) -> int:
+    """``send_some`` after its first ``send`` wrote ``sent`` bytes of ``data``, fewer than all."""
     n = len(data)
-    if sent == n:
-        return n
     view = memoryview(data).cast("B")
     while sent < n:
         why = gone()

@@ -118,6 +118,11 @@ def pack_fields(kind: int, group: int, tag: int, seq: int, nbytes: int, dtype: i
     return _HEADER.pack(MAGIC, WIRE_VERSION, kind, dtype, 0, 0, group, tag, seq, nbytes, fp)
 
 
+def control_header(kind: Kind, tag: int = 0, group: int = 0) -> bytes:
+    """Header bytes of a payload-less control frame (HEARTBEAT, PEER_LOST, BYE, HELLO)."""
+    return pack_fields(int(kind), group, tag, 0, 0, 0, 0)
+
+
 def unpack_header(data: bytes | bytearray | memoryview) -> Header:
     """Parse a header; raise ProtocolError for anything that is not a valid frame."""
     if len(data) != HEADER_SIZE:
