@@ -535,3 +535,44 @@ def test_a_rank_on_the_latency_lane_and_ranks_on_the_ring_see_the_mismatch_at_on
 
     for elapsed, message in run_threads(body, 4, op_timeout=30.0):
         assert elapsed < 5.0 and "count=8" in message and f"count={RING_COUNT}" in message, (elapsed, message)
+
+
+def test_a_ring_size_below_the_lanes_takes_the_small_all_reduce_off_the_lane(monkeypatch):
+    """With CHORUS_HIER_RING_BYTES at 1 KiB, a 4 KiB all_reduce is the ring's on every path:
+    a synchronous rank (the lane would run phases) and an async one (the general path) agree."""
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["2+2"])
+    monkeypatch.setenv("CHORUS_HIER_RING_BYTES", "1024")
+
+    def body(rank, w):
+        x = np.ones(1024, np.float32)
+        if rank == 0:
+            dist.all_reduce(x, async_op=True).wait()
+        else:
+            dist.all_reduce(x)
+        return x[0]
+
+    assert run_threads(body, 4, op_timeout=20.0) == [4.0] * 4
+
+
+@pytest.mark.parametrize("flat", ["ring", "all_to_all"])
+def test_a_rank_on_a_flat_op_while_the_others_run_phases_fails_every_rank_at_once(monkeypatch, flat):
+    """Rank 3 runs a flat op on the group (algorithm="ring", or an all_to_all, which stays
+    flat) while the others run a 512 KiB all_reduce in phases: the group sees the mismatch,
+    its sub-groups break with it, and nobody waits for the op timeout."""
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["2+2"])
+    n = RING_COUNT // 2
+
+    def body(rank, w):
+        x = np.ones(n, np.float32)
+        dist.barrier()
+        started = time.monotonic()
+        with pytest.raises(dist.CollectiveMismatchError):
+            if rank != 3:
+                dist.all_reduce(x)
+            elif flat == "ring":
+                dist.all_reduce(x, algorithm="ring")
+            else:
+                dist.all_to_all_single(np.zeros(n, np.float32), x)
+        return time.monotonic() - started
+
+    assert max(run_threads(body, 4, op_timeout=30.0)) < 5.0

@@ -37,13 +37,15 @@ ranks, an all_reduce of at least ``CHORUS_HIER_RING_BYTES`` (1 MiB) runs the fla
 chorus.schedules on the group's own transport instead of the phases: a ring that enters
 and leaves each host once, its hops inside a host over the pair's shared-memory link (as
 NCCL's ring runs through nodes).  Two simulated hosts of two, same run against gloo's
-flat ring (docs/results/16-vcpu-h200-host/hier-ring-21b50df/): the ring's median speed-up
+flat ring (docs/results/16-vcpu-h200-host/probe-21b50df/): the ring's median speed-up
 over gloo's 1.05x at 1 MiB, 1.04x at 4 MiB, 1.14x at 16 MiB and 1.29x at 64 MiB, against
 the phases' 0.99x, 0.89x, 1.03x and 0.98x; the phases stay faster to 256 KiB (1.47x
 against 1.25x).  A rank that runs an op as phases first tells its transport that no frame
 of that op comes on the group itself (``Transport.elsewhere``), so a rank that runs the
 same op as the ring (another count, or another ``CHORUS_HIER_RING_BYTES``) is a mismatch
-seen at its first frame, and the ring's errors break the sub-groups as a phase's do.
+seen at its first frame; whenever the group itself breaks, its sub-groups are marked
+broken too (a failure listener), so no rank waits in a phase for its timeout.
+``algorithm="hierarchical"`` runs the phases at every size.
 
 Results.  Every rank gets the same bits (leaders all_reduce bit-identically, then
 broadcast).  They equal the flat algorithms' wherever the reduction is exact; with
@@ -195,6 +197,7 @@ class Hierarchy(Component):
         self.schedules = ScheduleComponent()  # the group's flat algorithms (chorus.components.select)
         # an all_reduce from this many bytes runs the ring through the hosts (module docstring)
         self.ring_from = config.get("CHORUS_HIER_RING_BYTES") if self.order is None else 0
+        pg.transport.add_failure_listener(self._on_failure)
 
     def __repr__(self) -> str:
         hosts = [[self.pg.members[r] for r in ranks] for ranks in self.by_host]
@@ -223,7 +226,7 @@ class Hierarchy(Component):
 
     def _ring(self, call: Call) -> Work | None:
         """``call``, an all_reduce, as the flat ring on the group's transport, the hosts'
-        ranks consecutive along it; its failures end as a phase's do (``failed``)."""
+        ranks consecutive along it; a mismatch ends as a phase's does (``failed``)."""
         pg = self.pg
         data = call.buffers["data"]
         schedule = self.schedules.schedule(pg, "all_reduce", RING, call.args, -1, data.itemsize)
@@ -232,7 +235,7 @@ class Hierarchy(Component):
         def transfers(ctx) -> None:
             try:
                 pg.run_schedule(schedule, call.buffers, ctx, code, call.combine, RING)
-            except (CollectiveMismatchError, PeerLostError) as exc:
+            except CollectiveMismatchError as exc:  # (a PeerLostError names this op already)
                 raise self.failed(exc, ctx) from None
 
         return run_in_order(call, self.name, RING, transfers, hosts=len(self.by_host))
@@ -249,23 +252,31 @@ class Hierarchy(Component):
         the group, its sub-groups marked broken), or the peer lost, named with the op."""
         if isinstance(exc, PeerLostError):
             return PeerLostError(f"{ctx.describe()} (hierarchical), in {exc}", exc.lost_rank, exc.reporter)
-        self._break(ctx)
+        self._break(ctx.fingerprint)
         t = self.pg.transport
         t.group_mismatch(self.pg.id, t.rank, ctx.seq, ctx.fingerprint, t.rank)
         return t.mismatch_error(self.pg.id, (ctx.seq, ctx.fingerprint))
 
-    def _break(self, ctx) -> None:
+    def _break(self, fingerprint: int) -> None:
         """Mark this rank's sub-groups broken on every member, so that ranks waiting in
         another phase of this op raise instead of waiting for the timeout."""
         t = self.pg.transport
         for sub in (self.local, self.leaders):
             if sub is not None:
-                t.group_mismatch(sub.id, t.rank, 0, ctx.fingerprint, t.rank)
+                t.group_mismatch(sub.id, t.rank, 0, fingerprint, t.rank)
         for gid in self.column_ids:  # every column: a rank of another place may wait in its own
-            t.group_mismatch(gid, t.rank, 0, ctx.fingerprint, t.rank)
+            t.group_mismatch(gid, t.rank, 0, fingerprint, t.rank)
+
+    def _on_failure(self, group: int, why: str) -> None:
+        """The transport's failure listener: the group itself broke (a mismatch seen on it,
+        such as a frame of an op this rank runs in phases): so do its sub-groups, where
+        this rank or another may wait in a phase."""
+        if group == self.pg.id:
+            self._break(0)
 
     def close(self) -> None:
         """Release the host-local sub-group's components (the parent group is being destroyed)."""
+        self.pg.transport.remove_failure_listener(self._on_failure)
         for component in self.local.components:
             component.close()
 

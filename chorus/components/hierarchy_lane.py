@@ -13,9 +13,9 @@ transport when it finished.  A phase's error becomes the group's as on the gener
 a lost peer names the op).
 
 It steps aside where the general path is needed (besides ReduceLane's reasons): AVG and
-PREMUL_SUM (their scaling hooks run around the phases), more than COLUMN_BYTES, hosts of
-different sizes (no columns), bfloat16 or an array numpy must copy, a group whose
-all_reduce was forced to a flat algorithm.
+PREMUL_SUM (their scaling hooks run around the phases), more than COLUMN_BYTES (or than
+``CHORUS_HIER_RING_BYTES``: the ring's), hosts of different sizes (no columns), bfloat16
+or an array numpy must copy, a group whose all_reduce was forced to a flat algorithm.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ class HierarchyLane(ReduceLane):
         """The cached Plan for ``arr``'s dtype and shape and ``op``, or False."""
         buf, h = self._plan_start(arr, op), self.h
         if (buf is None or op.name in ("AVG", "PREMUL_SUM") or arr.nbytes > COLUMN_BYTES or h.column is None
-                or "all_reduce" not in h.default or buf.copied or buf.dtype == "bfloat16"):
+                or "all_reduce" not in h.default or 0 < h.ring_from <= arr.nbytes or buf.copied
+                or buf.dtype == "bfloat16"):
             return False
         plan = Plan(op, combiner(op, buf.dtype), buf.dtype, fingerprint("all_reduce", buf.dtype, buf.numel, -1, op.name))
         self.plans[(arr.dtype, arr.shape, op.name)] = plan
@@ -78,8 +79,7 @@ class HierarchyLane(ReduceLane):
         """Run ``plan`` as op ``seq`` of the group on ``arr``: each phase through its
         sub-group's lane, or as a Call on the sub-group where that lane steps aside."""
         pg, h = self.pg, self.h
-        if h.ring_from:  # (a rank that runs this op as the ring: Transport.elsewhere)
-            pg.transport.elsewhere(pg.id, seq, plan.fingerprint)
+        pg.transport.elsewhere(pg.id, seq, plan.fingerprint)  # (a rank that runs this op as the ring)
         try:
             for sub in (h.local, h.column):
                 if not sub.lane.all_reduce_now(arr, plan.op):
