@@ -260,7 +260,7 @@ SETTINGS: dict[str, Setting] = _declare(
             meaning="pipelining unit of the ring and chain algorithms"),
     Setting("CHORUS_HIER_RING_BYTES", "int", 1 * MIB, minimum=0, unit="bytes",
             meaning="an all_reduce of at least this many bytes per rank, on a group that spans hosts "
-                    "holding consecutive ranks, runs the flat ring through the hosts instead of the "
+                    "of at most two consecutive ranks, runs the flat ring through the hosts instead of the "
                     "hierarchy's three phases (chorus.components.hierarchy); 0: never; must be equal "
                     "on every rank"),
     Setting("CHORUS_TCP_LANE_BYTES", "int", 64 * KIB, minimum=0, maximum=16 * MIB, unit="bytes",

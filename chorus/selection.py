@@ -25,7 +25,7 @@ A group whose members span hosts, with several members on some host, has a hiera
 (chorus.components.hierarchy): its all_reduce, reduce, broadcast, all_gather, reduce_scatter and
 barrier run ``hierarchical`` by default (shared memory inside each host, the rules above
 between one leader per host; an all_reduce of at least ``CHORUS_HIER_RING_BYTES`` on hosts
-of consecutive ranks: the ring through the hosts); naming a TCP algorithm above runs the
+of at most two consecutive ranks: the ring through the hosts); naming a TCP algorithm above runs the
 flat one instead.
 ``hierarchical`` on a group with nothing to split (one host, or one rank per host) means
 no preference: the group's default (shared memory on one host, else the environment and

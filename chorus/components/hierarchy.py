@@ -32,15 +32,27 @@ number, issue order on the parent's queue (async_op too), the parent's before/af
 hooks (PREMUL_SUM's scaling, AVG's division) run once around the three phases, and a
 recorder sees component ``hierarchical`` with one ``phase`` event per sub-group op.
 
-Large all_reduce: the ring through the hosts.  Where each host holds consecutive group
-ranks, an all_reduce of at least ``CHORUS_HIER_RING_BYTES`` (1 MiB) runs the flat ring of
-chorus.schedules on the group's own transport instead of the phases: a ring that enters
-and leaves each host once, its hops inside a host over the pair's shared-memory link (as
-NCCL's ring runs through nodes).  Two simulated hosts of two, same run against gloo's
-flat ring (docs/results/16-vcpu-h200-host/probe-21b50df/): the ring's median speed-up
-over gloo's 1.05x at 1 MiB, 1.04x at 4 MiB, 1.14x at 16 MiB and 1.29x at 64 MiB, against
-the phases' 0.99x, 0.89x, 1.03x and 0.98x; the phases stay faster to 256 KiB (1.47x
-against 1.25x).  A rank that runs an op as phases first tells its transport that no frame
+Large all_reduce on hosts of two: the ring through the hosts.  Where each host holds
+consecutive group ranks, at most RING_HOST_RANKS (2) of them, an all_reduce of at least
+``CHORUS_HIER_RING_BYTES`` (1 MiB) runs the flat ring of chorus.schedules on the group's
+own transport instead of the phases: a ring that enters and leaves each host once, its
+hops inside a host over the pair's shared-memory link (as NCCL's ring runs through
+nodes).  Measured on the 16-vCPU host, gloo's flat ring in the same run, median speed-up
+over gloo of three rounds (docs/results/16-vcpu-h200-host/probe-21b50df/ and
+hosts-ring-6961a7d/)::
+
+    hosts     path     256 KiB   1 MiB   4 MiB   8 MiB   16 MiB   64 MiB
+    2 + 2     phases   1.47x     0.99x   0.89x           1.03x    0.98x
+    2 + 2     ring     1.25x     1.05x   1.04x           1.14x    1.29x
+    2 + 2     ring               1.13x           1.11x            1.18x    (second run)
+    4 + 4     phases             1.75x           1.18x            1.26x
+    4 + 4     ring               1.10x           1.01x            1.18x
+    8 + 8     phases             6.00x           2.06x            1.41-1.43x (two rounds)
+    8 + 8     ring               2.01x           1.13x            0.97x
+
+Two ranks per host gain little from the phases (each moves half the data across hosts,
+after and before a whole shared-memory phase); with more, the columns carry ever smaller
+blocks and the phases lead.  A rank that runs an op as phases first tells its transport that no frame
 of that op comes on the group itself (``Transport.elsewhere``), so a rank that runs the
 same op as the ring (another count, or another ``CHORUS_HIER_RING_BYTES``) is a mismatch
 seen at its first frame; whenever the group itself breaks, its sub-groups are marked
@@ -90,6 +102,7 @@ COLUMN_BYTES = 64 * 1024
 HIDDEN = 1 << 31  # sub-group ids: HIDDEN | parent id << 12 | (0: leaders, 1 + h: host h, then rails, columns)
 _INDEX_BITS = 12
 RING = "ring"
+RING_HOST_RANKS = 2  # hosts of at most this many ranks run a large all_reduce as the ring (see above)
 
 
 def build(pg: ProcessGroup, hosts: tuple[int | None, ...], attach: Callable) -> Hierarchy | None:
@@ -196,7 +209,8 @@ class Hierarchy(Component):
         self.default = frozenset(name for name in OPS if forced.get(name, HIERARCHICAL) == HIERARCHICAL)
         self.schedules = ScheduleComponent()  # the group's flat algorithms (chorus.components.select)
         # an all_reduce from this many bytes runs the ring through the hosts (module docstring)
-        self.ring_from = config.get("CHORUS_HIER_RING_BYTES") if self.order is None else 0
+        ring = self.order is None and self.widest <= RING_HOST_RANKS
+        self.ring_from = config.get("CHORUS_HIER_RING_BYTES") if ring else 0
         pg.transport.add_failure_listener(self._on_failure)
 
     def __repr__(self) -> str:
