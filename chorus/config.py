@@ -257,7 +257,8 @@ SETTINGS: dict[str, Setting] = _declare(
                       "chosen by size (chorus.selection), shared memory inside a host")
       for name, names in _ALGORITHMS.items()),
     Setting("CHORUS_SEGMENT_BYTES", "int", 1 * MIB, minimum=1, unit="bytes",
-            meaning="pipelining unit of the ring and chain algorithms"),
+            meaning="pipelining unit of the ring and chain algorithms (unset: a ring all_reduce of "
+                    "16 or more ranks sends whole chunks)"),
     Setting("CHORUS_HIER_RING_BYTES", "int", 1 * MIB, minimum=0, unit="bytes",
             meaning="an all_reduce of at least this many bytes per rank, on a group that spans hosts "
                     "of at most two consecutive ranks, runs the flat ring through the hosts instead of the "

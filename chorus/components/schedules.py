@@ -21,6 +21,13 @@ from chorus.selection import COLLECTIVES, choose, without_hierarchy
 from chorus.wire.dtypes import DTYPE_CODES
 from chorus.work import Work
 
+#: from this many ranks a ring all_reduce sends each chunk as one message, unless
+#: CHORUS_SEGMENT_BYTES is set: with so many ranks a host's CPUs are all busy, and smaller
+#: pieces only cost more steps.  W = 16 over TCP on the 16-vCPU host, 64 MiB, gloo's time
+#: over chorus's in each round: 1 MiB pieces 0.86, 1.03, 1.05, 0.92; whole 4 MiB chunks
+#: 1.09, 1.09, 1.02, 1.13; 256 KiB pieces 0.63-0.83 (docs/results/16-vcpu-h200-host/ring-segment-330cf78/)
+WHOLE_CHUNKS_FROM = 16
+
 
 def forced_algorithms() -> dict[str, str]:
     """``CHORUS_ALGO_<COLLECTIVE>`` for every collective where it is set: {name: algorithm}."""
@@ -45,6 +52,7 @@ class ScheduleComponent(Component):
         self.forced = forced_algorithms()
         self.announce = announce
         self.segment = config.get("CHORUS_SEGMENT_BYTES")
+        self.segment_set = config.is_set("CHORUS_SEGMENT_BYTES")
         self.channels = channels  # a large all_reduce's parts on the job's channels (chorus.components.channels)
 
     def supports(self, call: Call) -> str:
@@ -67,6 +75,8 @@ class ScheduleComponent(Component):
             args["root"] = root
         if algorithm in ("ring", "chain") and name in ("all_reduce", "broadcast"):
             args["segment"] = max(1, self.segment // max(1, itemsize))  # the pipelining unit
+            if name == "all_reduce" and pg.size() >= WHOLE_CHUNKS_FROM and not self.segment_set:
+                args["segment"] = 0  # one message per chunk (see WHOLE_CHUNKS_FROM)
         return build_schedule(name, algorithm, pg.rank(), pg.size(), **args)
 
     def start(self, call: Call, algorithm: str) -> Work | None:
