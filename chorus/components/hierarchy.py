@@ -37,26 +37,32 @@ consecutive group ranks, at most RING_HOST_RANKS (2) of them, an all_reduce of a
 ``CHORUS_HIER_RING_BYTES`` (1 MiB) runs the flat ring of chorus.schedules on the group's
 own transport instead of the phases: a ring that enters and leaves each host once, its
 hops inside a host over the pair's shared-memory link (as NCCL's ring runs through
-nodes).  Measured on the 16-vCPU host, gloo's flat ring in the same run, median speed-up
-over gloo of three rounds (docs/results/16-vcpu-h200-host/probe-21b50df/ and
-hosts-ring-6961a7d/)::
+nodes).  Measured on the 16-vCPU host, gloo's flat ring in the same run, gloo's median
+time over chorus's, three rounds (docs/results/16-vcpu-h200-host/: probe-21b50df/,
+hosts-ring-6961a7d/, ring-segment-330cf78/ for 8 + 8 phases at 64 MiB,
+whole-chunks-5490c1d/ for the third 2 + 2 run)::
 
     hosts     path     256 KiB   1 MiB   4 MiB   8 MiB   16 MiB   64 MiB
     2 + 2     phases   1.47x     0.99x   0.89x           1.03x    0.98x
     2 + 2     ring     1.25x     1.05x   1.04x           1.14x    1.29x
     2 + 2     ring               1.13x           1.11x            1.18x    (second run)
+    2 + 2     ring               0.57x                                     (third run, five rounds)
     4 + 4     phases             1.75x           1.18x            1.26x
     4 + 4     ring               1.10x           1.01x            1.18x
-    8 + 8     phases             6.00x           2.06x            1.41-1.43x (two rounds)
+    8 + 8     phases             6.00x           2.06x            1.40x
     8 + 8     ring               2.01x           1.13x            0.97x
 
-Two ranks per host gain little from the phases (each moves half the data across hosts,
-after and before a whole shared-memory phase); with more, the columns carry ever smaller
-blocks and the phases lead.  A rank that runs an op as phases first tells its transport that no frame
-of that op comes on the group itself (``Transport.elsewhere``), so a rank that runs the
-same op as the ring (another count, or another ``CHORUS_HIER_RING_BYTES``) is a mismatch
-seen at its first frame; whenever the group itself breaks, its sub-groups are marked
-broken too (a failure listener), so no rank waits in a phase for its timeout.
+The third 2 + 2 run's rounds at 1 MiB were 1.28x, then 0.84x, 0.55x, 0.56x and 0.66x
+(chorus taking twice its first round's time, gloo not): a slow mode of the ring at that
+size on that host, not understood yet.  Two ranks per host gain little from the phases
+(each moves half the data across hosts, after and before a whole shared-memory phase);
+with more, the columns carry ever smaller blocks and the phases lead.
+
+A rank that runs an op as phases first tells its transport that no frame of that op comes
+on the group itself (``Transport.elsewhere``), so a rank that runs the same op as the
+ring (another count, or another ``CHORUS_HIER_RING_BYTES``) is a mismatch seen at its
+first frame; whenever the group itself breaks, its sub-groups are marked broken too (a
+failure listener), so no rank waits in a phase for its timeout.
 ``algorithm="hierarchical"`` runs the phases at every size.
 
 Results.  Every rank gets the same bits (leaders all_reduce bit-identically, then
