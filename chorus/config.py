@@ -258,7 +258,7 @@ SETTINGS: dict[str, Setting] = _declare(
       for name, names in _ALGORITHMS.items()),
     Setting("CHORUS_SEGMENT_BYTES", "int", 1 * MIB, minimum=1, unit="bytes",
             meaning="pipelining unit of the ring and chain algorithms (unset: a ring all_reduce of "
-                    "16 or more ranks sends whole chunks)"),
+                    "16 or more ranks sends whole chunks); set it on every rank or on none"),
     Setting("CHORUS_HIER_RING_BYTES", "int", 1 * MIB, minimum=0, unit="bytes",
             meaning="an all_reduce of at least this many bytes per rank, on a group that spans hosts "
                     "of at most two consecutive ranks, runs the flat ring through the hosts instead of the "

@@ -22,11 +22,13 @@ from chorus.wire.dtypes import DTYPE_CODES
 from chorus.work import Work
 
 #: from this many ranks a ring all_reduce sends each chunk as one message, unless
-#: CHORUS_SEGMENT_BYTES is set: with so many ranks a host's CPUs are all busy, and smaller
-#: pieces only cost more steps.  W = 16 over TCP on the 16-vCPU host, 64 MiB, gloo's time
-#: over chorus's in each round: 1 MiB pieces 0.86, 1.03, 1.05, 0.92; whole 4 MiB chunks
-#: 1.09, 1.09, 1.02, 1.13; 256 KiB pieces 0.63-0.83 (docs/results/16-vcpu-h200-host/ring-segment-330cf78/);
-#: whole chunks by default in the next call: 1.14, 1.04, 1.02, 1.10, 0.97 (whole-chunks-5490c1d/)
+#: CHORUS_SEGMENT_BYTES is set (on every rank: the ranks' schedules must agree).  Measured
+#: where every CPU was busy, which pieces cannot use (the reading and the reducing thread
+#: need a CPU each to overlap); not measured across real hosts.  W = 16 over TCP on the
+#: 16-vCPU host, 64 MiB, gloo's time over chorus's in each round: 1 MiB pieces 0.86, 1.03,
+#: 1.05, 0.92; whole 4 MiB chunks 1.09, 1.09, 1.02, 1.13; 256 KiB pieces 0.63-0.83
+#: (docs/results/16-vcpu-h200-host/ring-segment-330cf78/); whole chunks by default in the
+#: next call: 1.14, 1.04, 1.02, 1.10, 0.97 (whole-chunks-5490c1d/)
 WHOLE_CHUNKS_FROM = 16
 
 

@@ -595,5 +595,3 @@ class Transport:
             "the process group was destroyed while this receive was pending"))
         self.sends.fail_where(lambda h: True, lambda h: AbortedError(
             "the process group was destroyed while this send waited for its receive"))
-
-
