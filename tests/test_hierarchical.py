@@ -297,10 +297,11 @@ def test_a_mismatch_in_one_host_fails_every_rank_quickly(monkeypatch):
 _KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time, numpy as np, chorus as dist
     rank, victim, tmp, ready, everyone = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+    count = int(sys.argv[6])
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rdzv", rank=rank, world_size=4, timeout=30)
     assert dist.group.WORLD.hierarchy is not None
     for _ in range(5):
-        dist.all_reduce(np.ones(1000))
+        dist.all_reduce(np.ones(count))
     dist.barrier()
     if rank == victim:  # once every survivor (of both jobs) is about to enter the next all_reduce
         while len(os.listdir(ready)) < everyone:
@@ -309,7 +310,7 @@ _KILL_SCRIPT = textwrap.dedent("""
         os.kill(os.getpid(), signal.SIGKILL)
     open(f"{ready}/{os.getpid()}", "w").close()
     try:
-        dist.all_reduce(np.ones(1000))
+        dist.all_reduce(np.ones(count))
     except dist.PeerLostError as exc:
         open(f"{tmp}/rank{rank}", "w").write(repr(time.time()) + "\\n" + str(exc))
         sys.exit(3)
@@ -317,8 +318,9 @@ _KILL_SCRIPT = textwrap.dedent("""
 VICTIMS = (3, 0)  # a non-leader on host b; the leader of host a
 
 
-def test_a_killed_rank_makes_survivors_on_both_hosts_raise_peer_lost_within_5s(tmp_path):
-    """One job per victim, started together."""
+@pytest.mark.parametrize("count, path", [(1000, "hierarchical"), (140_000, "ring")])
+def test_a_killed_rank_makes_survivors_on_both_hosts_raise_peer_lost_within_5s(tmp_path, count, path):
+    """One job per victim, started together; 8 KB of float64 runs the phases, 1.1 MB the ring."""
     script, ready = tmp_path / "kill.py", tmp_path / "ready"
     script.write_text(_KILL_SCRIPT)
     ready.mkdir()
@@ -328,7 +330,8 @@ def test_a_killed_rank_makes_survivors_on_both_hosts_raise_peer_lost_within_5s(t
     for victim in VICTIMS:
         (tmp_path / f"victim{victim}").mkdir()
         jobs[victim] = [subprocess.Popen([sys.executable, str(script), str(rank), str(victim),
-                                          str(tmp_path / f"victim{victim}"), str(ready), str(3 * len(VICTIMS))],
+                                          str(tmp_path / f"victim{victim}"), str(ready), str(3 * len(VICTIMS)),
+                                          str(count)],
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                         for rank in range(4)]
     outs = {}
@@ -347,7 +350,8 @@ def test_a_killed_rank_makes_survivors_on_both_hosts_raise_peer_lost_within_5s(t
             assert procs[rank].returncode == 3, (victim, rank, err[-2000:])
             when, message = (workdir / f"rank{rank}").read_text().split("\n", 1)
             assert float(when) - killed_at < 5.0, (victim, rank, message)
-            assert f"rank {victim}" in message and "hierarchical" in message, (victim, rank, message)
+            assert f"rank {victim}" in message and "all_reduce" in message, (victim, rank, message)
+            assert path != "hierarchical" or "hierarchical" in message, (victim, rank, message)
 
 
 def _lane_runs(monkeypatch):
