@@ -88,13 +88,14 @@ def region_bytes(buffers: dict[str, np.ndarray], region: Region) -> memoryview:
 
 def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: Transport,
                  ctx: OpContext, dtype: int = 0, combine: Combine | None = None,
-                 workspace: Workspace | None = None, algorithm: str = "") -> None:
+                 workspace: Workspace | None = None, algorithm: str = "", channel: int | None = None) -> None:
     """Execute ``schedule`` for this rank.
 
     ``buffers`` maps region names to flat arrays of one dtype (``dtype`` is its wire code);
     ``combine(dst, src)`` reduces for ``Recv(reduce=True)``.  Per step: post every receive
     (reducing ones into temporaries, combined by the thread that completes them as soon as
-    each segment has arrived), then every send, do the copies, and wait once.
+    each segment has arrived), then every send, do the copies, and wait once.  ``channel``:
+    the part of a split op this is (chorus.components.channels), told to the recorder.
     """
     element = next((b.dtype for b in buffers.values()), np.dtype(np.uint8))
     temps = _temporaries(schedule, element, workspace or Workspace())
@@ -133,18 +134,20 @@ def run_schedule(schedule: Schedule, buffers: dict[str, np.ndarray], transport: 
                     _region(buffers, op.dst)[...] = _region(buffers, op.src)
         transport.wait_all(handles, ctx.deadline, ctx.describe, label=ctx.label)
         if started:
-            _report(step, ctx, buffers, started, algorithm)
+            _report(step, ctx, buffers, started, algorithm, channel)
     transport.finished(ctx.group, ctx.seq, ctx.fingerprint)
 
 
-def _report(step, ctx: OpContext, buffers: dict[str, np.ndarray], started: float, algorithm: str) -> None:
+def _report(step, ctx: OpContext, buffers: dict[str, np.ndarray], started: float, algorithm: str,
+            channel: int | None) -> None:
     """Tell the recorder about the step's transfers (each spans the step's wait)."""
+    detail = {} if channel is None else {"channel": channel}
     for op in step:
         if isinstance(op, (Send, Recv)):
             region = op.src if isinstance(op, Send) else op.dst
             nbytes = region.count * buffers[region.buffer].itemsize if region.buffer in buffers else 0
             recorder.transfer("send" if isinstance(op, Send) else "recv", ctx, "tcp", started, nbytes,
-                              ctx.members[op.peer], algorithm)
+                              ctx.members[op.peer], algorithm, **detail)
 
 
 def _temporaries(schedule: Schedule, element: np.dtype, workspace: Workspace) -> list[np.ndarray]:

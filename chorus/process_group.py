@@ -205,8 +205,8 @@ class ProcessGroup:
                          time.monotonic() + (self.timeout if timeout is None else timeout))
 
     def run_schedule(self, schedule: Schedule, buffers: dict, ctx: OpContext, dtype: int = 0,
-                     combine: Combine | None = None, algorithm: str = "") -> None:
-        run_schedule(schedule, buffers, self.transport, ctx, dtype, combine, self.workspace, algorithm)
+                     combine: Combine | None = None, algorithm: str = "", channel: int | None = None) -> None:
+        run_schedule(schedule, buffers, self.transport, ctx, dtype, combine, self.workspace, algorithm, channel)
 
     def submit(self, fn: Callable[[], Any], async_op: bool) -> Any:
         """Run ``fn`` in issue order: inline when idle and synchronous, else on the worker.

@@ -4,7 +4,8 @@ The file is in the Chrome trace event format (chrome://tracing, https://ui.perfe
 one track per group of the rank; on it, one span per op (``cat: "op"``: the collective,
 its sequence number, component, algorithm and call) and, inside it, one span per transfer
 or phase that the components report (``cat: "transfer"``: send, recv, sync, copy, reduce,
-phase — with bytes and peer).  It is a recorder listener (chorus.recorder): while it is
+phase — with bytes and peer); a split all_reduce's parts (chorus.components.channels) on a
+track per channel.  It is a recorder listener (chorus.recorder): while it is
 attached every op takes the general path (the shared-memory latency lanes step aside), so
 tracing costs time, as it may.
 
@@ -112,11 +113,16 @@ class Tracer:
 
 def chrome_events(events: list[Event], rank: int, names: dict[int, str] | None = None) -> list[dict]:
     """Chrome trace events of one rank's recorder events: metadata (process and track
-    names), one ``X`` span per op (begin .. end) and one per transfer or phase."""
+    names), one ``X`` span per op (begin .. end) and one per transfer or phase.  The
+    transfers of a split op's parts (chorus.components.channels) go on a track per
+    channel, "group G channel K", with ``group`` and ``channel`` in their args."""
     names = names or {}
     out: list[dict] = [{"ph": "M", "pid": rank, "tid": 0, "name": "process_name", "args": {"name": f"rank {rank}"}},
                        {"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index", "args": {"sort_index": rank}}]
     groups: set[int] = set()
+    parts = sorted({(e.group, e.detail["channel"]) for e in events if "channel" in e.detail})
+    first = max((e.group for e in events), default=0) + 1  # channel tracks after every group's
+    tracks = {part: first + i for i, part in enumerate(parts)}
     begun: dict[tuple[int, int], Event] = {}
     for e in events:
         groups.add(e.group)
@@ -139,12 +145,19 @@ def chrome_events(events: list[Event], rank: int, names: dict[int, str] | None =
             if e.algorithm:
                 args["algorithm"] = e.algorithm
             args.update({k: str(v) for k, v in e.detail.items()})
+            tid = e.group
+            if "channel" in e.detail:
+                args.update(group=e.group, channel=e.detail["channel"])
+                tid = tracks[(e.group, e.detail["channel"])]
             name = e.what if e.peer < 0 else f"{e.what} {'->' if e.what == 'send' else '<-'} {e.peer}"
-            out.append({"ph": "X", "pid": rank, "tid": e.group, "cat": "transfer", "name": name,
+            out.append({"ph": "X", "pid": rank, "tid": tid, "cat": "transfer", "name": name,
                         "ts": e.start * 1e6, "dur": max(0.0, (e.end - e.start) * 1e6), "args": args})
     for g in sorted(groups):
         out.append({"ph": "M", "pid": rank, "tid": g, "name": "thread_name",
                     "args": {"name": f"group {names.get(g, g)}"}})
+    for (g, k), tid in tracks.items():
+        out.append({"ph": "M", "pid": rank, "tid": tid, "name": "thread_name",
+                    "args": {"name": f"group {names.get(g, g)} channel {k}"}})
     # by start, the enclosing (longer) span first: viewers nest spans in that order
     out.sort(key=lambda x: (x["ph"] != "M", x.get("ts", 0.0), -x.get("dur", 0.0)))
     return out

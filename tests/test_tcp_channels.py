@@ -314,3 +314,41 @@ def test_a_rank_killed_during_split_all_reduces_fails_every_survivor_with_peer_l
         when, message = (tmp_path / f"rank{rank}").read_text().split("\n", 1)
         assert message.startswith("PeerLostError") and "rank 1" in message, message
         assert float(when) - killed_at < 5.0
+
+
+def _traced_split_body(rank, world):
+    from chorus import recorder
+    from chorus.trace import chrome_events
+
+    events = []
+    recorder.attach(events.append)
+    try:
+        x = np.ones(2 * PART // 4, np.float32)  # two parts, one per channel
+        dist.all_reduce(x)
+    finally:
+        recorder.detach()
+    return chrome_events(events, rank), bool((x == world).all())
+
+
+def test_a_split_all_reduce_traces_each_channel_on_its_own_track_and_replays(channels_env, monkeypatch, tmp_path):
+    """In a trace (chorus.trace) each part's transfers go on a track "group 0 channel K",
+    naming their group and channel; chorus explain --trace replays the op from part 0's."""
+    import json
+
+    from chorus.explain.replay import replay
+
+    monkeypatch.setenv("CHORUS_TCP_CHANNELS", "2")
+    results = run_processes(_traced_split_body, 2)
+    assert all(ok for _, ok in results)
+    events = [e for evs, _ in results for e in evs]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    moved = [e for e in events if e.get("cat") == "transfer"]
+    assert moved and all(e["args"]["group"] == 0 for e in moved)
+    for rank in (0, 1):
+        tracks = {e["args"]["channel"]: names[(rank, e["tid"])] for e in moved if e["pid"] == rank}
+        assert tracks == {0: "group 0 channel 0", 1: "group 0 channel 1"}, tracks
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"traceEvents": events, "otherData": {"world_size": 2}}))
+    walk, listing = replay(str(path))
+    assert any("split into 2 parts" in line for line in walk.footer), walk.footer
+    assert any("the traced transfers are the schedule's" in line for line in walk.footer), walk.footer

@@ -113,9 +113,9 @@ class ScheduleComponent(Component):
             sched = self.schedule(pg, "all_reduce", algorithm, {"count": size}, -1, itemsize)
             part = {"data": data[offset:offset + size]}
             if transport is None:
-                pg.run_schedule(sched, part, ctx, code, call.combine, algorithm)
+                pg.run_schedule(sched, part, ctx, code, call.combine, algorithm, channel=0)
             else:
-                run_schedule(sched, part, transport, ctx, code, call.combine, workspace, algorithm)
+                run_schedule(sched, part, transport, ctx, code, call.combine, workspace, algorithm, channel=k)
 
         self.channels.run(ctx, parts, data.size, run_part)
 

@@ -56,8 +56,8 @@ def ops_of(doc: dict) -> list[TracedOp]:
         if e.get("cat") == "op":
             ops.setdefault(key, TracedOp(*key)).spans[e["pid"]] = e
     for e in doc["traceEvents"]:
-        if e.get("ph") == "X" and e.get("cat") == "transfer":
-            op = ops.get((e["tid"], e["args"].get("seq")))
+        if e.get("ph") == "X" and e.get("cat") == "transfer":  # (a channel's track names its group)
+            op = ops.get((e["args"].get("group", e["tid"]), e["args"].get("seq")))
             if op is not None:
                 op.transfers[e["pid"]].append(e)
     return [ops[k] for k in sorted(ops)]
@@ -93,9 +93,15 @@ def _walk(op: TracedOp, world: int) -> Walkthrough:
         count *= world  # the call counts one rank's block; the schedule its whole input
     if name == "all_to_all" and op.transfers:
         count = max(t["args"]["bytes"] for ts in op.transfers.values() for t in ts) // itemsize
+    split = {t["args"]["channel"] for ts in op.transfers.values() for t in ts if "channel" in t["args"]}
     if args.get("component") != "shm" and algorithm in ALGORITHMS.get(name, {}):
         walk = schedule_walk(name, algorithm, world, count, root=root, itemsize=itemsize)
+        if split:  # each part ran the algorithm on its own slice: the steps are part 0's
+            op.transfers = {r: [t for t in ts if t["args"].get("channel") == 0] for r, ts in op.transfers.items()}
         _annotate(walk, op, name, algorithm, world, count, root)
+        if split:
+            walk.footer.insert(0, f"split into {len(split)} parts, one per channel, each this algorithm on "
+                                  "its slice of the data; the measured times are part 0's")
     else:
         variant = "shm:one_shot" if name in ("all_reduce", "reduce") and count * itemsize * (world - 1) <= 256 << 10 \
             else "shm:rs_ag" if name in ("all_reduce", "reduce") else "shm:window"
