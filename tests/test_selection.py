@@ -40,6 +40,7 @@ def _largest_send(world, monkeypatch, segment_bytes=None):
     from chorus.components.schedules import ScheduleComponent
     from chorus.schedules.base import Send
 
+    monkeypatch.delenv("CHORUS_SEGMENT_BYTES", raising=False)
     if segment_bytes is not None:
         monkeypatch.setenv("CHORUS_SEGMENT_BYTES", str(segment_bytes))
     count = (64 * MIB) // 4

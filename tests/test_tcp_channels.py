@@ -189,6 +189,23 @@ def test_a_setting_out_of_range_on_one_rank_fails_every_rank_at_start(tmp_path, 
         assert f"rank {bad}: CHORUS_TCP_CHANNELS" in err, err[-2000:]
 
 
+def test_a_segment_set_on_one_rank_only_fails_every_rank_at_start(tmp_path):
+    """Set to the default value, but on one rank: the ring's pieces could differ (a ring of
+    16 ranks sends whole chunks where it is unset), so every rank's start fails naming both."""
+    results = _launch(tmp_path, _LAUNCH_SCRIPT, [{}, {"CHORUS_SEGMENT_BYTES": str(1 << 20)}], check=False)
+    for code, _, err in results:
+        assert code != 0
+        assert "CHORUS_SEGMENT_BYTES differs among the ranks (rank 0: unset, rank 1: 1048576)" in err, err[-2000:]
+
+
+def test_equal_segments_agree():
+    from chorus.components.channels import segments_differ
+
+    assert segments_differ([{"segment": 0}, {"segment": 0}]) == []
+    assert segments_differ([{"segment": 4096}, {"segment": 4096}]) == []
+    assert segments_differ([{"segment": 4096}, {"segment": 0}]) != []
+
+
 def _mismatch_body(rank, world):
     y = np.ones((4 if rank == 0 else 6) * PART // 4, np.float32)
     start = time.monotonic()
@@ -351,4 +368,5 @@ def test_a_split_all_reduce_traces_each_channel_on_its_own_track_and_replays(cha
     path.write_text(json.dumps({"traceEvents": events, "otherData": {"world_size": 2}}))
     walk, listing = replay(str(path))
     assert any("split into 2 parts" in line for line in walk.footer), walk.footer
+    assert walk.count == PART // 4  # part 0's slice: half of the 2 * PART bytes, in float32
     assert any("the traced transfers are the schedule's" in line for line in walk.footer), walk.footer

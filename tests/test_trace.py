@@ -126,6 +126,21 @@ def test_chrome_events_pair_begin_and_end_and_keep_transfers():
     assert {"name": "group dp"} in [e["args"] for e in out if e["name"] == "thread_name"]
 
 
+def test_replay_finds_the_phases_and_channel_parts_of_their_ops():
+    """A hierarchy's phase names its sub-group in args["group"] (a string): it stays with
+    its op on the group's track; a channel part's transfer names its group there too, from
+    a track of its own."""
+    from chorus.explain.replay import ops_of
+
+    def ev(what, seq, peer=-1, **detail):
+        return Event(what, 0, seq, "all_reduce", 0x0801, "hierarchical", "ring", peer, 8, 1.0, 2.0, detail)
+
+    events = [ev("begin", 0), ev("phase", 0, group="g/host1"), ev("end", 0),
+              ev("begin", 1), ev("send", 1, peer=1, channel=1), ev("send", 1, peer=1, channel=0), ev("end", 1)]
+    ops = ops_of({"traceEvents": chrome_events(events, rank=0)})
+    assert [(op.seq, len(op.transfers[0])) for op in ops] == [(0, 1), (1, 2)]
+
+
 def test_merge_shifts_ranks_of_another_clock_by_their_offset(tmp_path):
     def write(rank, boot, offset_us, ts):
         doc = {"traceEvents": [{"ph": "X", "pid": rank, "tid": 0, "cat": "op", "name": "barrier", "ts": ts,

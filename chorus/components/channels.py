@@ -26,9 +26,11 @@ Agreement.  When the job starts, every rank publishes in the job's store what it
 (``CHORUS_TCP_CHANNELS``, 0: as many as its CPUs allow, its usable CPUs over the job's
 ranks on its host, at most 4), its host, ``CHORUS_TCP_CHANNEL_BYTES`` and
 ``CHORUS_TCP_LANE_BYTES``; rank 0 reads the table and publishes the least count, the
-largest channel bytes and the largest lane bytes, which every rank takes.  So every rank splits an op alike, a
-call the TCP lane may take on some rank is never split, and no split depends on when a
-rank issues its calls.  A count of 1 (one rank asks for 1, no rank has CPUs to spare, or
+largest channel bytes and the largest lane bytes, which every rank takes.  So every rank
+splits an op alike, a call the TCP lane may take on some rank is never split, and no split
+depends on when a rank issues its calls.  The table also holds each rank's
+``CHORUS_SEGMENT_BYTES`` (or that it is unset): where ranks differ, every rank's start
+fails naming them, since their ring and chain schedules would cut messages differently.  A count of 1 (one rank asks for 1, no rank has CPUs to spare, or
 every rank is on one host and may use shared memory, so no group runs over TCP) opens
 nothing.
 
@@ -106,9 +108,22 @@ def offer(rank: int, world_size: int) -> dict:
         digest = NO_HOST if tcp else host_digest(rank)
         return {"asked": config.get("CHORUS_TCP_CHANNELS"), "cpus": cpus.usable(), "tcp": tcp,
                 "host": "" if digest == NO_HOST else digest.hex(), "local": cpus.ranks_here(world_size),
-                "bytes": config.get("CHORUS_TCP_CHANNEL_BYTES"), "lane": config.get("CHORUS_TCP_LANE_BYTES")}
+                "bytes": config.get("CHORUS_TCP_CHANNEL_BYTES"), "lane": config.get("CHORUS_TCP_LANE_BYTES"),
+                "segment": config.get("CHORUS_SEGMENT_BYTES") if config.is_set("CHORUS_SEGMENT_BYTES") else 0}
     except ValueError as exc:  # ConfigError, or a CHORUS_HOST_ID list too short for this rank
         return {"error": str(exc)}
+
+
+def segments_differ(table: list[dict]) -> list[tuple[int, str]]:
+    """The ranks' CHORUS_SEGMENT_BYTES as an error for every rank (rank, why), where they
+    differ (unset on some ranks counts): the ring and chain schedules cut their messages by
+    it, so ranks that differ would post receives of other sizes than their peers send."""
+    values = [e.get("segment", 0) for e in table]
+    if len(set(values)) < 2:
+        return []
+    said = ", ".join(f"rank {r}: {v if v else 'unset'}" for r, v in enumerate(values))
+    return [(0, f"CHORUS_SEGMENT_BYTES differs among the ranks ({said}); set it to one value on every "
+                "rank, or on none")]
 
 
 def open_channels(transport, store, timeout: float) -> Channels | None:
@@ -125,7 +140,7 @@ def open_channels(transport, store, timeout: float) -> Channels | None:
         raise InvalidArgumentError(f"init_process_group: rank {rank}: {mine['error']}")
     if rank == 0:  # rank 0 reads every offer and publishes the outcome: O(W) reads, not O(W^2)
         table = [json.loads(v) for v in store.multi_get([f"channels/offer/{r}" for r in range(size)])]
-        bad = [(r, e["error"]) for r, e in enumerate(table) if "error" in e]
+        bad = [(r, e["error"]) for r, e in enumerate(table) if "error" in e] or segments_differ(table)
         outcome = ({"error": "; ".join(f"rank {r}: {why}" for r, why in bad)} if bad
                    else dict(zip(("count", "bytes", "lane"), agreed(table), strict=True)))
         store.set("channels/agreed", json.dumps(outcome))

@@ -17,6 +17,7 @@ from collections import defaultdict
 from chorus.explain.shm import shm_walk
 from chorus.explain.walk import Walkthrough, arguments, schedule_walk
 from chorus.schedules.base import Recv, Send
+from chorus.schedules.chunks import split as chunk_split
 from chorus.schedules.registry import ALGORITHMS
 from chorus.schedules.registry import algorithm as find_algorithm
 from chorus.trace import load
@@ -56,8 +57,10 @@ def ops_of(doc: dict) -> list[TracedOp]:
         if e.get("cat") == "op":
             ops.setdefault(key, TracedOp(*key)).spans[e["pid"]] = e
     for e in doc["traceEvents"]:
-        if e.get("ph") == "X" and e.get("cat") == "transfer":  # (a channel's track names its group)
-            op = ops.get((e["args"].get("group", e["tid"]), e["args"].get("seq")))
+        if e.get("ph") == "X" and e.get("cat") == "transfer":
+            a = e["args"]
+            group = a["group"] if "channel" in a else e["tid"]  # (a channel's track names its group)
+            op = ops.get((group, a.get("seq")))
             if op is not None:
                 op.transfers[e["pid"]].append(e)
     return [ops[k] for k in sorted(ops)]
@@ -94,14 +97,16 @@ def _walk(op: TracedOp, world: int) -> Walkthrough:
     if name == "all_to_all" and op.transfers:
         count = max(t["args"]["bytes"] for ts in op.transfers.values() for t in ts) // itemsize
     split = {t["args"]["channel"] for ts in op.transfers.values() for t in ts if "channel" in t["args"]}
+    if split:  # each part ran the algorithm on its slice: part 0's (chorus.components.channels)
+        count = chunk_split(count, len(split))[0]
     if args.get("component") != "shm" and algorithm in ALGORITHMS.get(name, {}):
         walk = schedule_walk(name, algorithm, world, count, root=root, itemsize=itemsize)
-        if split:  # each part ran the algorithm on its own slice: the steps are part 0's
+        if split:
             op.transfers = {r: [t for t in ts if t["args"].get("channel") == 0] for r, ts in op.transfers.items()}
         _annotate(walk, op, name, algorithm, world, count, root)
         if split:
             walk.footer.insert(0, f"split into {len(split)} parts, one per channel, each this algorithm on "
-                                  "its slice of the data; the measured times are part 0's")
+                                  "its slice of the data: part 0's steps, sizes and times")
     else:
         variant = "shm:one_shot" if name in ("all_reduce", "reduce") and count * itemsize * (world - 1) <= 256 << 10 \
             else "shm:rs_ag" if name in ("all_reduce", "reduce") else "shm:window"
