@@ -580,3 +580,35 @@ def test_a_rank_on_a_flat_op_while_the_others_run_phases_fails_every_rank_at_onc
         return time.monotonic() - started
 
     assert max(run_threads(body, 4, op_timeout=30.0)) < 5.0
+
+
+def test_a_group_broken_at_a_later_op_spares_the_sub_groups_of_an_earlier_one(monkeypatch):
+    """The group breaks at op #1 while rank 1 has run only op #0 (as a rank still finishing
+    an earlier op's last phase would): no rank breaks the sub-groups while it is in an op
+    before the broken one, and the next op raises the mismatch on every rank."""
+    from chorus.components.hierarchy import Hierarchy
+
+    monkeypatch.setenv("CHORUS_HOST_ID", LAYOUTS["2+2"])
+    early = []  # sub-groups broken by a rank whose op came before the broken one
+    original = Hierarchy._break
+
+    def watched(self, fingerprint):
+        at = self.pg.transport.mismatched_at.get(self.pg.id)
+        if at is not None and self.current < at:
+            early.append((self.pg.rank(), self.current, at))
+        original(self, fingerprint)
+
+    monkeypatch.setattr(Hierarchy, "_break", watched)
+
+    def body(rank, w):
+        dist.barrier()  # op #0, in phases
+        pg = dist.group.WORLD
+        if rank == 1:
+            pg.transport.group_mismatch(pg.id, 0, 1, 0x1234, 1)  # as if rank 0's frame of op #1 had differed
+        started = time.monotonic()
+        with pytest.raises(dist.CollectiveMismatchError):
+            dist.all_reduce(np.ones(8, np.float32))  # op #1
+        return time.monotonic() - started
+
+    assert max(run_threads(body, 4, op_timeout=30.0)) < 5.0
+    assert early == []

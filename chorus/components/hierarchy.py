@@ -217,6 +217,7 @@ class Hierarchy(Component):
         # an all_reduce from this many bytes runs the ring through the hosts (module docstring)
         ring = self.order is None and self.widest <= RING_HOST_RANKS
         self.ring_from = config.get("CHORUS_HIER_RING_BYTES") if ring else 0
+        self.current = -1  # the group's op this rank runs (or ran last), by sequence number
         pg.transport.add_failure_listener(self._on_failure)
 
     def __repr__(self) -> str:
@@ -238,7 +239,6 @@ class Hierarchy(Component):
             return self._ring(call)
 
         def transfers(ctx) -> None:
-            pg.transport.elsewhere(pg.id, ctx.seq, ctx.fingerprint)  # (a rank running it as the ring)
             self._phases(ctx, OPS[call.name], Phases(self, call, ctx))
             pg.transport.finished(pg.id, ctx.seq, ctx.fingerprint)
 
@@ -253,6 +253,7 @@ class Hierarchy(Component):
         code = DTYPE_CODES[call.dtype]
 
         def transfers(ctx) -> None:
+            self.current = ctx.seq
             try:
                 pg.run_schedule(schedule, call.buffers, ctx, code, call.combine, RING)
             except CollectiveMismatchError as exc:  # (a PeerLostError names this op already)
@@ -260,8 +261,21 @@ class Hierarchy(Component):
 
         return run_in_order(call, self.name, RING, transfers, hosts=len(self.by_host))
 
+    def begin(self, seq: int, fingerprint: int) -> None:
+        """This rank starts op ``seq`` of the group in phases: no frame of it comes on the
+        group itself (``Transport.elsewhere``: a rank running it as the ring is a mismatch);
+        and if the group broke at this op or before, while this rank finished an earlier
+        one (the failure listener then left the sub-groups alone), raise its mismatch now."""
+        t = self.pg.transport
+        self.current = seq
+        t.elsewhere(self.pg.id, seq, fingerprint)
+        error = t.failure(self.pg.id, None, expect=(seq, fingerprint))
+        if isinstance(error, CollectiveMismatchError):
+            raise error
+
     def _phases(self, ctx, algorithm: Callable[[Phases], None], c: Phases) -> None:
         try:
+            self.begin(ctx.seq, ctx.fingerprint)
             algorithm(c)
         except (CollectiveMismatchError, PeerLostError) as exc:
             raise self.failed(exc, ctx) from None
@@ -290,8 +304,10 @@ class Hierarchy(Component):
     def _on_failure(self, group: int, why: str) -> None:
         """The transport's failure listener: the group itself broke (a mismatch seen on it,
         such as a frame of an op this rank runs in phases): so do its sub-groups, where
-        this rank or another may wait in a phase."""
-        if group == self.pg.id:
+        this rank or another may wait in a phase of that op; not while this rank still
+        finishes an earlier op (the group's next op raises at ``begin``)."""
+        at = self.pg.transport.mismatched_at.get(group)
+        if group == self.pg.id and at is not None and self.current >= at:
             self._break(0)
 
     def close(self) -> None:

@@ -79,8 +79,8 @@ class HierarchyLane(ReduceLane):
         """Run ``plan`` as op ``seq`` of the group on ``arr``: each phase through its
         sub-group's lane, or as a Call on the sub-group where that lane steps aside."""
         pg, h = self.pg, self.h
-        pg.transport.elsewhere(pg.id, seq, plan.fingerprint)  # (a rank that runs this op as the ring)
         try:
+            h.begin(seq, plan.fingerprint)
             for sub in (h.local, h.column):
                 if not sub.lane.all_reduce_now(arr, plan.op):
                     self._phase_call(sub, plan, arr.reshape(-1))
