@@ -56,24 +56,48 @@ class _Tensor:
         self.dtype = f"torch.{dtype}"
 
 
-def _call(name, reduce_op="SUM", dtype="bfloat16", algorithm=None):
-    return SimpleNamespace(name=name, reduce_op=reduce_op, algorithm=algorithm, buffers={"data": _Tensor(dtype)})
+def _call(name, reduce_op="SUM", dtype="bfloat16", algorithm=None, uniform=True):
+    return SimpleNamespace(name=name, reduce_op=reduce_op, algorithm=algorithm, buffers={"data": _Tensor(dtype)},
+                           uniform=uniform)
+
+
+def _rails(kind="nccl", all_reduce="flat"):
+    """What supports() reads of a RailsComponent: the whole group's communicator (NCCL
+    rails only) and CHORUS_CUDA_RAILS_ALL_REDUCE."""
+    return SimpleNamespace(flat=object() if kind == "nccl" else None, flat_all_reduce=all_reduce == "flat")
 
 
 @pytest.mark.parametrize("call,want", [
-    (_call("all_reduce"), "rails"),
-    (_call("all_reduce", "AVG", "float32"), "rails"),
-    (_call("all_reduce", "MAX", "int64"), "rails"),
+    (_call("all_reduce"), "nccl"),  # the default: one NCCL all_reduce over the whole group
+    (_call("all_reduce", "AVG", "float32"), "nccl"),
+    (_call("all_reduce", "MAX", "int64"), "nccl"),
+    (_call("all_reduce", algorithm="rails"), "rails"),  # the phases, by name
     (_call("broadcast", ""), "rails"),
+    (_call("all_gather", ""), "nccl"),
+    (_call("reduce_scatter"), "nccl"),
+    (_call("reduce_scatter", uniform=False), "staging"),  # NCCL's reduce_scatter takes equal blocks
+    (_call("all_to_all", "", uniform=False), "nccl"),  # any splits (whether a rank's are equal differs by rank)
     (_call("all_reduce", "BXOR", "int32"), "staging"),  # NCCL has no bitwise reductions
     (_call("all_reduce", "SUM", "bool"), "staging"),
     (_call("all_reduce", "SUM", "float8_e4m3fn"), "staging"),
-    (_call("all_reduce", algorithm="ring"), "staging"),  # a flat algorithm asked for by name
-    (_call("all_gather", ""), "staging"),
-    (_call("all_to_all", ""), "staging"),
+    (_call("all_reduce", algorithm="ring"), "staging"),  # a flat CPU algorithm asked for by name
+    (_call("gather", ""), "staging"),
 ])
 def test_which_calls_the_rails_take(call, want):
-    assert rails.RailsComponent.supports(None, call) == want
+    assert rails.RailsComponent.supports(_rails(), call) == want
+
+
+@pytest.mark.parametrize("kind,all_reduce,call,want", [
+    ("nccl", "rails", _call("all_reduce"), "rails"),  # CHORUS_CUDA_RAILS_ALL_REDUCE=rails
+    ("nccl", "rails", _call("all_reduce", algorithm="nccl"), "nccl"),  # the flat one, by name
+    ("nccl", "rails", _call("all_gather", ""), "nccl"),
+    ("tcp", "flat", _call("all_reduce"), "rails"),  # rails over TCP: no NCCL communicator at all
+    ("tcp", "flat", _call("all_reduce", algorithm="nccl"), "staging"),
+    ("tcp", "flat", _call("all_gather", ""), "staging"),
+    ("tcp", "flat", _call("broadcast", ""), "rails"),
+])
+def test_the_settings_that_steer_the_rails(kind, all_reduce, call, want):
+    assert rails.RailsComponent.supports(_rails(kind, all_reduce), call) == want
 
 
 def test_the_rail_store_is_served_by_the_first_member():

@@ -36,6 +36,21 @@ rails cannot run (bitwise ops; dtypes NCCL does not reduce as chorus does,
 chorus.cuda.nccl.NCCL_REDUCE_DTYPES) and groups whose hosts hold different
 numbers of ranks are staged as before (chorus.cuda.staging).
 
+The whole group's NCCL communicator.  With NCCL rails, all_reduce runs as one NCCL
+all_reduce over the whole group (CHORUS_CUDA_RAILS_ALL_REDUCE "flat", the default; "rails"
+runs the three phases above, and ``algorithm="rails"`` or ``"nccl"`` picks either for one
+call), and so do all_gather and reduce_scatter of equal blocks and all_to_all, which
+would otherwise be staged through host memory.  The phases run one after another, so a
+message spends the in-host phases' NVLink time on top of the rail's: on two simulated
+hosts of 2 H200s the flat all_reduce took 0.59-1.0x the phases' time at every size from
+64 KiB to 1 GiB (docs/results/4xh200/rails-flat/), and torch's own three NCCL calls in
+sequence reach no more than chorus's phases (0.61-0.79x flat's speed from 16 MiB, slower
+still pipelined: tools/rails_bound.py, docs/results/4xh200/speed-run-3/rails-bound.txt).
+NCCL's flat all_reduce keeps the links inside and between hosts busy at once, and
+chorus.sim's model of large clusters gives the sequential hierarchy no win either
+(docs/scale.md).  The op's fingerprint is agreed on the rail and in the host first,
+whatever runs it, so every member has compared before anything is queued.
+
 Results: every rank gets the same bits (each element is reduced once per host in rank
 order by chorus's kernels, then by NCCL on its rail, and copied).  With rounding they can
 differ from a flat NCCL all_reduce's, whose order is another.
@@ -59,12 +74,14 @@ from chorus.components import select
 from chorus.components.base import Component, run_in_order
 from chorus.components.hierarchy import hidden_subgroup
 from chorus.cuda import staging
-from chorus.cuda.nccl import NcclPeers, address_key, nccl_available, nccl_reduces
+from chorus.cuda.nccl import NcclPeers, address_key, group_peers, nccl_available, nccl_reduces
 
 log = logging.getLogger("chorus")
 
 #: what the rails run; every other call is staged
 RAIL_OPS = frozenset({"all_reduce", "broadcast"})
+#: what the whole group's NCCL communicator runs (all_gather and reduce_scatter of equal blocks)
+FLAT_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"})
 
 
 def rails_of(by_host: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...] | None:
@@ -145,10 +162,16 @@ class RailsComponent(Component):
         # never hands off itself: chorus.cuda.nccl.nccl_handoff), from the size where a
         # flat group hands its all_gathers and reduce_scatters to NCCL
         self.host_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if kind == "nccl" else 0
+        # one NCCL communicator over the whole group (made at its first op): all_reduce
+        # (CHORUS_CUDA_RAILS_ALL_REDUCE), all_gather, reduce_scatter and all_to_all
+        self.flat = group_peers(pg) if kind == "nccl" else None
+        self.flat_all_reduce = config.get("CHORUS_CUDA_RAILS_ALL_REDUCE") == "flat"
+        # the host's members agree on each op's fingerprint whenever any of its calls may
+        # leave chorus's kernels (with the rail's agreement, every member has compared)
         self.host_peers = NcclPeers(pg, hierarchy.by_host[hierarchy.host], self.local,
                                     address_key(f"chorus/rails/{pg.id}/host{hierarchy.host}",
                                                 len(hierarchy.by_host[hierarchy.host])),
-                                    (pg, self.local, self.rail)) if self.host_from else None
+                                    (pg, self.local, self.rail)) if kind == "nccl" else None
         from chorus.cuda.component import CudaComponent
 
         self.staged = CudaComponent(pg, None, why)  # what runs every call the rails do not
@@ -158,12 +181,19 @@ class RailsComponent(Component):
 
     # -- Component ---------------------------------------------------------------------------------
     def supports(self, call) -> str | None:
-        if call.name not in RAIL_OPS or call.algorithm not in (None, "rails"):
-            return "staging"
+        """"nccl": on the whole group's NCCL communicator; "rails": the phases above;
+        "staging": through host memory (chorus.cuda.staging).  Every input to the choice
+        is in the op's fingerprint, or a setting, or ``algorithm=``, the same on every rank."""
         first = next(iter(call.buffers.values()), None)
         if first is None or (call.reduce_op and not nccl_reduces(staging.torch_dtype_name(first), call.reduce_op)):
             return "staging"
-        return "rails"
+        flat = self.flat is not None and call.name in FLAT_OPS and call.algorithm in (None, "nccl", "rails")
+        if flat and call.name == "all_reduce":
+            by_name = call.algorithm or ("nccl" if self.flat_all_reduce else "rails")
+            return "nccl" if by_name == "nccl" else "rails"
+        if flat and (call.uniform or call.name == "all_to_all") and call.algorithm in (None, "nccl"):
+            return "nccl"  # (all_to_all at every split: whether a rank's own are equal differs by rank)
+        return "rails" if call.name in RAIL_OPS and call.algorithm in (None, "rails") else "staging"
 
     def start(self, call, algorithm: str):
         if algorithm == "staging":
@@ -179,7 +209,9 @@ class RailsComponent(Component):
             self.peers.agree(call)
             if self.host_peers is not None:  # (a rank on NCCL in the host would not meet a barrier)
                 self.host_peers.agree(call)
-            if call.name == "all_reduce":
+            if algorithm == "nccl":
+                self.flat.run(call)
+            elif call.name == "all_reduce":
                 self._all_reduce(call)
             else:
                 self._broadcast(call)
@@ -211,17 +243,17 @@ class RailsComponent(Component):
 
     def check(self, what: str) -> None:
         """Raise the group's error, if it has one."""
-        self.peers.check()
-        if self.host_peers is not None:
-            self.host_peers.check()
+        for peers in (self.peers, self.host_peers, self.flat):
+            if peers is not None:
+                peers.check()
 
     def close(self) -> None:
         """Abort the rails' NCCL communicators; release the rail sub-group's components
         and the host sub-group's CUDA one (its workspace; the hierarchy releases the
         host sub-group's others)."""
-        self.peers.close()
-        if self.host_peers is not None:
-            self.host_peers.close()
+        for peers in (self.peers, self.host_peers, self.flat):
+            if peers is not None:
+                peers.close()
         for component in (*self.rail.components, *self.rail.device_components.values(),
                           *self.local.device_components.values()):
             component.close()
@@ -239,7 +271,7 @@ class RailsComponent(Component):
         if buf is not data:
             buf[:n].copy_(data)  # (the padding's values are reduced among themselves and dropped)
         mine = torch.empty(piece, dtype=data.dtype, device=data.device)
-        large = self.host_peers is not None and buf.numel() * buf.element_size() >= self.host_from
+        large = self.host_from and buf.numel() * buf.element_size() >= self.host_from
         host = self.host_peers if large else None
         if host is not None:  # (every input to the choice is the same on every rank of the call)
             host.reduce_scatter(mine, buf, call.reduce_op)

@@ -41,9 +41,15 @@ def run(rank: int, world: int, port: int, steps: int, seed: int, out: str) -> No
     dist.all_reduce(y)
     torch.cuda.synchronize()
     facts["second_sum_right"] = bool((y == sum(range(1, world + 1))).all())
+    z = torch.empty(4 * world, device="cuda")
+    dist.all_gather_into_tensor(z, torch.full((4,), float(rank), device="cuda"))
+    torch.cuda.synchronize()
+    facts["gather_right"] = z.tolist() == [float(r) for r in range(world) for _ in range(4)]
     facts["wrong"] = prog.wrong
     host = getattr(comp, "host_peers", None)
     facts["host_nccl"] = host is not None and host.nccl is not None  # a host phase ran on NCCL
+    flat = getattr(comp, "flat", None)
+    facts["flat_nccl"] = flat is not None and flat.nccl is not None  # an all_reduce ran on the whole group's NCCL
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(facts, f)
     dist.destroy_process_group()
