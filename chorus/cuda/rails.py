@@ -42,7 +42,7 @@ runs the three phases above, and ``algorithm="rails"`` or ``"nccl"`` picks eithe
 call), and so do all_gather and reduce_scatter of equal blocks and all_to_all, which
 would otherwise be staged through host memory.  The phases run one after another, so a
 message spends the in-host phases' NVLink time on top of the rail's: on two simulated
-hosts of 2 H200s the flat all_reduce took 0.59-1.0x the phases' time at every size from
+hosts of 2 H200s the flat all_reduce took 0.58-0.80x the phases' time at every size from
 64 KiB to 1 GiB (docs/results/4xh200/rails-flat/), and torch's own three NCCL calls in
 sequence reach no more than chorus's phases (0.61-0.79x flat's speed from 16 MiB, slower
 still pipelined: tools/rails_bound.py, docs/results/4xh200/speed-run-3/rails-bound.txt).
