@@ -20,12 +20,13 @@ from chorus.wire.frames import Kind
 TOKEN = b"direct-reads-test-token"
 
 
-def _transports(world: int):
-    """``world`` real TcpTransports (ranks 0, 1, ...) in this process, sockets only; closed
-    after the test."""
+def _transports(world: int, rings: bool = False):
+    """``world`` real TcpTransports (ranks 0, 1, ...) in this process, sockets only (with
+    ``rings``: and shared-memory rings for payloads from CHORUS_SHM_P2P_MIN); closed after
+    the test."""
     store = HashStore()
     ranks: dict[int, TcpTransport] = {}
-    with config.override(CHORUS_SHM_P2P=False):
+    with config.override(CHORUS_SHM_P2P=rings):
         threads = [threading.Thread(target=lambda r=r: ranks.__setitem__(
             r, TcpTransport(r, world, store, token=TOKEN, timeout=10.0))) for r in range(world)]
         for t in threads:
@@ -42,6 +43,12 @@ def _transports(world: int):
 def pair():
     """Ranks 0 and 1."""
     yield from _transports(2)
+
+
+@pytest.fixture
+def ring_pair():
+    """Ranks 0 and 1 with shared-memory rings between them (one host)."""
+    yield from _transports(2, rings=True)
 
 
 @pytest.fixture
@@ -122,6 +129,31 @@ def test_a_lone_large_receive_is_read_by_the_waiting_thread(pair):
         _wait(t0, [_send(t0, 1, i.to_bytes(8, "little"), tag=1)])
         _wait(t0, [reply])
         assert bytes(reply.view) == payload
+    assert readers.count(threading.current_thread().name) > 0, set(readers)
+
+
+def test_a_lone_receive_through_a_ring_is_read_by_the_waiting_thread(ring_pair):
+    """The same for a same-host peer whose large payloads come through a shared-memory
+    ring: the waiting thread reads the 1 MiB replies itself (no reader thread's wake-up
+    and hand-over of the GIL), and they went through the ring."""
+    t0, t1 = ring_pair
+    readers: list[str] = []
+    payload = bytes(range(256)) * 4096
+
+    def echo():
+        for _ in range(50):
+            h = _recv(t1, 0, 8, tag=1, waited=True)
+            _wait(t1, [h])
+            _wait(t1, [_send(t1, 0, payload, tag=2)])
+
+    threading.Thread(target=echo, daemon=True).start()
+    for i in range(50):
+        reply = _recv(t0, 1, len(payload), tag=2, waited=True,
+                      finish=lambda: readers.append(threading.current_thread().name))
+        _wait(t0, [_send(t0, 1, i.to_bytes(8, "little"), tag=1)])
+        _wait(t0, [reply])
+        assert bytes(reply.view) == payload
+    assert t0.shm_p2p_stats()[1][1] == 50 * len(payload)  # (every reply through the ring)
     assert readers.count(threading.current_thread().name) > 0, set(readers)
 
 

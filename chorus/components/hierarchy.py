@@ -54,7 +54,10 @@ whole-chunks-5490c1d/ for the third 2 + 2 run)::
 
 The third 2 + 2 run's rounds at 1 MiB were 1.28x, then 0.84x, 0.55x, 0.56x and 0.66x
 (chorus taking twice its first round's time, gloo not): a slow mode of the ring at that
-size on that host, not understood yet.  Two ranks per host gain little from the phases
+size on that host, not understood.  Four later runs of 1 MiB alone did not repeat it
+(0.75-1.12x per round; the phases 0.75-1.07x, hosts-1m-5b63e6f/), and since a thread
+waiting for a payload of its same-host peer's shared-memory ring reads it itself, every
+round of two runs led gloo, 1.02-2.33x (lone-ring-5b63e6f/).  Two ranks per host gain little from the phases
 (each moves half the data across hosts, after and before a whole shared-memory phase);
 with more, the columns carry ever smaller blocks and the phases lead.
 

@@ -14,12 +14,20 @@ One thread at a time reads a connection: whoever holds its :class:`ReadRole`'s l
   connection's buffer (a frame the reader thread's ``poll`` would not see), or after
   ``DIRECT_S``; a longer wait goes on the usual way, as does one for a receive larger
   than ``DIRECT_MAX`` while the same wait has other receives pending (the reader threads
-  then read the peers' sockets side by side) or whose payload comes through a ring.  A
-  lone large receive is read here: in a ring or recursive-doubling step it is the one
-  message the thread waits for, and the reader thread's wake-up and the hand-over of the
-  GIL cost more than its copy (W=2, 256 KiB all_reduce: about 700 -> 420 us).  A
+  then read the peers' sockets side by side).  A lone large receive is read here: in a
+  ring or recursive-doubling step it is the one message the thread waits for, and the
+  reader thread's wake-up and the hand-over of the GIL cost more than its copy (W=2,
+  256 KiB all_reduce: about 700 -> 420 us).  So is one whose payload comes through a
+  same-host peer's shared-memory ring (chorus.transport.shm_link): on a 16-vCPU host,
+  alternating runs, W=2 sendrecv took 205-219 us against 231-302 at 256 KiB, 441-552
+  against 575-702 at 1 MiB, 933-1050 against 1203-1328 at 4 MiB, and two simulated hosts
+  of two ranks (the ring through the hosts) led gloo in every round at 1 MiB, 1.02-2.33x,
+  against 0.87-1.39x (docs/results/16-vcpu-h200-host/lone-ring-5b63e6f/).  A
   payload once begun is read to its end, whoever reads it: a peer that stalls in the
-  middle of one is cut off by the heartbeat check (a payload that stops counts as silence).
+  middle of one is cut off by the heartbeat check (a payload that stops counts as
+  silence), also past the op's own deadline; and an exception that a signal handler
+  raises in the reading thread mid-payload (Ctrl-C) leaves the stream unreadable, so the
+  peer is cut off as unreadable.
 * A rank thread that sends and then waits for one small receive (``recv_now``: the TCP
   lane's steps) reads for it as above without posting it with the matcher: holding the
   role, with nothing posted or stashed that could come first, the next frame of its key
@@ -186,7 +194,7 @@ class TcpReceiving:
             return
         role = conn.role
         size = len(handle.view) if handle.receive and handle.view is not None else -1
-        if (size < 0 or (size > DIRECT_MAX and (size >= conn.ring_min or _others_pending(handle, handles)))
+        if (size < 0 or (size > DIRECT_MAX and _others_pending(handle, handles))
                 or not role.lock.acquire(blocking=False)):
             role.need()
             return
