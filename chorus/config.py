@@ -327,7 +327,7 @@ SETTINGS: dict[str, Setting] = _declare(
             meaning="all_reduce of CUDA tensors in a group spanning hosts with NCCL rails "
                     "(chorus.cuda.rails): flat: one NCCL all_reduce over the whole group; rails: "
                     "reduce_scatter in each host, all_reduce on each rail, all_gather in each host.  On two "
-                    "simulated hosts of 2 H200s flat took 0.58-0.80x the rails' time at every size from "
+                    "simulated hosts of 2 H200s flat took 0.58-0.80x the rails' time at every size measured, "
                     "64 KiB to 1 GiB (docs/results/4xh200/rails-flat/)"),
     Setting("CHORUS_CUDA_NCCL_FROM_BYTES", "int", 16 * MIB, minimum=0, unit="bytes",
             meaning="all_reduce of CUDA tensors inside a host runs on NCCL's kernels from this size on, "

@@ -173,7 +173,7 @@ def test_each_rails_component_of_a_group_has_store_keys_of_its_own(monkeypatch):
         keys = []
         for _ in range(2):
             made = rails.RailsComponent(pg, pg.hierarchy, rails.rails_of(pg.hierarchy.by_host), "nccl")
-            keys.append((made.peers.key, made.host_peers.key))
+            keys.append((made.peers.key, made.host_peers.key, made.flat.key))
             made.close()
             dist.barrier()  # (as the group's ops between two attaches would order its members)
         return keys
@@ -183,3 +183,4 @@ def test_each_rails_component_of_a_group_has_store_keys_of_its_own(monkeypatch):
         assert keys[0] != keys[1] and not set(keys[0]) & set(keys[1]), keys
         assert [k[0] for k in keys] == [k[0] for k in got[rank % 2]]  # (a rail: the ranks at one place of each host)
         assert [k[1] for k in keys] == [k[1] for k in got[2 * (rank // 2)]]  # (a host's)
+        assert [k[2] for k in keys] == [k[2] for k in got[0]]  # (the whole group's)

@@ -126,6 +126,8 @@ def build(pg: ProcessGroup, hosts: tuple[int | None, ...], attach: Callable) -> 
         return None  # no shared memory somewhere, one host, or one rank per host
     n_hosts = max(hosts) + 1
     if pg.id >= 1 << (31 - _INDEX_BITS) or n_hosts >= 1 << _INDEX_BITS:
+        if pg.id & HIDDEN:  # (a hidden sub-group spanning hosts: chorus.cuda.nccl's agreement)
+            return None
         log.info("chorus: group %d (%d hosts) runs flat over TCP: too many groups or hosts for "
                  "hierarchical sub-group ids", pg.id, n_hosts)
         return None

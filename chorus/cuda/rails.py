@@ -31,10 +31,11 @@ buffer when L does not divide n)::
     3 all_gather           S           S           S           S           in host
 
 broadcast from group rank r0 (host h0, index i0): rail i0 broadcasts from host h0, then
-every host broadcasts from its rank of index i0.  Every other collective, reductions the
-rails cannot run (bitwise ops; dtypes NCCL does not reduce as chorus does,
-chorus.cuda.nccl.NCCL_REDUCE_DTYPES) and groups whose hosts hold different
-numbers of ranks are staged as before (chorus.cuda.staging).
+every host broadcasts from its rank of index i0.  Reductions NCCL cannot run as chorus
+does (bitwise ops; dtypes outside chorus.cuda.nccl.NCCL_REDUCE_DTYPES), collectives the
+whole group's communicator below does not take (gather, scatter, reduce, uneven
+reduce_scatter, barrier), point-to-point, and groups whose hosts hold different numbers of
+ranks are staged (chorus.cuda.staging).
 
 The whole group's NCCL communicator.  With NCCL rails, all_reduce runs as one NCCL
 all_reduce over the whole group (CHORUS_CUDA_RAILS_ALL_REDUCE "flat", the default; "rails"
@@ -48,21 +49,24 @@ sequence reach no more than chorus's phases (0.61-0.79x flat's speed from 16 MiB
 still pipelined: tools/rails_bound.py, docs/results/4xh200/speed-run-3/rails-bound.txt).
 NCCL's flat all_reduce keeps the links inside and between hosts busy at once, and
 chorus.sim's model of large clusters gives the sequential hierarchy no win either
-(docs/scale.md).  The op's fingerprint is agreed on the rail and in the host first,
-whatever runs it, so every member has compared before anything is queued.
+(docs/scale.md).  The default is flat at every size; the sizes measured were 64 KiB to
+1 GiB.
 
-Results: every rank gets the same bits (each element is reduced once per host in rank
-order by chorus's kernels, then by NCCL on its rail, and copied).  With rounding they can
-differ from a flat NCCL all_reduce's, whose order is another.
+Results: every rank gets the same bits, NCCL's on the flat communicator; through the
+phases each element is reduced once per host in rank order by chorus's kernels, then by
+NCCL on its rail, and copied (with rounding, another order than a flat all_reduce's).
 
-Before anything is queued on a rail, its members compare the op's fingerprint over
-chorus's own TCP path (one small all_gather on the rail's chorus sub-group), and so do
-the host's members with the host communicator (a rank on NCCL there would never meet the
-others' barriers): ranks that
-called different collectives raise CollectiveMismatchError naming both calls, instead of
-handing NCCL mismatched ops.  A lost rank fails the group as everywhere in chorus (the
-sub-groups share the parent's failure scope); the rails' NCCL communicators are aborted
-at once, so no NCCL kernel waits for a dead peer.
+Before anything is queued, the members compare the op's fingerprint over chorus's own CPU
+path: with NCCL, all of the group's members at once (the whole group's hidden sub-group,
+chorus.cuda.nccl.NcclPeers.agree), so that every rank reaches the same verdict, also
+before the flat communicator exists (a rank passing a narrower check would go on to make
+it and wait there for ranks that raised); over TCP rails, the rail's members (the host's
+phases then compare on the GPUs).  Ranks that called different collectives raise
+CollectiveMismatchError naming both calls, instead of handing NCCL mismatched ops.  As
+with the hand-off inside a host, an all_to_all's splits are not compared: splits that
+disagree reach NCCL.  A lost rank fails the group as everywhere in chorus (the
+sub-groups share the parent's failure scope); the NCCL communicators are aborted at once,
+so no NCCL kernel waits for a dead peer.
 """
 
 from __future__ import annotations
@@ -162,16 +166,15 @@ class RailsComponent(Component):
         # never hands off itself: chorus.cuda.nccl.nccl_handoff), from the size where a
         # flat group hands its all_gathers and reduce_scatters to NCCL
         self.host_from = config.get("CHORUS_CUDA_NCCL_GATHER_FROM_BYTES") if kind == "nccl" else 0
-        # one NCCL communicator over the whole group (made at its first op): all_reduce
-        # (CHORUS_CUDA_RAILS_ALL_REDUCE), all_gather, reduce_scatter and all_to_all
-        self.flat = group_peers(pg) if kind == "nccl" else None
-        self.flat_all_reduce = config.get("CHORUS_CUDA_RAILS_ALL_REDUCE") == "flat"
-        # the host's members agree on each op's fingerprint whenever any of its calls may
-        # leave chorus's kernels (with the rail's agreement, every member has compared)
         self.host_peers = NcclPeers(pg, hierarchy.by_host[hierarchy.host], self.local,
                                     address_key(f"chorus/rails/{pg.id}/host{hierarchy.host}",
                                                 len(hierarchy.by_host[hierarchy.host])),
-                                    (pg, self.local, self.rail)) if kind == "nccl" else None
+                                    (pg, self.local, self.rail)) if self.host_from else None
+        # one NCCL communicator over the whole group (made at its first op): all_reduce
+        # (CHORUS_CUDA_RAILS_ALL_REDUCE), all_gather, reduce_scatter and all_to_all; its
+        # members' agreement is every op's with NCCL rails
+        self.flat = group_peers(pg) if kind == "nccl" else None
+        self.flat_all_reduce = config.get("CHORUS_CUDA_RAILS_ALL_REDUCE") == "flat"
         from chorus.cuda.component import CudaComponent
 
         self.staged = CudaComponent(pg, None, why)  # what runs every call the rails do not
@@ -206,9 +209,7 @@ class RailsComponent(Component):
                              after=staging.on_stream(call.after, stream))
 
         def transfers(ctx) -> None:
-            self.peers.agree(call)
-            if self.host_peers is not None:  # (a rank on NCCL in the host would not meet a barrier)
-                self.host_peers.agree(call)
+            (self.flat or self.peers).agree(call)  # (the whole group's members, with NCCL rails)
             if algorithm == "nccl":
                 self.flat.run(call)
             elif call.name == "all_reduce":

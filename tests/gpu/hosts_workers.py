@@ -32,7 +32,9 @@ def run(rank: int, world: int, port: int, steps: int, seed: int, out: str) -> No
     comp = pg.device_components["cuda"]
     facts = {"staged": comp.lanes is None, "reason": comp.staging_reason, "hierarchical": pg.hierarchy is not None,
              "first_sum_right": bool((x == sum(range(1, world + 1))).all()), "component": type(comp).__name__,
-             "rails": getattr(comp, "kind", None)}
+             "rails": getattr(comp, "kind", None),
+             # (that first all_reduce, on the whole group's NCCL communicator: made now)
+             "first_all_reduce_flat": getattr(getattr(comp, "flat", None), "nccl", None) is not None}
     prog = api_workers.Program(rank, world, seed)
     for i in range(steps):
         prog.step(i)
@@ -49,7 +51,7 @@ def run(rank: int, world: int, port: int, steps: int, seed: int, out: str) -> No
     host = getattr(comp, "host_peers", None)
     facts["host_nccl"] = host is not None and host.nccl is not None  # a host phase ran on NCCL
     flat = getattr(comp, "flat", None)
-    facts["flat_nccl"] = flat is not None and flat.nccl is not None  # an all_reduce ran on the whole group's NCCL
+    facts["flat_nccl"] = flat is not None and flat.nccl is not None  # some op ran on the whole group's NCCL
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(facts, f)
     dist.destroy_process_group()

@@ -111,19 +111,22 @@ def read(tmp_path, rank: int) -> dict:
     return json.loads((tmp_path / f"rank{rank}.json").read_text())
 
 
-@pytest.mark.parametrize("hosts, elements", [(None, 1 << 20), (None, 16 << 20), ("a,a,b,b", 16 << 20)],
-                         ids=["one-host-kernels", "one-host-nccl", "two-hosts-rails"])
-def test_sigkill_mid_all_reduce(hosts, elements, job, tmp_path, monkeypatch):
+@pytest.mark.parametrize("hosts, elements, across", [(None, 1 << 20, None), (None, 16 << 20, None),
+                                                     ("a,a,b,b", 16 << 20, "rails"), ("a,a,b,b", 16 << 20, "flat")],
+                         ids=["one-host-kernels", "one-host-nccl", "two-hosts-rails", "two-hosts-flat"])
+def test_sigkill_mid_all_reduce(hosts, elements, across, job, tmp_path, monkeypatch):
     """one-host-kernels: 4 MiB all_reduces on chorus's two-shot kernels (their spins see
     ABORT); one-host-nccl: 64 MiB, on NCCL's kernels through chorus's hand-off (the
-    communicator is aborted); two-hosts-rails: two simulated hosts of two GPUs, all_reduce
-    through the NCCL rails between them (chorus.cuda.rails aborts them)."""
+    communicator is aborted); two simulated hosts of two GPUs, all_reduce as the phases
+    with the NCCL rails between the hosts (two-hosts-rails) or on one NCCL communicator
+    over the whole group (two-hosts-flat): chorus.cuda.rails aborts them."""
     if WORLD < 4:
         pytest.skip(f"kills rank 2 of 4 (two simulated hosts of two GPUs); this machine has {WORLD} GPUs")
     monkeypatch.setenv("KILL_TEST_ELEMENTS", str(elements))
     if hosts:
         monkeypatch.setenv("CHORUS_HOST_ID", hosts)
         monkeypatch.setenv("CHORUS_CUDA_RAILS", "nccl")
+        monkeypatch.setenv("CHORUS_CUDA_RAILS_ALL_REDUCE", across)
     procs = job("kill")
     deadline = time.monotonic() + 120
     while True:  # every rank past its first 3 (checked) all_reduces

@@ -62,5 +62,6 @@ def test_two_hosts_rails_match_nccl(kind, host_nccl_from, all_reduce, tmp_path, 
         assert r["host_nccl"] == (host_nccl_from is not None), (rank, r)  # (256 KiB: on NCCL from 4096 bytes)
         assert r["gather_right"], rank
         assert r["flat_nccl"] == (kind == "nccl"), (rank, r)  # (all_gather: on it whenever the rails are NCCL's)
+        assert r["first_all_reduce_flat"] == (kind == "nccl" and all_reduce == "flat"), (rank, r)
         assert r["first_sum_right"], rank
         assert r["wrong"] == [], (rank, r["wrong"])
