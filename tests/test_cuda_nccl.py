@@ -256,6 +256,18 @@ def test_a_member_that_called_another_op_fails_every_member_before_nccl():
     assert "rank(s) [1]" in str(got[0]) and "rank(s) [0, 2]" in str(got[1]), got
 
 
+def test_one_member_on_another_host_calling_another_op_fails_every_member(monkeypatch):
+    """Two simulated hosts of two (chorus.cuda.rails' whole-group agreement): only the last
+    rank differs, and every rank raises, also rank 0, which shares neither a host nor a
+    rail with it (a rail's and a host's check alone would let rank 0 through)."""
+    from chorus.errors import CollectiveMismatchError
+
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
+    got = _agree_on_threads([11, 11, 11, 12])
+    assert all(isinstance(e, CollectiveMismatchError) for e in got), got
+    assert "rank(s) [0, 1, 2]" in str(got[3]), got
+
+
 def test_the_watcher_aborts_the_communicator_once_its_word_is_set_and_stops_at_close():
     """NcclPeers.watch: a word of host memory that a barrier in front of NCCL's kernel
     sets when the ranks' ops differ aborts the communicator (NCCL's kernel queued behind

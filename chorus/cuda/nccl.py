@@ -205,7 +205,10 @@ class NcclPeers:
     communicator.  ``agree_on``: a chorus group of exactly those ranks, whose CPU path
     compares fingerprints; ``key``: where the communicator's store address goes in
     chorus's store (unique to this communicator in the job); ``break_groups``: the chorus
-    groups a mismatch breaks on every member (``pg`` and ``agree_on`` at least)."""
+    groups a mismatch breaks on every member (``pg`` at least; not ``agree_on``: every
+    member reaches the all_gather that names the calls, and a notice breaking its group
+    would fail that all_gather half-way on a slower member, with a message about chorus's
+    own ops instead of the user's)."""
 
     def __init__(self, pg, ranks: tuple[int, ...], agree_on, key: str, break_groups: tuple = ()):
         self.pg = pg
@@ -213,7 +216,7 @@ class NcclPeers:
         self.index = ranks.index(pg.rank())
         self.agree_on = agree_on
         self.key = key
-        self.break_groups = break_groups or (pg, agree_on)
+        self.break_groups = break_groups or (pg,)
         self.nccl = None  # torch's ProcessGroupNCCL, made at the first op
         self.store = None  # the torch store it is made over
         self.broken: BaseException | None = None

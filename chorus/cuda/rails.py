@@ -161,7 +161,7 @@ class RailsComponent(Component):
         # (chorus.cuda.nccl.address_key): a rail attached again reads no stale address
         self.peers = NcclPeers(pg, self.rail_ranks, self.rail,
                                address_key(f"chorus/rails/{pg.id}/{self.index}", len(self.rail_ranks)),
-                               (pg, self.local, self.rail))
+                               (pg, self.local))
         # the host's phases of large all_reduces on NCCL too (chorus's hidden host sub-group
         # never hands off itself: chorus.cuda.nccl.nccl_handoff), from the size where a
         # flat group hands its all_gathers and reduce_scatters to NCCL
@@ -169,7 +169,7 @@ class RailsComponent(Component):
         self.host_peers = NcclPeers(pg, hierarchy.by_host[hierarchy.host], self.local,
                                     address_key(f"chorus/rails/{pg.id}/host{hierarchy.host}",
                                                 len(hierarchy.by_host[hierarchy.host])),
-                                    (pg, self.local, self.rail)) if self.host_from else None
+                                    (pg, self.local)) if self.host_from else None
         # one NCCL communicator over the whole group (made at its first op): all_reduce
         # (CHORUS_CUDA_RAILS_ALL_REDUCE), all_gather, reduce_scatter and all_to_all; its
         # members' agreement is every op's with NCCL rails
