@@ -194,9 +194,13 @@ class HandleWork(Work):
         return self._deadline is not None and time.monotonic() >= self._deadline
 
     def _poll(self) -> bool:
-        return all(h.done() for h in self._handles)
+        if all(h.done() for h in self._handles):
+            return True
+        self._transport.attend(self._handles)  # (a small receive waits for its waiter else)
+        return False
 
     def _watch(self) -> None:
+        self._transport.attend(self._handles)
         remaining = [len(self._handles)]
 
         def one_done(_: Handle) -> None:

@@ -294,3 +294,77 @@ def test_short_wait_timeout_leaves_the_receive_pending():
         return int(buf[0])
 
     assert run_threads(body, 2)[0] == 42
+
+
+def _irecv_posts(rank, world):
+    """Rank 0's irecvs from rank 1: 16 bytes, WAITER_READS_MAX + 4 bytes, 16 bytes from any
+    source; how each was posted (``waited``) and what arrived."""
+    t = dist.group.WORLD.transport
+    small, large = np.zeros(4, np.float32), np.zeros(t.WAITER_READS_MAX // 4 + 1, np.float32)
+    anyone = np.zeros(4, np.float32)
+    posted = []
+    if rank == 0:
+        post = t.irecv
+
+        def recording(*args, **kw):
+            posted.append(kw.get("waited"))
+            return post(*args, **kw)
+
+        t.irecv = recording
+        works = [dist.irecv(small, src=1), dist.irecv(large, src=1), dist.irecv(anyone)]
+        t.irecv = post
+    else:
+        works = [dist.isend(small + 1, dst=0), dist.isend(large + 2, dst=0), dist.isend(small + 3, dst=0)]
+    for w in works:
+        w.wait()
+    return type(t).__name__, posted, float(small[0]), float(large[-1]), float(anyone[0])
+
+
+@pytest.mark.parametrize("mode, small_waited", [("buffered", True), ("rendezvous", False)])
+def test_a_small_irecv_is_left_to_its_waiter_and_others_to_the_reader_threads(mode, small_waited, monkeypatch):
+    """Over TCP (processes), an irecv of up to WAITER_READS_MAX bytes from one peer posts its
+    receive as waited (the thread waiting for its Work reads it; a parked reader thread is
+    not woken to race it for the message).  Not a larger one, nor one from any source (a
+    waiting thread reads one connection), nor any under rendezvous sends (whose sender
+    waits for this rank to read the frame, while this rank may wait on another op first):
+    posting those wakes the reader threads."""
+    from chorus.testing import run_processes
+
+    monkeypatch.setenv("CHORUS_SEND_MODE", mode)
+    got = run_processes(_irecv_posts, 2)
+    assert got[0] == ("TcpTransport", [small_waited, False, False], 1.0, 2.0, 3.0), got[0]
+
+
+class _Handle:
+    receive, peer = True, 1
+
+    def __init__(self, done):
+        self._done = done
+
+    def done(self):
+        return self._done
+
+    def add_done_callback(self, fn):
+        pass
+
+
+def test_polling_or_a_future_wakes_the_reader_threads_for_a_waiters_receive():
+    """A Work whose receive is left to its waiter: is_completed() and get_future() ask the
+    transport to complete it without one (Transport.attend), so polling never waits for
+    a parked reader thread's timeout; a finished Work asks nothing."""
+    from chorus.work import HandleWork
+
+    class Transport:
+        attended = []
+
+        def attend(self, handles):
+            self.attended.append([h.done() for h in handles])
+
+    transport = Transport()
+    pending = HandleWork(transport, [_Handle(False)], None, lambda: "irecv")
+    assert not pending.is_completed()
+    pending.get_future()
+    assert transport.attended == [[False], [False]]
+    finished = HandleWork(transport, [_Handle(True)], None, lambda: "irecv")
+    transport.attended.clear()
+    assert finished._poll() and transport.attended == []

@@ -126,7 +126,14 @@ def _post_recv(tensor, src, group, tag, group_src, op: str) -> _Posted | _OnDevi
             raise InvalidArgumentError(f"{op}: a CUDA tensor needs src= (a receive from any rank is "
                                        "not possible on GPUs, as with NCCL)")
         return _OnDevice("recv", pg, peer, tag, buf)
-    return _Posted(pg, peer, tag, pg.post_recv(buf.bytes_view(), peer, tag, buf.dtype_code, op == "recv"), buf)
+    view = buf.bytes_view()
+    # A small receive from one peer is read by the thread that waits for its Work
+    # (Transport.WAITER_READS_MAX).  Not from any source (a waiting thread cannot read
+    # every connection), nor under rendezvous sends, whose sender waits for this rank to
+    # read the frame while this rank may be waiting on something else first.
+    waited = op == "recv" or (peer is not None and not pg.rendezvous
+                              and len(view) <= pg.transport.WAITER_READS_MAX)
+    return _Posted(pg, peer, tag, pg.post_recv(view, peer, tag, buf.dtype_code, waited), buf)
 
 
 def _describer(op: str, direction: str, pg: ProcessGroup, peer: int | None, tag: int) -> Callable[[], str]:

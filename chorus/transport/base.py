@@ -45,6 +45,12 @@ class Transport:
     """Base class: matching, checks and failure scoping.  See the module docstring."""
 
     name = "base"
+    #: A point-to-point receive up to this many bytes from one peer is posted as ``waited``
+    #: by the API under buffered sends (chorus.api.p2p): its Work's wait reads for it in
+    #: the waiting thread (progress), and
+    #: the reader threads are woken only when the Work is polled or given a future (attend)
+    #: or a rank thread has not read for a while.  Base: 0 (none).
+    WAITER_READS_MAX = 0
 
     def __init__(self, rank: int, world_size: int):
         self.rank = rank
@@ -261,6 +267,14 @@ class Transport:
     def _attend(self, peer: int | None) -> None:
         """A receive from ``peer`` (None: any) was posted with no waiter about to call
         :meth:`progress`: make sure it completes without one.  Base: nothing to do."""
+
+    def attend(self, handles: list[Handle]) -> None:
+        """Make sure the receives among ``handles`` that are not done complete without a
+        waiter: a Work polled (``is_completed``) or given a future, whose receives were
+        posted as ``waited`` (WAITER_READS_MAX)."""
+        for h in handles:
+            if h.receive and not h.done():
+                self._attend(h.peer)
 
     def wait_long(self, handle: Handle, handles: list[Handle], deadline: float | None,
                   label: Callable[[], str]) -> None:

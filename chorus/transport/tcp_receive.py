@@ -154,6 +154,13 @@ class TcpReceiving:
     """The receiving half of ``TcpTransport`` (see the module docstring).  Expects the
     transport's ``_conns``, ``_lose`` and ``_max_message`` and the base class's matching."""
 
+    # A point-to-point receive a waiting thread reads itself (chorus.transport.base): posting
+    # one no longer wakes a parked reader thread, which would otherwise race the waiting
+    # thread for it and hand it over.  sendrecv of 4 B-16 KiB on the 16-vCPU host, medians:
+    # W=2 70-93 -> 48-78 us, W=4 105-120 -> 68-77 us, gloo 47-69 us in the same runs
+    # (docs/results/16-vcpu-h200-host/p2p-waiter-f74997e/)
+    WAITER_READS_MAX = DIRECT_MAX
+
     # -- the reader thread -----------------------------------------------------------------------
     def _read_loop(self, conn) -> None:
         """One per connection: read what no rank thread reads (see the module docstring)."""
