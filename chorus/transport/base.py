@@ -35,21 +35,15 @@ from chorus.wire.frames import Header, Kind, LostReason, abort_tag, pack_failed,
 log = logging.getLogger("chorus")
 
 DATA = int(Kind.DATA)
-#: How long a rank raising CollectiveMismatchError waits for the other members of the
-#: group to say what they called, so that its message names every rank's call (seconds;
-#: they answer within milliseconds unless they are elsewhere, e.g. in another group's op).
-MISMATCH_SETTLE_S = 1.0
+MISMATCH_SETTLE_S = 1.0  # a rank raising a mismatch waits this long for the others' calls, to name them
 
 
 class Transport:
     """Base class: matching, checks and failure scoping.  See the module docstring."""
 
     name = "base"
-    #: A point-to-point receive up to this many bytes from one peer is posted as ``waited``
-    #: by the API under buffered sends (chorus.api.p2p): its Work's wait reads for it in
-    #: the waiting thread (progress), and
-    #: the reader threads are woken only when the Work is polled or given a future (attend)
-    #: or a rank thread has not read for a while.  Base: 0 (none).
+    #: p2p receives up to this many bytes are posted as ``waited`` (chorus.api.p2p says which):
+    #: the Work's waiter reads them, a poll or future ``attend``s them.  Base: 0 (none).
     WAITER_READS_MAX = 0
 
     def __init__(self, rank: int, world_size: int):
@@ -204,18 +198,16 @@ class Transport:
 
     def send_now(self, peer: int, view: memoryview, kind: int, group: int, tag: int, seq: int, dtype: int,
                  fingerprint: int) -> Handle | None:
-        """A send the caller waits for at once (``isend`` with ``sync``): None once it is
-        on its way, else its handle (pending, or failed) for :meth:`wait_all`.  Base: the
-        handle always."""
+        """A send the caller waits for at once (``isend`` with ``sync``): None once it is on its
+        way, else its handle (pending, or failed) for :meth:`wait_all`.  Base: the handle always."""
         return self.isend(peer, view, kind=kind, group=group, tag=tag, seq=seq, dtype=dtype,
                           fingerprint=fingerprint, sync=True)
 
     def recv_now(self, peer: int, view: memoryview, kind: int, group: int, tag: int, dtype: int,
                  expect: tuple[int, int] | None, finish: Callable[[], None] | None,
                  deadline: float | None) -> Handle | None:
-        """A receive from ``peer`` the caller waits for at once (``irecv`` with ``waited``):
-        None once it completed without error, else its handle (pending, or failed) for
-        :meth:`wait_all`.  Base: the handle always."""
+        """A receive from ``peer`` the caller waits for at once (``irecv`` with ``waited``): None
+        once it completed without error, else its handle (pending, or failed) for :meth:`wait_all`."""
         return self.irecv(peer, view, kind=kind, group=group, tag=tag, dtype=dtype, expect=expect,
                           finish=finish, waited=True)
 
@@ -259,19 +251,16 @@ class Transport:
             raise
 
     def progress(self, handle: Handle, handles: list[Handle], deadline: float | None) -> None:
-        """Before a wait on ``handle`` (one of ``handles``, not done) blocks: move it on in
-        this thread if the transport can (TCP reads a small receive's socket here, until
-        ``deadline`` at most), else make sure it completes without this thread.  Base:
-        nothing (other threads complete every transfer)."""
+        """Before a wait on ``handle`` (one of ``handles``, not done) blocks: move it on in this
+        thread if the transport can (TCP reads a small receive's socket here, until ``deadline`` at
+        most), else make sure it completes without this thread.  Base: nothing."""
 
     def _attend(self, peer: int | None) -> None:
-        """A receive from ``peer`` (None: any) was posted with no waiter about to call
-        :meth:`progress`: make sure it completes without one.  Base: nothing to do."""
+        """A receive from ``peer`` (None: any) was posted with no waiter about to call :meth:`progress`:
+        make sure it completes without one.  Base: nothing to do."""
 
     def attend(self, handles: list[Handle]) -> None:
-        """Make sure the receives among ``handles`` that are not done complete without a
-        waiter: a Work polled (``is_completed``) or given a future, whose receives were
-        posted as ``waited`` (WAITER_READS_MAX)."""
+        """:meth:`_attend` the receives among ``handles`` not done (a Work polled or given a future)."""
         for h in handles:
             if h.receive and not h.done():
                 self._attend(h.peer)
@@ -596,8 +585,7 @@ class Transport:
         """Fail queued sends matching ``pred`` (transports with send queues override)."""
 
     def flush(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for queued frames (notices included) to leave
-        (transports with send queues override)."""
+        """Wait up to ``timeout`` seconds for queued frames (notices included) to leave (queues override)."""
 
     def close(self) -> None:
         """Leave cleanly: tell peers, stop threads, fail whatever is still pending."""
