@@ -202,6 +202,11 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: i
     """Start receiving into ``tensor``; returns a Work (``wait()``, then read ``tensor``).
 
     rank 0: isend(t, dst=1).wait()   rank 1: w = irecv(x, src=0); w.wait() -> x == rank 0's t
+
+    A CPU receive of up to 64 KiB from one peer is read by the thread that waits for it, as
+    MPI progresses on its calls: its message may stay in the socket until ``wait()``,
+    ``is_completed()`` or ``get_future()`` (at most about 50 ms after this rank last read
+    from that peer); larger ones, and any from any source, complete in the background.
     """
     posted = _post_recv(tensor, src, group, tag, group_src, "irecv")
     if type(posted) is _OnDevice:
