@@ -57,9 +57,11 @@ The third 2 + 2 run's rounds at 1 MiB were 1.28x, then 0.84x, 0.55x, 0.56x and 0
 size on that host, not understood.  Four later runs of 1 MiB alone did not repeat it
 (0.75-1.12x per round; the phases 0.75-1.07x, hosts-1m-5b63e6f/), and since a thread
 waiting for a payload of its same-host peer's shared-memory ring reads it itself, every
-round of two runs led gloo, 1.02-2.33x (lone-ring-5b63e6f/).  Two ranks per host gain little from the phases
-(each moves half the data across hosts, after and before a whole shared-memory phase);
-with more, the columns carry ever smaller blocks and the phases lead.
+round of two runs led gloo, 1.02-2.33x (lone-ring-5b63e6f/).
+
+Two ranks per host gain little from the phases (each moves half the data across hosts,
+after and before a whole shared-memory phase); with more, the columns carry ever smaller
+blocks and the phases lead.
 
 A rank that runs an op as phases first tells its transport that no frame of that op comes
 on the group itself (``Transport.elsewhere``), so a rank that runs the same op as the
