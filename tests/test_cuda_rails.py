@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from chorus.cuda import nccl, rails
@@ -184,3 +185,61 @@ def test_each_rails_component_of_a_group_has_store_keys_of_its_own(monkeypatch):
         assert [k[0] for k in keys] == [k[0] for k in got[rank % 2]]  # (a rail: the ranks at one place of each host)
         assert [k[1] for k in keys] == [k[1] for k in got[2 * (rank // 2)]]  # (a host's)
         assert [k[2] for k in keys] == [k[2] for k in got[0]]  # (the whole group's)
+
+
+def _start_on_threads(monkeypatch, counts):
+    """RailsComponent.start of an all_reduce (the whole group's NCCL path) on 4 ranks as
+    threads, two simulated hosts of two, rank r with ``counts[r]`` elements; the NCCL
+    communicator replaced by a recorder (no GPU): each rank's outcome (None or the
+    exception), and the ops each queued on NCCL."""
+    import torch
+
+    from chorus.api.state import current
+    from chorus.call import make
+    from chorus.store import HashStore
+    from chorus.testing import run_threads
+
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: SimpleNamespace(device="cuda:0"))
+    store = HashStore()
+    queued = {r: [] for r in range(4)}
+
+    def body(rank, world):
+        current().store = store
+        pg = current().default_group
+        made = rails.RailsComponent(pg, pg.hierarchy, rails.rails_of(pg.hierarchy.by_host), "nccl")
+        made.flat.run = lambda call: queued[rank].append((call.name, call.count))
+        data = np.ones(counts[rank], np.float32)
+        call = make(pg, "all_reduce", dtype="float32", count=data.size, buffers={"data": data}, async_op=False,
+                    algorithm=None, nbytes=data.nbytes, args={"count": data.size}, reduce_op="SUM")
+        try:
+            made.start(call, made.supports(SimpleNamespace(name="all_reduce", reduce_op="SUM", algorithm=None,
+                                                            buffers={"data": _Tensor("float32")}, uniform=True)))
+            return None
+        except Exception as exc:  # noqa: BLE001 - the outcome
+            return exc
+        finally:
+            made.close()
+
+    return run_threads(body, 4), [queued[r] for r in range(4)]
+
+
+def test_an_all_reduce_across_hosts_goes_to_the_flat_communicator_after_every_rank_agreed(monkeypatch):
+    """Every rank agrees the op's fingerprint over the whole group, then queues it on the
+    whole group's NCCL communicator (recorded here)."""
+    pytest.importorskip("torch")
+    got, queued = _start_on_threads(monkeypatch, [1024] * 4)
+    assert got == [None] * 4 and queued == [[("all_reduce", 1024)]] * 4, (got, queued)
+
+
+def test_one_rank_calling_another_op_across_hosts_fails_every_rank_before_nccl(monkeypatch):
+    """Rank 3 (host b, rail 1) passes another count: every rank raises
+    CollectiveMismatchError, rank 0 too (which shares neither its host nor its rail), and
+    none queues anything on NCCL."""
+    from chorus.errors import CollectiveMismatchError
+
+    pytest.importorskip("torch")
+    got, queued = _start_on_threads(monkeypatch, [1024, 1024, 1024, 2048])
+    assert all(isinstance(e, CollectiveMismatchError) for e in got), got
+    assert "count=2048" in str(got[0]), got[0]
+    assert queued == [[]] * 4, queued
