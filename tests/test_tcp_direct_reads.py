@@ -107,28 +107,33 @@ def _echo_readers(t0: TcpTransport, t1: TcpTransport, nbytes: int, receives: int
     return readers
 
 
-def test_a_lone_large_receive_is_read_by_the_waiting_thread(pair):
-    """A wait for one 256 KiB receive (a ring step's) reads it in the waiting thread, as
-    it reads small ones: ping-pong, rank 1 replying from a thread of its own, so that each
-    reply arrives while rank 0 already waits for it (a frame already there when nobody
-    waits is the reader thread's)."""
-    t0, t1 = pair
+def _ping_pong_readers(t0: TcpTransport, t1: TcpTransport, payload: bytes, rounds: int) -> list[str]:
+    """Ping-pong: rank 0 sends 8 bytes, rank 1 replies ``payload`` from a thread of its own,
+    so that each reply arrives while rank 0 already waits for it (a frame already there when
+    nobody waits is the reader thread's).  The names of the threads that completed rank 0's
+    receives (their ``finish``), after every reply arrived intact."""
     readers: list[str] = []
-    payload = bytes(range(256)) * 1024
 
     def echo():
-        for _ in range(100):
+        for _ in range(rounds):
             h = _recv(t1, 0, 8, tag=1, waited=True)
             _wait(t1, [h])
             _wait(t1, [_send(t1, 0, payload, tag=2)])
 
     threading.Thread(target=echo, daemon=True).start()
-    for i in range(100):
+    for i in range(rounds):
         reply = _recv(t0, 1, len(payload), tag=2, waited=True,
                       finish=lambda: readers.append(threading.current_thread().name))
         _wait(t0, [_send(t0, 1, i.to_bytes(8, "little"), tag=1)])
         _wait(t0, [reply])
         assert bytes(reply.view) == payload
+    return readers
+
+
+def test_a_lone_large_receive_is_read_by_the_waiting_thread(pair):
+    """A wait for one 256 KiB receive (a ring step's) reads it in the waiting thread, as
+    it reads small ones."""
+    readers = _ping_pong_readers(*pair, bytes(range(256)) * 1024, 100)
     assert readers.count(threading.current_thread().name) > 0, set(readers)
 
 
@@ -137,22 +142,8 @@ def test_a_lone_receive_through_a_ring_is_read_by_the_waiting_thread(ring_pair):
     ring: the waiting thread reads the 1 MiB replies itself (no reader thread's wake-up
     and hand-over of the GIL), and they went through the ring."""
     t0, t1 = ring_pair
-    readers: list[str] = []
     payload = bytes(range(256)) * 4096
-
-    def echo():
-        for _ in range(50):
-            h = _recv(t1, 0, 8, tag=1, waited=True)
-            _wait(t1, [h])
-            _wait(t1, [_send(t1, 0, payload, tag=2)])
-
-    threading.Thread(target=echo, daemon=True).start()
-    for i in range(50):
-        reply = _recv(t0, 1, len(payload), tag=2, waited=True,
-                      finish=lambda: readers.append(threading.current_thread().name))
-        _wait(t0, [_send(t0, 1, i.to_bytes(8, "little"), tag=1)])
-        _wait(t0, [reply])
-        assert bytes(reply.view) == payload
+    readers = _ping_pong_readers(t0, t1, payload, 50)
     assert t0.shm_p2p_stats()[1][1] == 50 * len(payload)  # (every reply through the ring)
     assert readers.count(threading.current_thread().name) > 0, set(readers)
 

@@ -30,9 +30,9 @@ largest channel bytes and the largest lane bytes, which every rank takes.  So ev
 splits an op alike, a call the TCP lane may take on some rank is never split, and no split
 depends on when a rank issues its calls.  The table also holds each rank's
 ``CHORUS_SEGMENT_BYTES`` (or that it is unset): where ranks differ, every rank's start
-fails naming them, since their ring and chain schedules would cut messages differently.  A count of 1 (one rank asks for 1, no rank has CPUs to spare, or
-every rank is on one host and may use shared memory, so no group runs over TCP) opens
-nothing.
+fails naming them, since their ring and chain schedules would cut messages differently.
+A count of 1 (one rank asks for 1, no rank has CPUs to spare, or every rank is on one
+host and may use shared memory, so no group runs over TCP) opens nothing.
 
 Channels are transports of the job (without shared-memory rings: they carry only split
 all_reduces), so their errors name global ranks, and every group registers with them; at

@@ -190,12 +190,11 @@ class RailsComponent(Component):
         first = next(iter(call.buffers.values()), None)
         if first is None or (call.reduce_op and not nccl_reduces(staging.torch_dtype_name(first), call.reduce_op)):
             return "staging"
-        flat = self.flat is not None and call.name in FLAT_OPS and call.algorithm in (None, "nccl", "rails")
-        if flat and call.name == "all_reduce":
-            by_name = call.algorithm or ("nccl" if self.flat_all_reduce else "rails")
-            return "nccl" if by_name == "nccl" else "rails"
-        if flat and (call.uniform or call.name == "all_to_all") and call.algorithm in (None, "nccl"):
-            return "nccl"  # (all_to_all at every split: whether a rank's own are equal differs by rank)
+        if self.flat is not None and call.name in FLAT_OPS:
+            if call.name == "all_reduce" and call.algorithm in (None, "nccl", "rails"):
+                return call.algorithm or ("nccl" if self.flat_all_reduce else "rails")
+            if call.algorithm in (None, "nccl") and (call.uniform or call.name == "all_to_all"):
+                return "nccl"  # (all_to_all at every split: whether a rank's own are equal differs by rank)
         return "rails" if call.name in RAIL_OPS and call.algorithm in (None, "rails") else "staging"
 
     def start(self, call, algorithm: str):
