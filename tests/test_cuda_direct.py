@@ -391,9 +391,9 @@ def test_no_shot_from_a_kernel_compiled_for_64_bit_ids(monkeypatch):
 
 def test_triton_s_first_launch_hash_is_computed_on_a_thread_and_waited_for(monkeypatch):
     """launchers.warm_keys: Triton's hash of its own files (what its first launch in a
-    process computes) runs on a thread of its own while the workspace is set up, and the
-    returned wait ends once it is done; a failure there is left to the launch; nothing
-    runs under the interpreter."""
+    process computes) runs on a thread of its own while the workspace is set up; the
+    returned wait, and the first launch, end their wait once it is done; a failure there
+    is left to the launch; nothing runs under the interpreter."""
     from chorus.cuda import launchers
 
     ran, release = [], threading.Event()
@@ -409,7 +409,22 @@ def test_triton_s_first_launch_hash_is_computed_on_a_thread_and_waited_for(monke
     assert ran == []  # (not on the caller's thread: it would have blocked above)
     release.set()
     wait()
-    assert ran == ["chorus-triton-key"]
+    assert ran == ["chorus-triton-key"] and launchers._KEY_THREAD == []
+
+    # the first launch through Triton waits for it (the workspace's set-up does not)
+    release.clear()
+    ran.clear()
+    launchers.warm_keys()
+    seen = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append(list(ran))
+
+    monkeypatch.setattr(launchers, "post_kernel", Kernel())
+    release.set()
+    launchers.post(1, 2, 3)
+    assert seen == [["chorus-triton-key"]] and launchers._KEY_THREAD == []
 
     def broken():
         raise OSError("no such file")

@@ -161,7 +161,7 @@ def test_members_that_are_threads_of_one_process_get_no_workspace(monkeypatch):
     monkeypatch.setattr(workspace.Workspace, "__init__", fake_init)
     monkeypatch.setattr(workspace.Workspace, "close", lambda self: closed.append(self.rank))
     monkeypatch.setattr(workspace.Workspace, "_map", lambda self, infos: setattr(self, "mapped", True))
-    monkeypatch.setattr(workspace.Workspace, "_check", lambda self, timeout_s: "")
+    monkeypatch.setattr(workspace.Workspace, "_check", lambda self, store, prefix, timeout: "")
     monkeypatch.setattr(workspace.runtime, "ipc_handle", lambda ptr: b"handle")
     monkeypatch.setattr(workspace.kernels, "warm_keys", lambda: lambda: None)
     store = HashStore()

@@ -63,9 +63,9 @@ class Lanes:
         # epochs on the device, through the graph slots (chorus.cuda.fused.graph_begin)
         self.graph = False
         self.rounds = 0
-        # barriers enqueued so far (every rank enqueues the same ones: the epochs agree);
-        # the workspace's check made the first ones
-        self.epoch = getattr(workspace, "barriers", 0)
+        # barriers enqueued so far (every rank enqueues the same ones: the epochs agree;
+        # the workspace's check makes none)
+        self.epoch = 0
         self.sent = [0] * self.world  # chunks posted to each peer's channel, ever
         self.received = [0] * self.world  # chunks taken from each peer's channel, ever
         # the op being enqueued (begin())

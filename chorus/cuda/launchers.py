@@ -32,14 +32,17 @@ log = logging.getLogger("chorus")
 __all__ = ["INTERPRET", "NEVER"]  # re-exported: callers of the launchers use them too
 
 
+_KEY_THREAD: list[threading.Thread] = []  # warm_keys' thread, until a launch has waited for it
+
+
 def warm_keys():
     """Start what Triton's first launch in a process computes before it can look in its
     kernel cache, a hash of Triton's own files (0.24 s of a group's 0.57 s workspace
     check on the 4 x H200 host: docs/results/4xh200/broadcast-handoff/setup-profile.txt),
-    on a thread of its own, so that it overlaps the workspace's allocation and exchange.
-    Returns the wait for it: call that before the first launch (Triton's state is then
-    touched by one thread at a time).  Nothing to do under the interpreter, or where this
-    Triton computes no such hash."""
+    on a thread of its own, so that it overlaps the workspace's set-up and what the
+    caller does next.  The first launch through Triton waits for it (Triton's state is
+    then touched by one thread at a time); so does the returned wait.  Nothing to do
+    under the interpreter, or where this Triton computes no such hash."""
     key = None if INTERPRET else getattr(getattr(triton.runtime, "cache", None), "triton_key", None)
     if key is None:
         return lambda: None
@@ -51,8 +54,23 @@ def warm_keys():
             log.debug("chorus.cuda: computing Triton's key ahead failed: %s: %s", type(exc).__name__, exc)
 
     thread = threading.Thread(target=compute, name="chorus-triton-key", daemon=True)
+    _KEY_THREAD.append(thread)
     thread.start()
-    return thread.join
+    return _keyed
+
+
+def _keyed() -> None:
+    """Wait for warm_keys' threads (before a launch through Triton)."""
+    while _KEY_THREAD:
+        try:
+            thread = _KEY_THREAD[0]
+        except IndexError:  # (another launching thread took the last)
+            return
+        thread.join()
+        try:
+            _KEY_THREAD.remove(thread)
+        except ValueError:
+            pass
 
 
 # -- launchers (on torch's current stream of the current device) ---------------------------
@@ -79,6 +97,7 @@ def signed64(value: int) -> int:
 def post(flag_addr: int, value: int, host_addr: int, hdr_addr: int = 0, tag: int = 0, nbytes: int = 0,
          mirror_addr: int = 0) -> None:
     """``mirror_addr``: this rank's BROKEN word (0: the kernel reads the control page)."""
+    _keyed()
     post_kernel[(1,)](flag_addr, value, hdr_addr, tag, nbytes, host_addr, mirror_addr, HEADER=hdr_addr != 0,
                       INTERPRET=INTERPRET, num_warps=1)
 
@@ -86,6 +105,7 @@ def post(flag_addr: int, value: int, host_addr: int, hdr_addr: int = 0, tag: int
 def wait(flag_addr: int, target: int, peer: int, host_addr: int, op_id: int, what: int, timeout_ns: int,
          hdr_addr: int = 0, tag: int = 0, nbytes: int = 0, max_spins: int = NEVER, mirror_addr: int = 0) -> None:
     """``mirror_addr``: as post's."""
+    _keyed()
     wait_kernel[(1,)](flag_addr, target, hdr_addr, tag, nbytes, peer, host_addr, mirror_addr, op_id, what,
                       timeout_ns, max_spins, HEADER=hdr_addr != 0, INTERPRET=INTERPRET, num_warps=1)
 
@@ -461,6 +481,7 @@ def launch(kernel, key, grid: int, args: tuple, num_warps: int, stream: int | No
                         key[0], type(exc).__name__, exc)
             _COMPILED[key] = False
             entry = False
+    _keyed()
     if stream is None or INTERPRET or stream == _raw_stream():
         compiled = kernel[(grid,)](*args, num_warps=num_warps)
     else:

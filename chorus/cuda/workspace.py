@@ -37,12 +37,10 @@ from chorus import config
 from chorus.api.safe_pickle import ObjectDecoder
 from chorus.cuda import launchers as kernels
 from chorus.cuda import layout as L
-from chorus.cuda import runtime
+from chorus.cuda import peer_sum, runtime
 from chorus.host.identity import host_id
 
 log = logging.getLogger("chorus")
-
-CHECK_TIMEOUT_S = 60.0  # the check's spins give up after this (or the group's timeout if shorter)
 
 _PROCESS_TOKENS: dict[int, str] = {}
 
@@ -116,7 +114,6 @@ class Workspace:
         self.layout = L.Layout.of(self.world, total)
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.bases: list[int] = []
-        self.barriers = 0  # barriers the check made (chorus.cuda.lanes counts on from there)
         self.setup_s = 0.0  # seconds create() took: allocation, exchange, mapping and check
         self.phases: dict[str, float] = {}  # seconds of each of those steps (Phases), this rank's
         self._opened: list[int] = []
@@ -147,7 +144,7 @@ class Workspace:
         rank, world, timeout = pg.rank(), pg.size(), pg.timeout
         ws, why = None, ""
         phases = Phases()
-        keyed = kernels.warm_keys()  # (Triton's first-launch hashing, meanwhile: joined before the check)
+        kernels.warm_keys()  # (Triton's first-launch hashing, on a thread: the first launch waits for it)
         try:
             ws = cls(pg, total)
             info = dict(host=_host_id(pg.members[rank]), process=process_token(), device=ws.device.index, ptr=ws.ptr,
@@ -176,8 +173,7 @@ class Workspace:
             if failed:
                 raise Unusable(failed)
             phases.end("map")
-            keyed()
-            why = ws._check(min(timeout, CHECK_TIMEOUT_S))
+            why = ws._check(store, prefix, timeout)
             failed = agree(store, f"{prefix}/checked", rank, world, why, timeout)
             if failed:
                 raise Unusable(failed)
@@ -199,42 +195,57 @@ class Workspace:
                     self._opened.append(ptr)
                     self.bases.append(ptr)
 
-    def _check(self, timeout_s: float) -> str:
-        """Write a pattern into my slot and into every peer's CHECK word for me, barrier,
-        read every peer's pattern by copy engine and by kernel, barrier; "" if all came
-        back right, else why not.  On the current stream."""
+    def _check(self, store, prefix: str, timeout: float) -> str:
+        """Write a pattern into my slot and into every peer's CHECK word for me; once every
+        member has written (agreed through the store), read every peer's pattern by copy
+        engine and by a kernel's loads (chorus.cuda.peer_sum) and my CHECK words; "" if all
+        came back right, else why not.  On the current stream.  No Triton kernel runs, so
+        nothing is compiled here: the user's first op compiles what it needs."""
         torch = self._torch
         with torch.cuda.device(self.device):
-            why = self._check_on(torch.cuda.current_stream(self.device), timeout_s)
-        return why
+            stream = torch.cuda.current_stream(self.device)
+            try:
+                why = self._write_pattern(stream)
+            except Exception as exc:  # noqa: BLE001 - agreed below
+                why = f"writing into peers' workspaces failed: {type(exc).__name__}: {exc}"
+            failed = agree(store, f"{prefix}/written", self.rank, self.world, why, timeout)
+            if failed:
+                return failed
+            try:
+                return self._read_pattern(stream)
+            except Exception as exc:  # noqa: BLE001 - agreed by the caller
+                return f"reading peers' workspaces failed: {type(exc).__name__}: {exc}"
 
-    def _check_on(self, stream, timeout_s: float) -> str:
+    def _pattern(self):
+        w = self.world
+        return np.add.outer((np.arange(w) + 1) * 1_000_003, np.arange(w)).astype(np.int64)  # [writer, j]
+
+    def _write_pattern(self, stream) -> str:
+        torch = self._torch
+        w, me = self.world, self.rank
+        raw = stream.cuda_stream
+        mine = torch.as_tensor(self._pattern()[me], device=self.device)
+        runtime.memcpy_async(self.bases[me] + self.layout.slot_at(0), mine.data_ptr(), w * 8, raw)
+        for q in range(w):
+            runtime.memcpy_async(self.bases[q] + L.CHECK + 8 * me, mine.data_ptr() + 8 * q, 8, raw)
+        stream.synchronize()  # (before ``mine`` goes)
+        return ""
+
+    def _read_pattern(self, stream) -> str:
         torch = self._torch
         w, me, dev = self.world, self.rank, self.device
-        value = np.add.outer((np.arange(w) + 1) * 1_000_003, np.arange(w)).astype(np.int64)  # [writer, j]
+        value = self._pattern()
         raw = stream.cuda_stream
         slot0 = [b + self.layout.slot_at(0) for b in self.bases]
-        mine = torch.as_tensor(value[me], device=dev)
-        controls = torch.tensor(self.bases, dtype=torch.int64, device=dev)
         rows = torch.tensor(slot0, dtype=torch.int64, device=dev)
         got = torch.empty((w, w), dtype=torch.int64, device=dev)
         summed = torch.empty(w, dtype=torch.int64, device=dev)
         checks = torch.empty(w, dtype=torch.int64, device=dev)
-        runtime.memcpy_async(slot0[me], mine.data_ptr(), w * 8, raw)
-        for q in range(w):
-            runtime.memcpy_async(self.bases[q] + L.CHECK + 8 * me, mine.data_ptr() + 8 * q, 8, raw)
-        timeout_ns = int(timeout_s * 1e9)
-        kernels.barrier(controls, me, w, self.host_addr, 0, timeout_ns)
         for r in range(w):
             runtime.memcpy_async(got[r].data_ptr(), slot0[r], w * 8, raw)
-        kernels.reduce(rows, 0, summed.data_ptr(), w, w, "SUM", "int64")
+        peer_sum.sum_rows(rows.data_ptr(), summed.data_ptr(), w, raw)
         runtime.memcpy_async(checks.data_ptr(), self.bases[me] + L.CHECK, w * 8, raw)
-        kernels.barrier(controls, me, w, self.host_addr, 0, timeout_ns)
-        self.barriers = 2
         stream.synchronize()
-        if self.words[L.STATUS]:
-            return (f"the check's barrier gave up (status {int(self.words[L.STATUS])}, ranks missing: "
-                    f"{_ranks(int(self.words[L.FAIL_PEERS]))})")
         if not np.array_equal(got.cpu().numpy(), value):
             return "copies from peers' workspaces returned wrong data"
         if not np.array_equal(summed.cpu().numpy(), value.sum(axis=0)):
@@ -259,7 +270,3 @@ class Workspace:
                 log.warning("chorus: releasing a CUDA workspace: %s: %s", type(exc).__name__, exc)
         self._opened.clear()
         self.ptr = self.host_addr = 0
-
-
-def _ranks(bits: int) -> list[int]:
-    return [r for r in range(bits.bit_length()) if bits >> r & 1]

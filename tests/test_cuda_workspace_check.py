@@ -1,0 +1,110 @@
+"""The CUDA workspace's check (chorus.cuda.workspace.Workspace._check) with host memory
+standing in for the members' mapped workspaces: ranks as threads, copies by memmove and
+the PTX kernel by its Python twin.  The kernel itself runs on GPUs
+(tests/gpu/test_cuda_peer_sum.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from chorus.api.state import current  # noqa: E402
+from chorus.cuda import layout as L  # noqa: E402
+from chorus.cuda import workspace  # noqa: E402
+from chorus.store import HashStore  # noqa: E402
+from chorus.testing import run_threads  # noqa: E402
+
+W = 3
+TOTAL = 1 << 20
+
+
+class _Stream:
+    cuda_stream = 0
+
+    def synchronize(self):
+        pass
+
+
+_CUDA = types.SimpleNamespace(device=lambda d: contextlib.nullcontext(), current_stream=lambda d: _Stream())
+_TORCH = types.SimpleNamespace(as_tensor=lambda x, device: torch.as_tensor(x), tensor=torch.tensor,
+                               empty=torch.empty, int64=torch.int64, cuda=_CUDA)
+
+
+def _sum_rows(rows, out, width, stream):
+    """What chorus.cuda.peer_sum.sum_rows enqueues, at once: out[j] = sum_r rows[r][j]."""
+    addrs = [ctypes.c_int64.from_address(rows + 8 * r).value for r in range(width)]
+    for j in range(width):
+        ctypes.c_int64.from_address(out + 8 * j).value = sum(
+            ctypes.c_int64.from_address(a + 8 * j).value for a in addrs)
+
+
+def _workspaces(memories):
+    made = []
+    for r in range(W):
+        ws = object.__new__(workspace.Workspace)
+        ws.rank, ws.world, ws.layout, ws.device = r, W, L.Layout.of(W, TOTAL), torch.device("cpu")
+        ws.bases, ws._torch = [m.ctypes.data for m in memories], _TORCH
+        made.append(ws)
+    return made
+
+
+def _run(monkeypatch, memcpy=None, sum_rows=_sum_rows):
+    def memmove(dst, src, nbytes, stream):
+        ctypes.memmove(dst, src, nbytes)
+
+    monkeypatch.setattr(workspace.runtime, "memcpy_async", memcpy or memmove)
+    monkeypatch.setattr(workspace.peer_sum, "sum_rows", sum_rows)
+    memories = [np.zeros(TOTAL // 8, np.int64) for _ in range(W)]
+    spaces, store = _workspaces(memories), HashStore()
+    verdicts = run_threads(lambda rank, world: spaces[rank]._check(store, "cuda/0/0", 10.0), W)
+    return verdicts, memories
+
+
+def test_every_member_reads_every_peers_pattern_by_copy_and_by_kernel(monkeypatch):
+    """Each member writes its pattern into its slot and its CHECK word into every peer's
+    workspace; once all have written, each reads them all back: every verdict is fine
+    and every CHECK word holds its writer's value."""
+    verdicts, memories = _run(monkeypatch)
+    assert verdicts == [""] * W
+    value = np.add.outer((np.arange(W) + 1) * 1_000_003, np.arange(W))
+    for me, mem in enumerate(memories):
+        assert list(mem[L.CHECK // 8:L.CHECK // 8 + W]) == list(value[:, me])
+
+
+def test_a_kernel_that_reads_wrong_data_is_named(monkeypatch):
+    def wrong(rows, out, width, stream):
+        _sum_rows(rows, out, width, stream)
+        ctypes.c_int64.from_address(out).value += 1
+
+    verdicts, _ = _run(monkeypatch, sum_rows=wrong)
+    assert verdicts == ["a kernel reading peers' workspaces returned wrong data"] * W
+
+
+def test_one_members_failed_write_is_every_members_verdict_before_anyone_reads(monkeypatch):
+    """Rank 1's copy into a peer raises: every member returns rank 1's reason from the
+    agreement on the writes, and no member reads (the kernel never runs)."""
+    ran = []
+
+    def memcpy(dst, src, nbytes, stream):
+        if nbytes == 8 and current().default_group.rank() == 1:
+            raise RuntimeError("cudaMemcpyAsync: an illegal memory access")
+        ctypes.memmove(dst, src, nbytes)
+
+    verdicts, _ = _run(monkeypatch, memcpy=memcpy, sum_rows=lambda *a: ran.append(a))
+    assert verdicts == ["rank 1: writing into peers' workspaces failed: RuntimeError: cudaMemcpyAsync: an "
+                        "illegal memory access"] * W
+    assert ran == []
+
+
+def test_the_kernel_refuses_a_width_out_of_range_before_anything_is_enqueued():
+    with pytest.raises(ValueError, match="width 0 is outside 1..1024"):
+        workspace.peer_sum.sum_rows(0, 0, 0, 0)
+    with pytest.raises(ValueError, match="width 1025"):
+        workspace.peer_sum.sum_rows(0, 0, workspace.peer_sum.MAX_WIDTH + 1, 0)
