@@ -5,6 +5,7 @@ CPU: a driver stand-in reads back the parameter block each launch would hand the
 from __future__ import annotations
 
 import ctypes
+import functools
 import inspect
 import os
 import threading
@@ -428,6 +429,14 @@ def test_triton_s_first_launch_hash_is_computed_on_a_thread_and_waited_for(monke
 
     def broken():
         raise OSError("no such file")
+
+    # computed already (Triton caches it): no thread
+    computed = functools.lru_cache(triton_key)
+    computed()
+    ran.clear()
+    monkeypatch.setattr(launchers.triton.runtime.cache, "triton_key", computed)
+    launchers.warm_keys()()
+    assert ran == [] and launchers._KEY_THREAD == []
 
     monkeypatch.setattr(launchers.triton.runtime.cache, "triton_key", broken)
     launchers.warm_keys()()  # (said at debug level; the launch computes it again)

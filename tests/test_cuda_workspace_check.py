@@ -27,9 +27,10 @@ TOTAL = 1 << 20
 
 class _Stream:
     cuda_stream = 0
+    synced = 0  # (over every rank's stream: the tests read it after their threads end)
 
     def synchronize(self):
-        pass
+        type(self).synced += 1
 
 
 _CUDA = types.SimpleNamespace(device=lambda d: contextlib.nullcontext(), current_stream=lambda d: _Stream())
@@ -63,8 +64,14 @@ def _run(monkeypatch, memcpy=None, sum_rows=_sum_rows):
     monkeypatch.setattr(workspace.peer_sum, "sum_rows", sum_rows)
     memories = [np.zeros(TOTAL // 8, np.int64) for _ in range(W)]
     spaces, store = _workspaces(memories), HashStore()
-    verdicts = run_threads(lambda rank, world: spaces[rank]._check(store, "cuda/0/0", 10.0), W)
-    return verdicts, memories
+
+    def check(rank, world):
+        try:
+            return spaces[rank]._check(store, "cuda/0/0", 10.0)
+        except workspace.Unusable as exc:
+            return f"Unusable: {exc}"
+
+    return run_threads(check, W), memories
 
 
 def test_every_member_reads_every_peers_pattern_by_copy_and_by_kernel(monkeypatch):
@@ -88,8 +95,8 @@ def test_a_kernel_that_reads_wrong_data_is_named(monkeypatch):
 
 
 def test_one_members_failed_write_is_every_members_verdict_before_anyone_reads(monkeypatch):
-    """Rank 1's copy into a peer raises: every member returns rank 1's reason from the
-    agreement on the writes, and no member reads (the kernel never runs)."""
+    """Rank 1's copy into a peer raises: every member raises Unusable with rank 1's reason
+    from the agreement on the writes, and no member reads (the kernel never runs)."""
     ran = []
 
     def memcpy(dst, src, nbytes, stream):
@@ -98,9 +105,38 @@ def test_one_members_failed_write_is_every_members_verdict_before_anyone_reads(m
         ctypes.memmove(dst, src, nbytes)
 
     verdicts, _ = _run(monkeypatch, memcpy=memcpy, sum_rows=lambda *a: ran.append(a))
-    assert verdicts == ["rank 1: writing into peers' workspaces failed: RuntimeError: cudaMemcpyAsync: an "
-                        "illegal memory access"] * W
+    assert verdicts == ["Unusable: rank 1: writing into peers' workspaces failed: RuntimeError: cudaMemcpyAsync: "
+                        "an illegal memory access"] * W
     assert ran == []
+
+
+def test_a_kernel_the_driver_cannot_load_leaves_the_reading_to_tritons(monkeypatch):
+    """No PTX compiler in the driver (PeerSumUnavailable, nothing enqueued): the same sums
+    come from chorus's Triton reduction, and the check passes."""
+    used = []
+
+    def unavailable(rows, out, width, stream):
+        raise workspace.peer_sum.PeerSumUnavailable("cuModuleLoadData failed: CUresult 221")
+
+    def triton_reduce(rows, offset, out, n, world, op, dtype):
+        used.append((n, world, op, dtype))
+        _sum_rows(rows.data_ptr(), out, world, 0)
+
+    monkeypatch.setattr(workspace.kernels, "reduce", triton_reduce)
+    verdicts, _ = _run(monkeypatch, sum_rows=unavailable)
+    assert verdicts == [""] * W and used == [(W, W, "SUM", "int64")] * W
+
+
+def test_a_failed_read_is_the_verdict_once_the_queued_copies_ran(monkeypatch):
+    """The kernel's launch fails after the copies were queued: the verdict names it, and
+    the stream is synchronized before it goes out (the members then free their memory)."""
+    def failing(rows, out, width, stream):
+        raise workspace.peer_sum.PeerSumError("cuLaunchKernel failed: CUresult 700")
+
+    _Stream.synced = 0
+    verdicts, _ = _run(monkeypatch, sum_rows=failing)
+    assert verdicts == ["reading peers' workspaces failed: PeerSumError: cuLaunchKernel failed: CUresult 700"] * W
+    assert _Stream.synced == 2 * W  # each rank's: after its writes, and before its verdict
 
 
 def test_the_kernel_refuses_a_width_out_of_range_before_anything_is_enqueued():

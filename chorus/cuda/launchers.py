@@ -32,7 +32,8 @@ log = logging.getLogger("chorus")
 __all__ = ["INTERPRET", "NEVER"]  # re-exported: callers of the launchers use them too
 
 
-_KEY_THREAD: list[threading.Thread] = []  # warm_keys' thread, until a launch has waited for it
+_KEY_THREAD: list[threading.Thread] = []  # warm_keys' started threads, until a launch has waited for them
+_KEY_LOCK = threading.Lock()
 
 
 def warm_keys():
@@ -40,12 +41,14 @@ def warm_keys():
     kernel cache, a hash of Triton's own files (0.24 s of a group's 0.57 s workspace
     check on the 4 x H200 host: docs/results/4xh200/broadcast-handoff/setup-profile.txt),
     on a thread of its own, so that it overlaps the workspace's set-up and what the
-    caller does next.  The first launch through Triton waits for it (Triton's state is
-    then touched by one thread at a time); so does the returned wait.  Nothing to do
-    under the interpreter, or where this Triton computes no such hash."""
+    caller does next.  chorus's first launch through Triton waits for it, and so does
+    the returned wait (code outside chorus that uses Triton meanwhile computes the same
+    cached value).  Nothing to do under the interpreter, where this Triton computes no
+    such hash, or once it is computed."""
     key = None if INTERPRET else getattr(getattr(triton.runtime, "cache", None), "triton_key", None)
-    if key is None:
-        return lambda: None
+    info = getattr(key, "cache_info", None)
+    if key is None or (info is not None and info().currsize):
+        return _keyed
 
     def compute() -> None:
         try:
@@ -54,23 +57,23 @@ def warm_keys():
             log.debug("chorus.cuda: computing Triton's key ahead failed: %s: %s", type(exc).__name__, exc)
 
     thread = threading.Thread(target=compute, name="chorus-triton-key", daemon=True)
-    _KEY_THREAD.append(thread)
-    thread.start()
+    thread.start()  # (listed once started: a launch may join it at once)
+    with _KEY_LOCK:
+        _KEY_THREAD.append(thread)
     return _keyed
 
 
 def _keyed() -> None:
     """Wait for warm_keys' threads (before a launch through Triton)."""
     while _KEY_THREAD:
-        try:
+        with _KEY_LOCK:
+            if not _KEY_THREAD:
+                return
             thread = _KEY_THREAD[0]
-        except IndexError:  # (another launching thread took the last)
-            return
         thread.join()
-        try:
-            _KEY_THREAD.remove(thread)
-        except ValueError:
-            pass
+        with _KEY_LOCK:
+            if thread in _KEY_THREAD:
+                _KEY_THREAD.remove(thread)
 
 
 # -- launchers (on torch's current stream of the current device) ---------------------------

@@ -75,19 +75,24 @@ NAME = b"chorus_sum_rows"
 
 
 class PeerSumError(RuntimeError):
-    """The kernel could not be loaded or launched (the driver's CUresult in the text)."""
+    """The kernel could not be launched (the driver's CUresult in the text)."""
+
+
+class PeerSumUnavailable(PeerSumError):
+    """The kernel cannot be loaded in this process: no libcuda, or a driver that compiles
+    no PTX (``CUDA_DISABLE_PTX_JIT=1``, a container without the driver's PTX compiler)."""
 
 
 _LOCK = threading.Lock()
 _FUNCTIONS: dict[int, int] = {}  # CUcontext -> CUfunction (a module stays loaded for the process)
 
 
-def _call(lib, name: str, *args) -> None:
+def _call(lib, name: str, *args, error: type[PeerSumError] = PeerSumError) -> None:
     fn = getattr(lib, name)
     fn.restype = ctypes.c_int
     err = fn(*args)
     if err != 0:
-        raise PeerSumError(f"{name} failed: CUresult {err}")
+        raise error(f"{name} failed: CUresult {err}")
 
 
 def _function(lib) -> int:
@@ -100,20 +105,22 @@ def _function(lib) -> int:
         function = _FUNCTIONS.get(ctx.value)
         if function is None:
             module, fn = ctypes.c_void_p(), ctypes.c_void_p()
-            _call(lib, "cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(PTX))
-            _call(lib, "cuModuleGetFunction", ctypes.byref(fn), module, ctypes.c_char_p(NAME))
+            _call(lib, "cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(PTX), error=PeerSumUnavailable)
+            _call(lib, "cuModuleGetFunction", ctypes.byref(fn), module, ctypes.c_char_p(NAME),
+                  error=PeerSumUnavailable)
             function = _FUNCTIONS[ctx.value] = fn.value
     return function
 
 
 def sum_rows(rows: int, out: int, width: int, stream: int) -> None:
     """Enqueue out[j] = sum_r rows[r][j] for j < width on ``stream`` (a raw
-    cudaStream_t) of the current context; ``rows`` holds ``width`` row addresses."""
+    cudaStream_t) of the current context; ``rows`` holds ``width`` row addresses.
+    PeerSumUnavailable: nothing was enqueued, and the kernel will not load here."""
     if not 0 < width <= MAX_WIDTH:
         raise ValueError(f"sum_rows: width {width} is outside 1..{MAX_WIDTH}")
     lib = libcuda()
     if lib is None:
-        raise PeerSumError("libcuda.so.1 does not load in this process")
+        raise PeerSumUnavailable("libcuda.so.1 does not load in this process")
     function = _function(lib)
     values = (ctypes.c_uint64(rows), ctypes.c_uint64(out), ctypes.c_uint32(width))
     params = (ctypes.c_void_p * 3)(*(ctypes.addressof(v) for v in values))

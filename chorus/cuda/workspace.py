@@ -197,23 +197,26 @@ class Workspace:
 
     def _check(self, store, prefix: str, timeout: float) -> str:
         """Write a pattern into my slot and into every peer's CHECK word for me; once every
-        member has written (agreed through the store), read every peer's pattern by copy
-        engine and by a kernel's loads (chorus.cuda.peer_sum) and my CHECK words; "" if all
-        came back right, else why not.  On the current stream.  No Triton kernel runs, so
-        nothing is compiled here: the user's first op compiles what it needs."""
+        member has written (agreed through the store: Unusable, on every member, if one
+        could not), read every peer's pattern by copy engine and by a kernel's loads
+        (chorus.cuda.peer_sum) and my CHECK words; "" if all came back right, else why not.
+        On the current stream.  No Triton kernel runs, so nothing is compiled here: the
+        user's first op compiles what it needs."""
         torch = self._torch
         with torch.cuda.device(self.device):
             stream = torch.cuda.current_stream(self.device)
             try:
                 why = self._write_pattern(stream)
             except Exception as exc:  # noqa: BLE001 - agreed below
+                _drain(stream)
                 why = f"writing into peers' workspaces failed: {type(exc).__name__}: {exc}"
             failed = agree(store, f"{prefix}/written", self.rank, self.world, why, timeout)
             if failed:
-                return failed
+                raise Unusable(failed)
             try:
                 return self._read_pattern(stream)
             except Exception as exc:  # noqa: BLE001 - agreed by the caller
+                _drain(stream)
                 return f"reading peers' workspaces failed: {type(exc).__name__}: {exc}"
 
     def _pattern(self):
@@ -243,7 +246,12 @@ class Workspace:
         checks = torch.empty(w, dtype=torch.int64, device=dev)
         for r in range(w):
             runtime.memcpy_async(got[r].data_ptr(), slot0[r], w * 8, raw)
-        peer_sum.sum_rows(rows.data_ptr(), summed.data_ptr(), w, raw)
+        try:
+            peer_sum.sum_rows(rows.data_ptr(), summed.data_ptr(), w, raw)
+        except peer_sum.PeerSumUnavailable as exc:  # (Triton's kernel reads the same way, compiled)
+            log.info("chorus.cuda: the workspace check's PTX kernel does not load here (%s); reading "
+                     "with a Triton kernel instead", exc)
+            kernels.reduce(rows, 0, summed.data_ptr(), w, w, "SUM", "int64")
         runtime.memcpy_async(checks.data_ptr(), self.bases[me] + L.CHECK, w * 8, raw)
         stream.synchronize()
         if not np.array_equal(got.cpu().numpy(), value):
@@ -270,3 +278,12 @@ class Workspace:
                 log.warning("chorus: releasing a CUDA workspace: %s: %s", type(exc).__name__, exc)
         self._opened.clear()
         self.ptr = self.host_addr = 0
+
+
+def _drain(stream) -> None:
+    """Wait for what this rank queued on ``stream`` before a failed step's verdict goes
+    out: the members then free their workspaces, which queued copies may still touch."""
+    try:
+        stream.synchronize()
+    except Exception as exc:  # noqa: BLE001 - the verdict names the first failure
+        log.warning("chorus: waiting for the CUDA workspace check's copies: %s: %s", type(exc).__name__, exc)
