@@ -13,8 +13,8 @@ workspace, and the group stages.  They would share their devices' CUDA contexts,
 device memory allocation is a point of implicit synchronization (CUDA programming guide)
 and, with peer access enabled between the devices, one thread's allocation (a kernel
 module's first load, torch's allocator growing) can wait for a peer's kernel that spins
-until this very thread arrives.  Four such threads on 4 H200s left the check's barrier
-waiting 60 s for two of them (docs/results/4xh200/speed-run-8/gpu-tests/threads-failure.log),
+until this very thread arrives.  Four such threads on 4 H200s left a spinning barrier
+kernel waiting 60 s for two of them (docs/results/4xh200/speed-run-8/gpu-tests/threads-failure.log),
 and nothing can keep user code from allocating while a peer spins.  One process per GPU,
 as torchrun and mp.spawn start them, is the layout chorus's kernels serve.
 
