@@ -358,6 +358,7 @@ def _read(path: Path) -> str:
 
 
 _OUTPUTS: dict[tuple[str, str], list[str]] = {}
+GLOO_SETUP_FAILED = "Gloo connectFullMesh failed"
 
 
 def output_of(ex: Example, variant: str) -> list[str]:
@@ -366,8 +367,14 @@ def output_of(ex: Example, variant: str) -> list[str]:
     if key not in _OUTPUTS:
         if "import torch" in (EXAMPLES / ex.script).read_text():
             pytest.importorskip("torch")
-        with tempfile.TemporaryDirectory(prefix="chorus-seeds-") as tmp:
-            code, out, err = (run_real if REAL else run_forked)(ex, variant, Path(tmp))
+        for attempt in (1, 2):
+            with tempfile.TemporaryDirectory(prefix="chorus-seeds-") as tmp:
+                code, out, err = (run_real if REAL else run_forked)(ex, variant, Path(tmp))
+            # torch's gloo fails its own mesh set-up now and then under the parallel suite
+            # ("connectFullMesh failed ... Connection closed by peer"): that is the reference
+            # run's set-up, not what these tests check, so the torch run gets one more go
+            if code == 0 or variant != "torch" or GLOO_SETUP_FAILED not in err or attempt == 2:
+                break
         assert code == 0, f"{ex.script} ({variant}) failed with {code}:\n{out}\n{err[-4000:]}"
         _OUTPUTS[key] = out.splitlines()
     return _OUTPUTS[key]
