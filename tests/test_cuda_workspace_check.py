@@ -144,3 +144,34 @@ def test_the_kernel_refuses_a_width_out_of_range_before_anything_is_enqueued():
         workspace.peer_sum.sum_rows(0, 0, 0, 0)
     with pytest.raises(ValueError, match="width 1025"):
         workspace.peer_sum.sum_rows(0, 0, workspace.peer_sum.MAX_WIDTH + 1, 0)
+
+
+def _ptxas(arch: int) -> str | None:
+    """Triton's own ptxas for ``arch`` (the one its kernels are built with), or None."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        return get_ptxas(arch).path
+    except Exception:  # noqa: BLE001 - another Triton, or no NVIDIA backend: the test skips
+        return None
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_the_kernels_ptx_assembles_for_ampere_and_hopper(arch, tmp_path):
+    """The driver compiles peer_sum's PTX at a group's set-up; Triton's ptxas (on any
+    machine, no GPU needed) assembles it the same way, so a broken edit fails here."""
+    import subprocess
+
+    ptxas = _ptxas(arch)
+    if ptxas is None:
+        pytest.skip("Triton's ptxas is not installed here")
+    source = tmp_path / "peer_sum.ptx"
+    source.write_bytes(workspace.peer_sum.PTX.rstrip(b"\0"))
+    done = subprocess.run([ptxas, f"-arch=sm_{arch}", str(source), "-o", str(tmp_path / "peer_sum.cubin")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    broken = tmp_path / "broken.ptx"
+    broken.write_bytes(source.read_bytes().replace(b"ld.volatile.u64", b"ld.volatle.u64"))
+    done = subprocess.run([ptxas, f"-arch=sm_{arch}", str(broken), "-o", str(tmp_path / "broken.cubin")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "volatle" in done.stderr
