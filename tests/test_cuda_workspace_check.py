@@ -27,10 +27,10 @@ TOTAL = 1 << 20
 
 class _Stream:
     cuda_stream = 0
-    synced = 0  # (over every rank's stream: the tests read it after their threads end)
+    synced: list = []  # one entry per synchronize, over every rank's stream (append: no lost counts)
 
     def synchronize(self):
-        type(self).synced += 1
+        self.synced.append(1)
 
 
 _CUDA = types.SimpleNamespace(device=lambda d: contextlib.nullcontext(), current_stream=lambda d: _Stream())
@@ -133,10 +133,10 @@ def test_a_failed_read_is_the_verdict_once_the_queued_copies_ran(monkeypatch):
     def failing(rows, out, width, stream):
         raise workspace.peer_sum.PeerSumError("cuLaunchKernel failed: CUresult 700")
 
-    _Stream.synced = 0
+    _Stream.synced.clear()
     verdicts, _ = _run(monkeypatch, sum_rows=failing)
     assert verdicts == ["reading peers' workspaces failed: PeerSumError: cuLaunchKernel failed: CUresult 700"] * W
-    assert _Stream.synced == 2 * W  # each rank's: after its writes, and before its verdict
+    assert len(_Stream.synced) == 2 * W  # each rank's: after its writes, and before its verdict
 
 
 def test_the_kernel_refuses_a_width_out_of_range_before_anything_is_enqueued():
