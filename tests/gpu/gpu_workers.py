@@ -434,6 +434,44 @@ def run(rank, world, ports, cases):
     finish(comp)
 
 
+def run_ptx_unavailable(rank, world, ports):
+    """The workspace check's PTX kernel does not load on any rank: Triton's reduction
+    reads the peers' patterns instead, the workspace is kept, and ops run through it."""
+    from chorus.cuda import peer_sum
+
+    def refuse(*args, **kwargs):
+        raise peer_sum.PeerSumUnavailable("refused for the test")
+
+    peer_sum.sum_rows = refuse
+    pg, comp = init(rank, world, ports)
+    assert comp.lanes is not None, comp.staging_reason
+    case_all_reduce(rank, world, pg, comp)
+    torch.cuda.synchronize()
+    comp.check("ptx_unavailable")
+    finish(comp)
+
+
+def run_write_fails(rank, world, ports):
+    """Rank 1's copies into the peers' workspaces fail during the check: every rank
+    stages through host memory, each told that rank 1's write failed, and ops still
+    match NCCL."""
+    from chorus.cuda.workspace import Workspace
+
+    if rank == 1:
+        def refuse(self, stream):
+            raise RuntimeError("copy refused for the test")
+
+        Workspace._write_pattern = refuse
+    pg, comp = init(rank, world, ports)
+    assert comp.lanes is None, "the workspace was kept although rank 1 could not write"
+    assert "rank 1" in comp.staging_reason and "writing into peers' workspaces failed" in comp.staging_reason, \
+        comp.staging_reason
+    case_rooted(rank, world, pg, comp)
+    torch.cuda.synchronize()
+    comp.check("write_fails")
+    finish(comp)
+
+
 def run_timeout(rank, world, ports):
     """Rank 1 skips an all_reduce: rank 0's spin gives up at the group's timeout and the
     error names the op and rank 1; later calls fail fast."""

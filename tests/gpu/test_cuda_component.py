@@ -52,6 +52,16 @@ def test_staging_fallback(small_workspace, monkeypatch):
     mp.spawn(gpu_workers.run, args=(2, ports(), ["rooted", "p2p"]), nprocs=2)
 
 
+def test_the_workspace_check_reads_through_triton_when_its_ptx_does_not_load(small_workspace):
+    world = min(4, torch.cuda.device_count())
+    mp.spawn(gpu_workers.run_ptx_unavailable, args=(world, ports()), nprocs=world)
+
+
+def test_a_rank_whose_check_copies_fail_sends_every_rank_to_staging(small_workspace):
+    mp.spawn(gpu_workers.run_write_fails, args=(min(3, torch.cuda.device_count()), ports()), nprocs=min(
+        3, torch.cuda.device_count()))
+
+
 def test_all_gather_and_reduce_scatter_through_the_lane(small_workspace):
     mp.spawn(gpu_workers.run, args=(2, ports(), ["rows"]), nprocs=2)
 
