@@ -370,3 +370,40 @@ def test_a_split_all_reduce_traces_each_channel_on_its_own_track_and_replays(cha
     assert any("split into 2 parts" in line for line in walk.footer), walk.footer
     assert walk.count == PART // 4  # part 0's slice: half of the 2 * PART bytes, in float32
     assert any("the traced transfers are the schedule's" in line for line in walk.footer), walk.footer
+
+
+def _hosts_ring_body(rank, world):
+    from chorus import recorder
+
+    seen = _counting_runs()
+    begun = []
+    recorder.attach(lambda e: begun.append((e.algorithm, e.detail.get("channels", 1)))
+                    if e.what == "begin" and e.group == 0 else None)
+    results = {}
+    for n in (4 * PART // 4, 4 * PART // 4 + 13):  # the ring in parts (2 on 2 channels)
+        x = np.arange(n, dtype=np.int64) * (rank + 1)
+        dist.all_reduce(x)
+        results[n] = x.tobytes()
+    y = np.arange(PART // 16, dtype=np.int64) * (rank + 1)  # under the ring's size: the phases
+    dist.all_reduce(y)
+    results["phases"] = y.tobytes()
+    recorder.detach()
+    return seen["runs"], begun, results
+
+
+def test_two_hosts_of_two_run_the_large_ring_in_parts_on_the_channels(monkeypatch):
+    """Hosts a, a, b, b: an all_reduce from CHORUS_HIER_RING_BYTES runs the ring through the
+    hosts, and from CHORUS_TCP_CHANNEL_BYTES in parts, part 0 over the group's transport
+    (its hops inside a host through shared memory), part 1 over channel 1, with every
+    rank's exact sum; a smaller one keeps the phases, unsplit."""
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
+    monkeypatch.setenv("CHORUS_TCP_CHANNELS", "2")
+    monkeypatch.setenv("CHORUS_TCP_CHANNEL_BYTES", str(PART))
+    monkeypatch.setenv("CHORUS_HIER_RING_BYTES", str(PART))
+    world = 4
+    for runs, begun, results in run_processes(_hosts_ring_body, world, op_timeout=30):
+        assert runs == 2
+        assert begun == [("ring", 2), ("ring", 2), ("hierarchical", 1)], begun
+        for n in (4 * PART // 4, 4 * PART // 4 + 13):
+            assert results[n] == (np.arange(n, dtype=np.int64) * 10).tobytes(), n
+        assert results["phases"] == (np.arange(PART // 16, dtype=np.int64) * 10).tobytes()

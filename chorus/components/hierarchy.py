@@ -96,6 +96,7 @@ import numpy as np
 from chorus import config, recorder
 from chorus.call import Call
 from chorus.components.base import Component, run_in_order
+from chorus.components.channels import GroupChannels
 from chorus.components.schedules import ScheduleComponent, forced_algorithms
 from chorus.components.tcp_lane import TcpLane
 from chorus.errors import CollectiveMismatchError, PeerLostError
@@ -220,7 +221,10 @@ class Hierarchy(Component):
         self.slots = None if plain else np.array(slots)  # all_gather's block of each rank
         forced = forced_algorithms()
         self.default = frozenset(name for name in OPS if forced.get(name, HIERARCHICAL) == HIERARCHICAL)
-        self.schedules = ScheduleComponent()  # the group's flat algorithms (chorus.components.select)
+        # the group's flat algorithms (chorus.components.select), a large all_reduce in parts on
+        # the job's channels as on a group without shared memory (chorus.components.channels)
+        self.schedules = ScheduleComponent(channels=GroupChannels(pg, pg.channels) if pg.channels is not None
+                                           else None)
         # an all_reduce from this many bytes runs the ring through the hosts (module docstring)
         ring = self.order is None and self.widest <= RING_HOST_RANKS
         self.ring_from = config.get("CHORUS_HIER_RING_BYTES") if ring else 0
@@ -256,17 +260,25 @@ class Hierarchy(Component):
         ranks consecutive along it; a mismatch ends as a phase's does (``failed``)."""
         pg = self.pg
         data = call.buffers["data"]
-        schedule = self.schedules.schedule(pg, "all_reduce", RING, call.args, -1, data.itemsize)
         code = DTYPE_CODES[call.dtype]
+        channels = self.schedules.channels
+        parts = channels.parts(call.nbytes) if channels is not None else 1
+        schedule = None if parts > 1 else self.schedules.schedule(pg, "all_reduce", RING, call.args, -1,
+                                                                  data.itemsize)
 
         def transfers(ctx) -> None:
             self.current = ctx.seq
             try:
-                pg.run_schedule(schedule, call.buffers, ctx, code, call.combine, RING)
+                if schedule is None:  # part 0 on the group's transport (its hops inside a host
+                    # over shared memory), part k on channel k's sockets, at once
+                    self.schedules.in_parts(call, RING, ctx, parts, data.itemsize, code)
+                else:
+                    pg.run_schedule(schedule, call.buffers, ctx, code, call.combine, RING)
             except CollectiveMismatchError as exc:  # (a PeerLostError names this op already)
                 raise self.failed(exc, ctx) from None
 
-        return run_in_order(call, self.name, RING, transfers, hosts=len(self.by_host))
+        detail = {"channels": parts} if parts > 1 else {}
+        return run_in_order(call, self.name, RING, transfers, hosts=len(self.by_host), **detail)
 
     def begin(self, seq: int, fingerprint: int) -> None:
         """This rank starts op ``seq`` of the group in phases: no frame of it comes on the

@@ -92,7 +92,7 @@ class ScheduleComponent(Component):
             parts = channels.parts(call.nbytes)
             if parts > 1:
                 return run_in_order(call, self.name, algorithm,
-                                    lambda ctx: self._in_parts(call, algorithm, ctx, parts, itemsize, code),
+                                    lambda ctx: self.in_parts(call, algorithm, ctx, parts, itemsize, code),
                                     channels=parts)
         sched = self.schedule(pg, call.name, algorithm, call.args, call.root, itemsize)
 
@@ -103,7 +103,7 @@ class ScheduleComponent(Component):
 
         return run_in_order(call, self.name, algorithm, transfers)
 
-    def _in_parts(self, call: Call, algorithm: str, ctx, parts: int, itemsize: int, code: int) -> None:
+    def in_parts(self, call: Call, algorithm: str, ctx, parts: int, itemsize: int, code: int) -> None:
         """``call`` (an all_reduce) as ``parts`` all_reduces of contiguous parts of its data,
         part k on channel k (chorus.components.channels), each with the op's context."""
         pg = call.group
