@@ -59,6 +59,14 @@ size on that host, not understood.  Four later runs of 1 MiB alone did not repea
 waiting for a payload of its same-host peer's shared-memory ring reads it itself, every
 round of two runs led gloo, 1.02-2.33x (lone-ring-5b63e6f/).
 
+From ``CHORUS_TCP_CHANNEL_BYTES`` (4 MiB) the ring runs in parts on the job's TCP channels,
+as an all_reduce of a group without shared memory does (chorus.components.channels):
+part 0 on the group's transport, its hops inside a host through shared memory, part k on
+channel k's sockets.  Hosts 2 + 2, medians over five rounds against gloo
+(docs/results/16-vcpu-h200-host/hosts-channels-135e7d0/): 1.03x at 4 MiB, 1.19-1.23x at
+8 MiB, 1.48x at 16 MiB, 1.65x at 64 MiB, where the whole ring took 0.93-0.95x, 1.13-1.30x
+and 1.13-1.37x (many-ops-705de3f/, check-2b18f00/); parts of 1 or 2 MiB were slower.
+
 Two ranks per host gain little from the phases (each moves half the data across hosts,
 after and before a whole shared-memory phase); with more, the columns carry ever smaller
 blocks and the phases lead.
