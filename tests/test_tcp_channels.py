@@ -407,3 +407,27 @@ def test_two_hosts_of_two_run_the_large_ring_in_parts_on_the_channels(monkeypatc
         for n in (4 * PART // 4, 4 * PART // 4 + 13):
             assert results[n] == (np.arange(n, dtype=np.int64) * 10).tobytes(), n
         assert results["phases"] == (np.arange(PART // 16, dtype=np.int64) * 10).tobytes()
+
+
+def _hosts_ring_mismatch_body(rank, world):
+    x = np.ones(4 * PART // 4 if rank in (0, 3) else PART // 16, np.float32)  # ring in parts on 0 and 3
+    dist.barrier()
+    start = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except dist.CollectiveMismatchError as exc:
+        return type(exc).__name__, time.monotonic() - start, str(exc)
+    return "no error", time.monotonic() - start, ""
+
+
+def test_two_hosts_of_two_a_split_ring_against_the_phases_fails_at_once_on_every_rank(monkeypatch):
+    """Ranks 0 and 3 run an all_reduce as the ring in parts, ranks 1 and 2 a smaller one in
+    phases on the sub-groups: every rank raises CollectiveMismatchError within seconds."""
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
+    monkeypatch.setenv("CHORUS_TCP_CHANNELS", "2")
+    monkeypatch.setenv("CHORUS_TCP_CHANNEL_BYTES", str(PART))
+    monkeypatch.setenv("CHORUS_HIER_RING_BYTES", str(PART))
+    for name, seconds, message in run_processes(_hosts_ring_mismatch_body, 4, op_timeout=30):
+        assert name == "CollectiveMismatchError", message
+        assert seconds < 10, seconds
+        assert "all_reduce" in message
