@@ -377,7 +377,7 @@ def _hosts_ring_body(rank, world):
 
     seen = _counting_runs()
     begun = []
-    recorder.attach(lambda e: begun.append((e.algorithm, e.detail.get("channels", 1)))
+    recorder.attach(lambda e: begun.append((e.component, e.algorithm, e.detail.get("channels", 1)))
                     if e.what == "begin" and e.group == 0 else None)
     results = {}
     for n in (4 * PART // 4, 4 * PART // 4 + 13):  # the ring in parts (2 on 2 channels)
@@ -387,6 +387,9 @@ def _hosts_ring_body(rank, world):
     y = np.arange(PART // 16, dtype=np.int64) * (rank + 1)  # under the ring's size: the phases
     dist.all_reduce(y)
     results["phases"] = y.tobytes()
+    z = np.arange(4 * PART // 4, dtype=np.int64) * (rank + 1)
+    dist.all_reduce(z, algorithm="ring")  # a flat algorithm forced: whole, not in parts
+    results["flat"] = z.tobytes()
     recorder.detach()
     return seen["runs"], begun, results
 
@@ -395,7 +398,8 @@ def test_two_hosts_of_two_run_the_large_ring_in_parts_on_the_channels(monkeypatc
     """Hosts a, a, b, b: an all_reduce from CHORUS_HIER_RING_BYTES runs the ring through the
     hosts, and from CHORUS_TCP_CHANNEL_BYTES in parts, part 0 over the group's transport
     (its hops inside a host through shared memory), part 1 over channel 1, with every
-    rank's exact sum; a smaller one keeps the phases, unsplit."""
+    rank's exact sum; a smaller one keeps the phases, and a flat algorithm forced on the
+    group runs whole."""
     monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
     monkeypatch.setenv("CHORUS_TCP_CHANNELS", "2")
     monkeypatch.setenv("CHORUS_TCP_CHANNEL_BYTES", str(PART))
@@ -403,10 +407,12 @@ def test_two_hosts_of_two_run_the_large_ring_in_parts_on_the_channels(monkeypatc
     world = 4
     for runs, begun, results in run_processes(_hosts_ring_body, world, op_timeout=30):
         assert runs == 2
-        assert begun == [("ring", 2), ("ring", 2), ("hierarchical", 1)], begun
+        assert begun == [("hierarchical", "ring", 2), ("hierarchical", "ring", 2),
+                         ("hierarchical", "hierarchical", 1), ("tcp", "ring", 1)], begun
         for n in (4 * PART // 4, 4 * PART // 4 + 13):
             assert results[n] == (np.arange(n, dtype=np.int64) * 10).tobytes(), n
         assert results["phases"] == (np.arange(PART // 16, dtype=np.int64) * 10).tobytes()
+        assert results["flat"] == (np.arange(4 * PART // 4, dtype=np.int64) * 10).tobytes()
 
 
 def _hosts_ring_mismatch_body(rank, world):
@@ -431,3 +437,33 @@ def test_two_hosts_of_two_a_split_ring_against_the_phases_fails_at_once_on_every
         assert name == "CollectiveMismatchError", message
         assert seconds < 10, seconds
         assert "all_reduce" in message
+
+
+def _hosts_ring_destroy_body(rank, world):
+    g = dist.new_group([0, 1, 2, 3])
+    x = np.ones(4 * PART // 4, np.float32)
+    dist.all_reduce(x, group=g)  # the ring in parts: group g's channel thread starts
+    dist.all_reduce(x)
+    names = lambda: sorted(t.name for t in threading.enumerate() if "channel" in t.name)  # noqa: E731
+    during = names()
+    dist.destroy_process_group(g)
+    deadline = time.monotonic() + 5
+    while len(names()) > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    after_group = names()
+    dist.destroy_process_group()
+    while names() and time.monotonic() < deadline + 5:
+        time.sleep(0.01)
+    return float(x[0]), during, after_group, names()
+
+
+def test_two_hosts_of_two_destroying_a_group_stops_its_ring_s_channel_threads(monkeypatch):
+    monkeypatch.setenv("CHORUS_HOST_ID", "a,a,b,b")
+    monkeypatch.setenv("CHORUS_TCP_CHANNELS", "2")
+    monkeypatch.setenv("CHORUS_TCP_CHANNEL_BYTES", str(PART))
+    monkeypatch.setenv("CHORUS_HIER_RING_BYTES", str(PART))
+    for value, during, after_group, after_world in run_processes(_hosts_ring_destroy_body, 4, op_timeout=30):
+        assert value == 16.0  # two all_reduces of ones over four ranks
+        assert during == ["chorus-group0-channel1_0", "chorus-group1-channel1_0"], during
+        assert after_group == ["chorus-group0-channel1_0"], after_group
+        assert after_world == [], after_world

@@ -11,9 +11,10 @@ whose collectives run over TCP (no shared-memory window, no hierarchy), an all_r
 ``n`` bytes per rank, at least ``CHORUS_TCP_CHANNEL_BYTES`` (4 MiB) and more than any
 rank's ``CHORUS_TCP_LANE_BYTES``, then runs as ``min(count, max(2, n // CHORUS_TCP_CHANNEL_BYTES))``
 all_reduces of contiguous parts, each the call's algorithm on its own channel, part 0 in
-the calling thread and part k in a thread of the group's for channel k.  A group across
-hosts of at most two ranks splits the ring through its hosts the same way
-(chorus.components.hierarchy: part 0's hops inside a host stay on shared memory)::
+the calling thread and part k in a thread of the group's for channel k.  A group whose
+hosts each hold at most two of its ranks, consecutive, splits the same way the ring it
+runs through the hosts from ``CHORUS_HIER_RING_BYTES`` (chorus.components.hierarchy:
+part 0's hops inside a host stay on shared memory)::
 
     K = 2, every rank:   data[:n0]  all_reduce on the job's transport    (this thread)
                          data[n0:]  all_reduce on channel 1's sockets    (the group's channel-1 thread)

@@ -35,7 +35,7 @@ recorder sees component ``hierarchical`` with one ``phase`` event per sub-group 
 Large all_reduce on hosts of two: the ring through the hosts.  Where each host holds
 consecutive group ranks, at most RING_HOST_RANKS (2) of them, an all_reduce of at least
 ``CHORUS_HIER_RING_BYTES`` (1 MiB) runs the flat ring of chorus.schedules on the group's
-own transport instead of the phases: a ring that enters and leaves each host once, its
+own transport (in parts from 4 MiB, below) instead of the phases: a ring that enters and leaves each host once, its
 hops inside a host over the pair's shared-memory link (as NCCL's ring runs through
 nodes).  Measured on the 16-vCPU host, gloo's flat ring in the same run, gloo's median
 time over chorus's, three rounds (docs/results/16-vcpu-h200-host/: probe-21b50df/,
@@ -59,13 +59,16 @@ size on that host, not understood.  Four later runs of 1 MiB alone did not repea
 waiting for a payload of its same-host peer's shared-memory ring reads it itself, every
 round of two runs led gloo, 1.02-2.33x (lone-ring-5b63e6f/).
 
-From ``CHORUS_TCP_CHANNEL_BYTES`` (4 MiB) the ring runs in parts on the job's TCP channels,
-as an all_reduce of a group without shared memory does (chorus.components.channels):
-part 0 on the group's transport, its hops inside a host through shared memory, part k on
-channel k's sockets.  Hosts 2 + 2, medians over five rounds against gloo
-(docs/results/16-vcpu-h200-host/hosts-channels-135e7d0/): 1.03x at 4 MiB, 1.19-1.23x at
-8 MiB, 1.48x at 16 MiB, 1.65x at 64 MiB, where the whole ring took 0.93-0.95x, 1.13-1.30x
-and 1.13-1.37x (many-ops-705de3f/, check-2b18f00/); parts of 1 or 2 MiB were slower.
+Where the job has channels (chorus.components.channels: ranks with CPUs to spare), the
+ring runs in parts from ``CHORUS_TCP_CHANNEL_BYTES`` (4 MiB, and above every rank's TCP
+lane), as an all_reduce of a group without shared memory does: part 0 on the group's
+transport, its hops inside a host through shared memory, part k on channel k's sockets.
+Only this ring splits: a flat algorithm forced on the group runs whole.  Hosts 2 + 2,
+gloo's time over chorus's (docs/results/16-vcpu-h200-host/hosts-channels-135e7d0/,
+medians of the rounds): 1.03x and 1.03x at 4 MiB, 1.23x and 1.19x at 8 MiB (five rounds
+each), 1.48x at 16 MiB and 1.65x at 64 MiB (three rounds); the whole ring's medians were
+0.93x and 0.95x at 4 MiB (many-ops-705de3f/), 1.16x at 8 MiB and 1.16x at 64 MiB
+(check-2b18f00/).  Parts of 1 or 2 MiB were slower at every size.
 
 Two ranks per host gain little from the phases (each moves half the data across hosts,
 after and before a whole shared-memory phase); with more, the columns carry ever smaller
@@ -229,13 +232,14 @@ class Hierarchy(Component):
         self.slots = None if plain else np.array(slots)  # all_gather's block of each rank
         forced = forced_algorithms()
         self.default = frozenset(name for name in OPS if forced.get(name, HIERARCHICAL) == HIERARCHICAL)
-        # the group's flat algorithms (chorus.components.select), a large all_reduce in parts on
-        # the job's channels as on a group without shared memory (chorus.components.channels)
-        self.schedules = ScheduleComponent(channels=GroupChannels(pg, pg.channels) if pg.channels is not None
-                                           else None)
+        self.schedules = ScheduleComponent()  # the group's flat algorithms (chorus.components.select)
         # an all_reduce from this many bytes runs the ring through the hosts (module docstring)
         ring = self.order is None and self.widest <= RING_HOST_RANKS
         self.ring_from = config.get("CHORUS_HIER_RING_BYTES") if ring else 0
+        # ... and, large enough, in parts on the job's channels (only that ring: a flat
+        # algorithm forced on the group runs unsplit, as it did)
+        self.ring_parts = (ScheduleComponent(channels=GroupChannels(pg, pg.channels))
+                           if self.ring_from and pg.channels is not None else None)
         self.current = -1  # the group's op this rank runs (or ran last), by sequence number
         pg.transport.add_failure_listener(self._on_failure)
 
@@ -265,12 +269,13 @@ class Hierarchy(Component):
 
     def _ring(self, call: Call) -> Work | None:
         """``call``, an all_reduce, as the flat ring on the group's transport, the hosts'
-        ranks consecutive along it; a mismatch ends as a phase's does (``failed``)."""
+        ranks consecutive along it (in parts on the job's channels when large enough); a
+        mismatch ends as a phase's does (``failed``)."""
         pg = self.pg
         data = call.buffers["data"]
         code = DTYPE_CODES[call.dtype]
-        channels = self.schedules.channels
-        parts = channels.parts(call.nbytes) if channels is not None else 1
+        split = self.ring_parts
+        parts = split.channels.parts(call.nbytes) if split is not None else 1
         schedule = None if parts > 1 else self.schedules.schedule(pg, "all_reduce", RING, call.args, -1,
                                                                   data.itemsize)
 
@@ -279,7 +284,7 @@ class Hierarchy(Component):
             try:
                 if schedule is None:  # part 0 on the group's transport (its hops inside a host
                     # over shared memory), part k on channel k's sockets, at once
-                    self.schedules.in_parts(call, RING, ctx, parts, data.itemsize, code)
+                    split.in_parts(call, RING, ctx, parts, data.itemsize, code)
                 else:
                     pg.run_schedule(schedule, call.buffers, ctx, code, call.combine, RING)
             except CollectiveMismatchError as exc:  # (a PeerLostError names this op already)
@@ -338,8 +343,11 @@ class Hierarchy(Component):
             self._break(0)
 
     def close(self) -> None:
-        """Release the host-local sub-group's components (the parent group is being destroyed)."""
+        """Release the host-local sub-group's components and the ring's channel threads (the
+        parent group is being destroyed)."""
         self.pg.transport.remove_failure_listener(self._on_failure)
+        if self.ring_parts is not None:
+            self.ring_parts.close()
         for component in self.local.components:
             component.close()
 
