@@ -39,6 +39,9 @@ def test_torch_tensors_take_the_lane_with_the_general_path_s_results():
         t.resize_(2)  # the same tensor object, fewer elements: a view of its new size
         dist.all_reduce(t)
         out["resized"] = t.tolist()
+        t.set_(torch.full((3,), float(rank + 1)))  # the same tensor object on new memory
+        dist.all_reduce(t)
+        out["set"] = t.tolist()
         out["lane_all"] = _lane_ops() - before
         before = _lane_ops()
         b = torch.full((4,), float(rank + 1), dtype=torch.bfloat16)  # numpy has no bfloat16
@@ -56,7 +59,8 @@ def test_torch_tensors_take_the_lane_with_the_general_path_s_results():
         assert out["avg"] == [0.5] * 3
         assert out["scalar"] == 3.0
         assert out["resized"] == [12.0, 12.0]
-        assert out["lane_all"] == 6  # every call above
+        assert out["set"] == [3.0] * 3
+        assert out["lane_all"] == 7  # every call above
         lane, b, base = out["general"]
         assert lane == 0  # neither took the lane ...
         assert b == [3.0] * 4  # ... and both are right

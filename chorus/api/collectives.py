@@ -60,9 +60,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     Results are bit-identical on every rank.
     """
     if algorithm is None:
+        window = None if async_op else lane(group)
         if type(tensor) is np.ndarray:
-            window = None if async_op else lane(group)
             if window is not None and window.all_reduce_now(tensor, op):
+                return None
+        elif window is not None and (held := window.held_tensor_now(tensor, op)) is not None:
+            if held:  # the last call's small CPU tensor again: no type or device checks
                 return None
         elif is_torch_tensor(tensor):
             if tensor.is_cuda:  # (async too: a CUDA op is queued on the stream either way)
@@ -70,10 +73,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
                 done = gpu is not None and gpu.all_reduce_now(tensor, op, async_op)
                 if done:
                     return done if async_op else None
-            elif not async_op:  # (a tensor of another device: numpy has no view of it, the lane steps aside)
-                window = lane(group)
-                if window is not None and window.all_reduce_tensor_now(tensor, op):
-                    return None
+            elif window is not None and window.all_reduce_tensor_now(tensor, op):
+                return None  # (a tensor of another device: numpy has no view of it, the lane steps aside)
     return all_reduce_general(tensor, op, group, async_op, algorithm)
 
 

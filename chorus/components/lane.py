@@ -99,6 +99,18 @@ class ReduceLane:
             divide(arr, arr.dtype.name, pg.size())
         return True
 
+    def held_tensor_now(self, t, op) -> bool | None:
+        """all_reduce_tensor_now for ``t`` if it is the torch CPU tensor whose numpy view
+        this lane keeps (the last small one it reduced): True done, False the general
+        path must take it; None for any other object (nothing done: not even its type is
+        looked at, so that a repeated call of a tensor costs only these checks)."""
+        view = self.tensor_view
+        if view is None or view[0] is not t:
+            return None
+        if view[1] == t.data_ptr() and view[2].size == t.numel():
+            return self.all_reduce_now(view[2], op)
+        return self.all_reduce_tensor_now(t, op)
+
     def all_reduce_tensor_now(self, t, op) -> bool:
         """all_reduce_now for a torch CPU tensor ``t``, through a numpy view of its memory
         (the same plans, results and errors); False where numpy has no view of it (bfloat16,
