@@ -206,14 +206,18 @@ def test_equal_segments_agree():
     assert segments_differ([{"segment": 4096}, {"segment": 0}]) != []
 
 
-def _mismatch_body(rank, world):
-    y = np.ones((4 if rank == 0 else 6) * PART // 4, np.float32)
+def _all_reduce_expecting_mismatch(x):
+    """(error's type name or "no error", seconds the all_reduce of ``x`` took, message)."""
     start = time.monotonic()
     try:
-        dist.all_reduce(y)
+        dist.all_reduce(x)
     except dist.CollectiveMismatchError as exc:
         return type(exc).__name__, time.monotonic() - start, str(exc)
     return "no error", time.monotonic() - start, ""
+
+
+def _mismatch_body(rank, world):
+    return _all_reduce_expecting_mismatch(np.ones((4 if rank == 0 else 6) * PART // 4, np.float32))
 
 
 def test_a_mismatch_between_split_all_reduces_is_named_on_every_rank(channels_env, monkeypatch):
@@ -418,12 +422,7 @@ def test_two_hosts_of_two_run_the_large_ring_in_parts_on_the_channels(monkeypatc
 def _hosts_ring_mismatch_body(rank, world):
     x = np.ones(4 * PART // 4 if rank in (0, 3) else PART // 16, np.float32)  # ring in parts on 0 and 3
     dist.barrier()
-    start = time.monotonic()
-    try:
-        dist.all_reduce(x)
-    except dist.CollectiveMismatchError as exc:
-        return type(exc).__name__, time.monotonic() - start, str(exc)
-    return "no error", time.monotonic() - start, ""
+    return _all_reduce_expecting_mismatch(x)
 
 
 def test_two_hosts_of_two_a_split_ring_against_the_phases_fails_at_once_on_every_rank(monkeypatch):
