@@ -37,8 +37,9 @@ consecutive group ranks, at most RING_HOST_RANKS (2) of them, an all_reduce of a
 ``CHORUS_HIER_RING_BYTES`` (1 MiB) runs the flat ring of chorus.schedules on the group's
 own transport (in parts from 4 MiB, below) instead of the phases: a ring that enters and
 leaves each host once, its hops inside a host over the pair's shared-memory link (as
-NCCL's ring runs through nodes).  Measured on the 16-vCPU host, gloo's flat ring in the same run, gloo's median
-time over chorus's, three rounds (docs/results/16-vcpu-h200-host/: probe-21b50df/,
+NCCL's ring runs through nodes).  Measured on the 16-vCPU host, gloo's flat ring in the
+same run, gloo's median time over chorus's, three rounds
+(docs/results/16-vcpu-h200-host/: probe-21b50df/,
 hosts-ring-6961a7d/, ring-segment-330cf78/ for 8 + 8 phases at 64 MiB,
 whole-chunks-5490c1d/ for the third 2 + 2 run)::
 
